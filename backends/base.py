@@ -1,0 +1,70 @@
+"""The one storage interface every engine implements.
+
+Keys and values are opaque bytes. sarp uses a few key spaces, each a one-byte
+prefix (see sarpd/segment.py): segments keyed by a big-endian segment id so that
+"every segment newer than X" is an ordered range scan, and small per-block entries.
+An implementation must:
+- `get_many`: return one value (or None) per key, in order; one engine call where
+  the engine has a multi-get.
+- `write`: apply every put and delete of the batch atomically; when `sync` is true,
+  return only once the batch is durable (fsync'd). Raise `StorageError` when it could
+  not persist (then nothing of the batch is visible).
+- `scan`: yield (key, value) for start <= key < end in key order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(slots=True)
+class WriteBatch:
+    """Puts and deletes applied together; a later operation on the same key wins."""
+
+    puts: dict[bytes, bytes] = field(default_factory=dict)
+    deletes: set[bytes] = field(default_factory=set)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.deletes.discard(key)
+        self.puts[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.puts.pop(key, None)
+        self.deletes.add(key)
+
+    def __len__(self) -> int:
+        return len(self.puts) + len(self.deletes)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
+
+    def write(self, batch: WriteBatch, sync: bool) -> None: ...
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def sync(self) -> None:
+        """Make everything written so far durable."""
+        ...
+
+    def close(self) -> None: ...
+
+    def stats(self) -> dict[str, int | float | str]:
+        """Engine counters: at least `disk_bytes`."""
+        ...
+
+
+def get_one(backend: Backend, key: bytes) -> bytes | None:
+    return backend.get_many([key])[0]
+
+
+def put_all(backend: Backend, items: Iterable[tuple[bytes, bytes]], sync: bool) -> None:
+    wb = WriteBatch()
+    for k, v in items:
+        wb.put(k, v)
+    backend.write(wb, sync)

@@ -1,0 +1,5 @@
+"""sarpd: a persistent, SSD-resident prefix index for the KV cache of LLM serving."""
+
+__version__ = "0.1.0"
+SERVER_NAME = "sarpd"
+PROTOCOL_VERSION = 1

@@ -1,0 +1,105 @@
+"""All tunables in one place, with the paper's defaults.
+
+`IndexConfig` shapes the index (it is recorded in the data directory: the block and
+segment geometry may not change under existing data). `ServerConfig` shapes the
+daemon. Both load from the `[index]` and `[server]` tables of a TOML file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sarpd.errors import BadRequest
+
+SyncPolicy = Literal["always", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexConfig:
+    block_tokens: int = 16  # tokens per block
+    segment_blocks: int = 64  # blocks per segment (segments start at multiples of it)
+    routing_points: int = 4  # evenly spaced routing points per segment (0, 16, 32, 48)
+    refine_threshold: int = 32  # posting list longer than this -> add a midpoint point
+    refine_min_gap: int = 4  # refinement stops at points this many blocks apart
+    prune_max_pred: int = 3  # drop a point whose predecessor has <= this many candidates
+    window_cap: int = 4  # candidate segments read per 64-block window at most
+    delta_max_entries: int = 65536  # directory delta merged into the base past this
+    snapshot_interval_s: float = 60.0  # periodic snapshot (0 = only on demand/shutdown)
+    max_sequence_tokens: int = 1_048_576
+
+    def __post_init__(self) -> None:
+        if self.segment_blocks % self.routing_points:
+            raise BadRequest(
+                f"segment_blocks ({self.segment_blocks}) must be a multiple of "
+                f"routing_points ({self.routing_points})"
+            )
+        if not 1 <= self.segment_blocks <= 64:
+            raise BadRequest(f"segment_blocks {self.segment_blocks} not in 1..64")
+        if self.block_tokens < 1:
+            raise BadRequest(f"block_tokens {self.block_tokens} must be >= 1")
+        if self.window_cap < 1:
+            raise BadRequest(f"window_cap {self.window_cap} must be >= 1")
+
+    @property
+    def point_spacing(self) -> int:
+        return self.segment_blocks // self.routing_points
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    socket: Path = Path("/run/sarpd/sarpd.sock")
+    data_dir: Path = Path("/var/lib/sarpd")
+    backend: str = "rocksdb"
+    sync: SyncPolicy = "always"
+    socket_mode: int = 0o660
+    socket_group: str | None = None
+    batch_window_ms: float = 0.5  # gather requests this long before running a batch
+    batch_max: int = 256  # ... or until this many are queued
+    max_frame_size: int = 64 * 1024 * 1024
+    max_connections: int = 1024
+    max_inflight_per_conn: int = 1024
+    cache_bytes: int = 64 * 1024 * 1024  # backend block cache
+    log_level: str = "INFO"
+    index: IndexConfig = field(default_factory=IndexConfig)
+
+
+def _coerce(cls: type[Any], table: dict[str, Any], where: str) -> dict[str, Any]:
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in names:
+            raise BadRequest(f"{where}: unknown setting {key!r} (known: {sorted(names)})")
+        out[key] = value
+    return out
+
+
+def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
+    """Read a TOML file (`[server]` and `[index]` tables), then apply overrides
+    (command-line flags; None means "not given")."""
+    server: dict[str, Any] = {}
+    index: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise BadRequest(f"config {path}: {exc}") from exc
+        server = _coerce(ServerConfig, dict(doc.get("server", {})), f"{path} [server]")
+        index = _coerce(IndexConfig, dict(doc.get("index", {})), f"{path} [index]")
+        for k in ("socket", "data_dir"):
+            if k in server:
+                server[k] = Path(server[k])
+        if isinstance(server.get("socket_mode"), str):
+            server["socket_mode"] = int(server["socket_mode"], 8)
+    for key, value in overrides.items():
+        if value is not None:
+            server[key] = value
+    server.pop("index", None)
+    try:
+        return ServerConfig(index=IndexConfig(**index), **server)
+    except TypeError as exc:
+        raise BadRequest(f"config: {exc}") from exc

@@ -1,0 +1,81 @@
+"""The one error root of sarp. Every error carries the wire `code` of PROTOCOL.md.
+
+Messages name the field, the value and the limit, e.g.
+``f"tokens: {n} exceeds max_sequence_tokens ({limit})"``. Keep causes with
+``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class SarpError(Exception):
+    """Root of every error sarp raises on purpose. `code` is the wire error code."""
+
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(SarpError):
+    """A field is missing, of the wrong type, or out of range (the message names it)."""
+
+    code = "bad_request"
+
+
+class UnknownOp(SarpError):
+    code = "unknown_op"
+
+
+class UnknownParent(SarpError):
+    """`insert` with a `parent` that is not indexed: resend the whole sequence."""
+
+    code = "unknown_parent"
+
+
+class TooLarge(SarpError):
+    """A frame, sequence or list over its limit."""
+
+    code = "too_large"
+
+
+class FrameError(TooLarge):
+    """The byte stream itself is unusable (oversized frame or not msgpack): the
+    connection closes after one error response. `code` is `too_large` or `bad_request`."""
+
+    def __init__(self, message: str, code: str = "too_large") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Busy(SarpError):
+    code = "busy"
+
+
+class Unavailable(SarpError):
+    """Starting up (recovering) or shutting down."""
+
+    code = "unavailable"
+
+
+class Internal(SarpError):
+    code = "internal"
+
+
+class StorageError(SarpError):
+    """The backend failed to read or persist: nothing from that batch was acknowledged."""
+
+    code = "unavailable"
+
+
+class CorruptData(SarpError):
+    """A file or value failed its checksum or layout checks; it is never served as data."""
+
+    code = "internal"
+
+
+class FormatVersionError(SarpError):
+    """On-disk data written by a format this build does not read."""
+
+    code = "internal"

@@ -1,0 +1,138 @@
+"""Typed requests and results shared by the wire codec, the index and the client.
+
+Ids are numpy arrays of shape (n, 2) and dtype uint64: column 0 holds the low 64
+bits (the routing key), column 1 the high 64 bits, i.e. the little-endian 16-byte
+form of PROTOCOL.md read as two uint64. Metadata is a 1-D uint64 array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NewType
+
+import numpy as np
+import numpy.typing as npt
+
+U64Array = npt.NDArray[np.uint64]
+U32Array = npt.NDArray[np.uint32]
+IdArray = U64Array  # shape (n, 2)
+
+SegmentId = NewType("SegmentId", int)
+RoutingKey = NewType("RoutingKey", int)
+
+
+def ids_from_bytes(raw: bytes) -> IdArray:
+    """16 bytes LE per id -> (n, 2) uint64 (copy, writable)."""
+    return np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(np.uint64)
+
+
+def ids_to_bytes(ids: IdArray) -> bytes:
+    return np.ascontiguousarray(ids, dtype="<u8").tobytes()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SeqSpec:
+    """A sequence as a request carries it: exactly one of tokens / hashes."""
+
+    ns: str
+    tokens: U32Array | None = None  # 1-D uint32; a trailing partial block is ignored
+    hashes: IdArray | None = None  # (n, 2) caller-computed ids from position 0 (or after parent)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Request:
+    id: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Hello(Request):
+    pass
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Ping(Request):
+    pass
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Stats(Request):
+    pass
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Snapshot(Request):
+    pass
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Match(Request):
+    seq: SeqSpec
+    with_ids: bool = False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Insert(Request):
+    seq: SeqSpec
+    # one uint64 per block of `seq`; a scalar is broadcast by the decoder/index
+    meta: U64Array | int
+    parent: IdArray | None = None  # (1, 2) or None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Remove(Request):
+    """Either `seq` (+ `start`), or `ns` + `ids` (bare ids at any positions)."""
+
+    seq: SeqSpec | None = None
+    start: int = 0
+    ns: str = ""
+    ids: IdArray | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Clear(Request):
+    ns: str
+    mask: int = 0
+    value: int = 0
+
+
+READ_OPS = (Hello, Ping, Stats, Match)
+WRITE_OPS = (Insert, Remove, Clear, Snapshot)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class MatchResult:
+    blocks: int
+    meta: U64Array  # uint64 per matched block
+    ids: IdArray | None = None  # the matched ids, when asked for
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    blocks: int
+    new_blocks: int
+    matched_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveResult:
+    removed: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotResult:
+    segment_id: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """What `sarpctl check` found (and, with fix, repaired)."""
+
+    segments: int = 0
+    routing_points: int = 0
+    problems: list[str] = field(default_factory=list)
+    fixed: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
