@@ -1,0 +1,347 @@
+"""RocksDBBackend: the default engine, on `rocksdict` (RocksDB 9.x bundled in its wheel).
+
+Options (see /work/shared/DEPENDENCIES.md for the measurements behind them):
+- raw mode: keys and values are bytes. A directory written in rocksdict's pickle mode
+  is refused (a raw-mode open of one would silently read None everywhere).
+- block-based table, LRU block cache of `cache_bytes`, 10-bit full bloom filter,
+  index and filter blocks held outside the cache (in the cache they doubled get time
+  at small cache sizes), hash index inside data blocks for cheaper point lookups.
+- the same Options are passed as `column_families={"default": opts}`: without it a
+  reopen silently loads the stored OPTIONS (8 MiB cache, no bloom filter).
+- write-heavy, small values: level compaction with dynamic level sizes, LZ4 (cheap;
+  RocksDB keeps a block uncompressed when that saves too little, as for hash ids),
+  two background jobs (this is a 2-core machine), smoothed writeback of SST files.
+- WAL on; recovery mode is RocksDB's default point-in-time recovery: after a crash the
+  database holds exactly a prefix of the write batches, every synced one included.
+
+Thread safety: every call may come from any thread (RocksDB is thread-safe). `close`
+drops the RocksDB iterators of unfinished scans (their next step raises StorageError)
+so that the directory can be reopened at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import rocksdict
+
+from backends.base import WriteBatch
+from sarpd.errors import BadRequest, StorageError
+
+MiB = 1024 * 1024
+BLOOM_BITS_PER_KEY = 10
+COMPRESSION = "lz4"
+BACKGROUND_JOBS = 2
+
+# stats() name -> RocksDB integer property (all cheap: no scan of the data)
+_PROPERTIES = {
+    "estimate_num_keys": "rocksdb.estimate-num-keys",
+    "block_cache_bytes": "rocksdb.block-cache-capacity",
+    "block_cache_usage": "rocksdb.block-cache-usage",
+    "block_cache_pinned_usage": "rocksdb.block-cache-pinned-usage",
+    "memtable_bytes": "rocksdb.cur-size-all-mem-tables",
+    "sst_bytes": "rocksdb.total-sst-files-size",
+    "live_data_bytes": "rocksdb.estimate-live-data-size",
+    "table_readers_bytes": "rocksdb.estimate-table-readers-mem",
+    "pending_compaction_bytes": "rocksdb.estimate-pending-compaction-bytes",
+    "running_compactions": "rocksdb.num-running-compactions",
+    "l0_files": "rocksdb.num-files-at-level0",
+}
+# stats() name -> RocksDB statistics ticker (only with statistics=True)
+_TICKERS = {
+    "block_cache_hits": "rocksdb.block.cache.hit",
+    "block_cache_misses": "rocksdb.block.cache.miss",
+    "bloom_useful": "rocksdb.bloom.filter.useful",
+    "bloom_full_positive": "rocksdb.bloom.filter.full.positive",
+    "bloom_true_positive": "rocksdb.bloom.filter.full.true.positive",
+    "wal_syncs": "rocksdb.wal.synced",
+    "bytes_written": "rocksdb.bytes.written",
+}
+
+# Directories opened by this process (resolved path). RocksDB's own LOCK error for a
+# second open in one process is "No locks available", which explains nothing.
+_open_lock = threading.Lock()
+_open_paths: set[str] = set()
+
+
+def _claim_path(key: str) -> None:
+    with _open_lock:
+        if key in _open_paths:
+            raise StorageError(
+                f"rocksdb {key}: already open in this process (close the other "
+                "RocksDBBackend on it first)"
+            )
+        _open_paths.add(key)
+
+
+def _release_path(key: str) -> None:
+    with _open_lock:
+        _open_paths.discard(key)
+
+
+def build_options(cache_bytes: int, statistics: bool = False) -> rocksdict.Options:
+    """The Options of every open (new or existing directory)."""
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(rocksdict.Cache(cache_bytes))
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+    table.set_cache_index_and_filter_blocks(False)
+    table.set_data_block_index_type(rocksdict.DataBlockIndexType.binary_and_hash())
+    table.set_data_block_hash_ratio(0.75)
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.set_block_based_table_factory(table)
+    opts.set_compression_type(rocksdict.DBCompressionType.lz4())
+    opts.set_level_compaction_dynamic_level_bytes(True)
+    opts.set_max_background_jobs(BACKGROUND_JOBS)
+    opts.set_bytes_per_sync(1 * MiB)
+    opts.set_keep_log_file_num(4)  # RocksDB's own LOG files, one per open otherwise
+    if statistics:
+        opts.enable_statistics()
+    return opts
+
+
+def read_table_options(path: Path) -> dict[str, str]:
+    """The block-based table options RocksDB recorded in the newest OPTIONS file of
+    `path`: what the running (or last) open really used."""
+    files = sorted(path.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not files:
+        return {}
+    out: dict[str, str] = {}
+    in_table = False
+    for line in files[-1].read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            in_table = line.startswith('[TableOptions/BlockBasedTable "default"]')
+        elif in_table and "=" in line:
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:  # removed by a compaction meanwhile
+            continue
+    return total
+
+
+def _check_raw_mode(path: Path) -> None:
+    config = path / "rocksdict-config.json"
+    try:
+        raw = json.loads(config.read_text()).get("raw_mode", True)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError) as exc:
+        raise StorageError(f"rocksdb {path}: unreadable {config.name}: {exc}") from exc
+    if raw is not True:
+        raise StorageError(
+            f"rocksdb {path}: written in rocksdict pickle mode (raw_mode={raw!r}), "
+            "sarp needs raw_mode=True"
+        )
+
+
+class _Cursor:
+    """The RocksDB iterator of one scan; `close()` of the backend sets `it` to None."""
+
+    __slots__ = ("__weakref__", "it", "read_opts")
+
+    def __init__(self, it: Any, read_opts: rocksdict.ReadOptions) -> None:
+        self.it: Any = it
+        self.read_opts: rocksdict.ReadOptions | None = read_opts
+
+
+class RocksDBBackend:
+    name = "rocksdb"
+    persistent = True
+
+    def __init__(
+        self, path: Path, cache_bytes: int = 64 * MiB, *, statistics: bool = False
+    ) -> None:
+        if cache_bytes < 0:
+            raise BadRequest(f"rocksdb: cache_bytes {cache_bytes} must be >= 0")
+        self.path = Path(path)
+        self.cache_bytes = cache_bytes
+        self._lock = threading.Lock()
+        self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
+        self._closed = False
+        key = str(self.path.resolve())
+        _claim_path(key)
+        self._release = weakref.finalize(self, _release_path, key)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            _check_raw_mode(self.path)
+            self._opts = build_options(cache_bytes, statistics)
+            self._db = rocksdict.Rdict(
+                str(self.path), self._opts, column_families={"default": self._opts}
+            )
+        except StorageError:
+            self._release()
+            raise
+        except Exception as exc:
+            self._release()
+            raise StorageError(f"rocksdb {self.path}: open failed: {exc}") from exc
+        self._statistics = statistics
+        self._wo_sync = rocksdict.WriteOptions()
+        self._wo_sync.sync = True
+        self._wo_async = rocksdict.WriteOptions()
+        self._wo_async.sync = False
+
+    def _error(self, action: str, exc: BaseException) -> StorageError:
+        return StorageError(f"rocksdb {self.path}: {action} failed: {type(exc).__name__}: {exc}")
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if not keys:
+            if self._closed:
+                raise StorageError(f"rocksdb {self.path}: get_many after close")
+            return []
+        try:
+            values = cast("list[bytes | None]", self._db.get(list(keys)))
+        except (KeyError, TypeError, ValueError):
+            raise  # a caller's bug (non-bytes key), not a storage failure
+        except Exception as exc:
+            raise self._error(f"get_many of {len(keys)} keys", exc) from exc
+        return values
+
+    def write(self, batch: WriteBatch, sync: bool) -> None:
+        if not batch:
+            if sync:
+                self.sync()
+            elif self._closed:
+                raise StorageError(f"rocksdb {self.path}: write after close")
+            return
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for key in batch.deletes:
+            wb.delete(key)
+        for key, value in batch.puts.items():
+            wb.put(key, value)
+        try:
+            self._db.write(wb, self._wo_sync if sync else self._wo_async)
+        except Exception as exc:
+            raise self._error(f"write of {len(batch)} ops (sync={sync})", exc) from exc
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """start <= key < end in key order, from one consistent view (the RocksDB
+        iterator's implicit snapshot, taken at the first `next`)."""
+        cursor = self._open_cursor(start, end)
+        if cursor is None:
+            return
+        try:
+            while (item := self._step(cursor)) is not None:
+                yield item
+        finally:
+            cursor.it = None
+            cursor.read_opts = None
+
+    def _open_cursor(self, start: bytes, end: bytes) -> _Cursor | None:
+        with self._lock:
+            if self._closed:
+                raise StorageError(f"rocksdb {self.path}: scan after close")
+            if start >= end:
+                return None
+            read_opts = rocksdict.ReadOptions()
+            read_opts.set_iterate_upper_bound(end)
+            try:
+                it = self._db.iter(read_opts)
+                it.seek(start)
+            except Exception as exc:
+                raise self._error("scan", exc) from exc
+            cursor = _Cursor(it, read_opts)
+            self._cursors.add(cursor)
+            return cursor
+
+    def _step(self, cursor: _Cursor) -> tuple[bytes, bytes] | None:
+        # No reference to the iterator may outlive this call: close() must be able
+        # to drop the last one.
+        it = cursor.it
+        if it is None:
+            raise StorageError(f"rocksdb {self.path}: closed during a scan")
+        try:
+            if not it.valid():
+                it.status()
+                return None
+            item: tuple[bytes, bytes] = (it.key(), it.value())
+            it.next()
+        except Exception as exc:
+            raise self._error("scan", exc) from exc
+        return item
+
+    def sync(self) -> None:
+        try:
+            self._db.flush_wal(True)
+        except Exception as exc:
+            raise self._error("sync (WAL fsync)", exc) from exc
+
+    def close(self) -> None:
+        """Flush the memtables (a clean reopen then replays no WAL) and close.
+        Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            cursors = list(self._cursors)
+        for cursor in cursors:
+            cursor.it = None
+            cursor.read_opts = None
+        error: Exception | None = None
+        try:
+            self._db.flush_wal(True)
+            self._db.flush(True)
+        except Exception as exc:
+            error = exc
+        try:
+            self._db.close()
+        except Exception as exc:
+            error = error or exc
+        finally:
+            self._release()
+        if error is not None:
+            raise self._error("close", error) from error
+
+    def stats(self) -> dict[str, int | float | str]:
+        out: dict[str, int | float | str] = {
+            "backend": self.name,
+            "path": str(self.path),
+            "disk_bytes": _dir_bytes(self.path),
+            "open": int(not self._closed),
+        }
+        if self._closed:
+            return out
+        out.update(
+            cache_bytes_configured=self.cache_bytes,
+            bloom_bits_per_key=BLOOM_BITS_PER_KEY,
+            compression=COMPRESSION,
+        )
+        try:
+            for name, prop in _PROPERTIES.items():
+                value = self._db.property_int_value(prop)
+                if value is not None:
+                    out[name] = value
+            out["latest_sequence_number"] = self._db.latest_sequence_number()
+        except Exception as exc:
+            raise self._error("stats", exc) from exc
+        if self._statistics:
+            out.update(self._tickers())
+        return out
+
+    def _tickers(self) -> dict[str, int]:
+        text = self._opts.get_statistics() or ""
+        counts: dict[str, int] = {}
+        for line in text.splitlines():
+            name, sep, rest = line.partition(" COUNT : ")
+            if sep:
+                counts[name] = int(rest.split()[0])
+        return {key: counts.get(ticker, 0) for key, ticker in _TICKERS.items()}
