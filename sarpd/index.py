@@ -1,21 +1,43 @@
-"""SarpIndex: match / insert / remove / clear over a Backend. Synchronous and pure:
-no I/O but the backend interface and the snapshot directory.
+"""SarpIndex: match / insert / remove / clear over a Backend.
 
-API SKELETON: being implemented.
+Synchronous and pure: no I/O but the backend interface and the snapshot directory.
+Not thread-safe: the daemon runs every batch (and snapshots) on one worker thread.
+
+Match (DESIGN.md): for each query, ids -> for every 64-block window the deepest
+routing point present in the directory (all lattice offsets of the batch probed in
+one vectorised lookup) -> the `window_cap` strongest candidates by fingerprint
+agreement -> ONE backend multi-get for every candidate of the batch -> verify full
+ids and presence -> the longest gap-free run from position 0.
+
+Routing invariant (kept by `register`): if a routing key k at offset o > 0 of window
+w is in the directory, every live segment whose block at o has that id is listed
+under k. Offset 0 of every segment is always listed. A base point (16, 32, 48) is
+pruned for a segment while its predecessor lists <= `prune_max_pred` segments; when
+the predecessor grows past it the earlier ones are added ("un-pruned"). A posting
+list that reaches (T+1), 2(T+1), ... entries is refined at the next lattice midpoint.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.base import Backend
+import numpy as np
+
+from backends.base import Backend, WriteBatch
+from sarpd import verify
 from sarpd.config import IndexConfig
-from sarpd.errors import SarpError
+from sarpd.directory import Directory
+from sarpd.errors import CorruptData, FormatVersionError, SarpError, StorageError, TooLarge
+from sarpd.ids import HASH_NAME, chain_ids, ns_root, salt_ids
 from sarpd.model import (
     CheckReport,
     Clear,
+    IdArray,
     Insert,
     InsertResult,
     Match,
@@ -24,55 +46,415 @@ from sarpd.model import (
     RemoveResult,
     SnapshotResult,
 )
+from sarpd.routing import Geometry, filter_at, filters_at, fingerprints, top_candidates
+from sarpd.segment import (
+    COUNTERS_KEY,
+    LOG_PREFIX,
+    MANIFEST_KEY,
+    SEG_PREFIX,
+    SEGMENT_FORMAT,
+    Counters,
+    Segment,
+    decode_segment,
+    log_key,
+    seg_id_of_key,
+    seg_key,
+)
+from sarpd.snapshot import SnapshotMeta, list_snapshots, load_newest, read_snapshot, write_snapshot
+from sarpd.writer import WriteTxn
+
+log = logging.getLogger(__name__)
 
 WriteOp = Insert | Remove | Clear
+FORMAT_VERSION = 1  # on-disk format of the whole data set (manifest)
+ProgressFn = Callable[[int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
     seconds: float
-    snapshot_segment_id: int  # 0 when no snapshot was usable
+    snapshot_segment_id: int  # newest segment in the snapshot used; 0 when none
     segments_rerouted: int
     full_scan: bool
     warning: str | None = None
 
 
-ProgressFn = Callable[[int, int], None]  # (done, total_estimate)
-
-
 class SarpIndex:
-    def __init__(
-        self,
-        backend: Backend,
-        config: IndexConfig,
-        snapshot_dir: Path | None = None,
-        sync: bool = True,
-    ) -> None:
-        raise NotImplementedError
+    def __init__(self, backend: Backend, config: IndexConfig,
+                 snapshot_dir: Path | None = None, sync: bool = True) -> None:
+        self.backend = backend
+        self.cfg = config
+        self.geo = Geometry.of(config)
+        self.dir = Directory(config.delta_max_entries)
+        self.snapshot_dir = snapshot_dir
+        self.sync = sync
+        self._check_manifest()
+        raw = backend.get_many([COUNTERS_KEY])[0]
+        self.counters = Counters.decode(raw)
+        self.watermark = 0
+        self.recovered_in_s: float | None = None
+        self.matches = 0
+        self.matched_blocks = 0
+        self.queried_blocks = 0
+        self.segment_reads = 0
+        self.corrupt_segments = 0
+        self.writes = 0
 
+    # -- opening -------------------------------------------------------------------
+    def _manifest(self) -> dict[str, object]:
+        return {"format": FORMAT_VERSION, "segment_format": SEGMENT_FORMAT, "hash": HASH_NAME,
+                "block_tokens": self.cfg.block_tokens, "segment_blocks": self.cfg.segment_blocks}
+
+    def _check_manifest(self) -> None:
+        raw = self.backend.get_many([MANIFEST_KEY])[0]
+        want = self._manifest()
+        if raw is None:
+            wb = WriteBatch()
+            wb.put(MANIFEST_KEY, json.dumps(want, sort_keys=True).encode())
+            self.backend.write(wb, True)
+            return
+        try:
+            have = json.loads(raw)
+        except ValueError as exc:
+            raise CorruptData(f"manifest is not JSON: {raw[:64]!r}") from exc
+        if have.get("format") != FORMAT_VERSION:
+            raise FormatVersionError(
+                f"data format {have.get('format')} is not {FORMAT_VERSION} (this build); "
+                "refusing to open it")
+        for k in ("hash", "block_tokens", "segment_blocks", "segment_format"):
+            if have.get(k) != want[k]:
+                raise FormatVersionError(f"data was written with {k}={have.get(k)!r}; "
+                                         f"this configuration has {want[k]!r}")
+
+    def decode_or_none(self, sid: int, value: bytes | None) -> Segment | None:
+        if value is None:
+            return None
+        try:
+            return decode_segment(value, sid)
+        except (CorruptData, FormatVersionError) as exc:
+            self.corrupt_segments += 1
+            log.error("segment %d not served: %s", sid, exc)
+            return None
+
+    # -- recovery ------------------------------------------------------------------
     def recover(self, progress: ProgressFn | None = None) -> RecoveryReport:
-        """Load the newest valid snapshot, re-route newer segments (or full scan)."""
-        raise NotImplementedError
+        """Load the newest valid snapshot and re-route the segments changed after it;
+        without one, re-route every segment (full scan)."""
+        t0 = time.perf_counter()
+        warning: str | None = None
+        snap_seg, full = 0, False
+        meta, arrays = None, None
+        if self.snapshot_dir is not None:
+            loaded = load_newest(self.snapshot_dir, self.cfg.block_tokens, self.cfg.segment_blocks)
+            if loaded[0] is not None:
+                meta, arrays = loaded
+            else:
+                warning = loaded[1]
+        txn = WriteTxn(self)
+        n = 0
+        if meta is not None and arrays is not None:
+            self.dir.load_arrays(arrays)
+            snap_seg = meta.newest_seg
+            sids = [int.from_bytes(v, "big") for _, v in
+                    self.backend.scan(log_key(meta.watermark + 1), LOG_PREFIX + b"\xff" * 8)]
+            for sid in dict.fromkeys(sids):
+                seg = txn.seg(sid)
+                if seg is not None:
+                    self.register(seg, txn)
+                n += 1
+                if n % 4096 == 0:
+                    progress and progress(n, len(sids))
+                    txn.cache.clear()
+        else:
+            if warning:
+                log.warning("no usable snapshot (%s): full scan", warning)
+            full = True
+            self.dir.clear()
+            total = self.counters.segments
+            for key, value in self.backend.scan(SEG_PREFIX, b"T"):
+                sid = seg_id_of_key(key)
+                seg = self.decode_or_none(sid, value)
+                if seg is not None:
+                    txn.cache[sid] = seg
+                    self.register(seg, txn)
+                n += 1
+                if n % 4096 == 0:
+                    progress and progress(n, total)
+                    txn.cache.clear()
+        self.dir.merge()
+        self.watermark = self.counters.next_version - 1
+        self.recovered_in_s = time.perf_counter() - t0
+        return RecoveryReport(self.recovered_in_s, snap_seg, n, full, warning)
 
+    # -- routing -------------------------------------------------------------------
+    def _ids(self, m: Match) -> IdArray:
+        seq = m.seq
+        if seq.tokens is not None:
+            if len(seq.tokens) > self.cfg.max_sequence_tokens:
+                raise TooLarge(f"tokens: {len(seq.tokens)} exceeds max_sequence_tokens "
+                               f"({self.cfg.max_sequence_tokens})")
+            return chain_ids(ns_root(seq.ns), seq.tokens, self.cfg.block_tokens)
+        assert seq.hashes is not None
+        return salt_ids(seq.ns, seq.hashes)
+
+    def _deepest(self, qs: Sequence[IdArray]) -> list[list[int]]:
+        """Per query, per window from 0: the deepest routing offset present, until the
+        first window with none (later windows cannot extend a gap-free match)."""
+        gap, sb = self.geo.gap, self.geo.sb
+        pos = [np.arange(0, len(q), gap) for q in qs]
+        keys = [q[p, 0] for q, p in zip(qs, pos, strict=True)]
+        flat = np.concatenate(keys) if keys else np.empty(0, np.uint64)
+        hits = self.dir.probe(flat.astype(np.uint64))
+        out: list[list[int]] = []
+        at = 0
+        for p in pos:
+            deepest: list[int] = []
+            cur_w, best = 0, -1
+            for x in p.tolist():
+                w, o = divmod(x, sb)
+                if w != cur_w:
+                    if best < 0:
+                        break
+                    deepest.append(best)
+                    cur_w, best = w, -1
+                if hits[at + x // gap]:
+                    best = o
+            else:
+                if best >= 0:
+                    deepest.append(best)
+            at += len(p)
+            out.append(deepest)
+        return out
+
+    def candidates(self, qw: IdArray, w: int, offset: int) -> list[int]:
+        segs, filts = self.dir.posting(int(qw[offset, 0]))
+        if segs.size == 0:
+            return []
+        qf = filter_at(fingerprints(qw, self.geo.sb), offset)
+        return top_candidates(segs, filts, qf, self.cfg.window_cap)
+
+    def route_window(self, qw: IdArray, w: int) -> list[int]:
+        """Candidate segments for one window of a query (`qw`: its ids from the window start)."""
+        offs = [o for o in self.geo.offsets if o < len(qw)]
+        hits = self.dir.probe(qw[offs, 0].astype(np.uint64))
+        for o, hit in zip(reversed(offs), reversed(hits), strict=True):
+            if hit:
+                return self.candidates(qw, w, o)
+        return []
+
+    # -- match ---------------------------------------------------------------------
     def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:
-        """One backend multi-get for all candidates of the batch."""
-        raise NotImplementedError
+        sb = self.geo.sb
+        qs: list[IdArray] = []
+        errors: dict[int, SarpError] = {}
+        for i, r in enumerate(reqs):
+            try:
+                qs.append(self._ids(r))
+            except SarpError as exc:
+                errors[i] = exc
+                qs.append(np.empty((0, 2), np.uint64))
+        plan: list[list[list[int]]] = []
+        wanted: dict[int, None] = {}
+        for q, deepest in zip(qs, self._deepest(qs), strict=True):
+            per_window = [self.candidates(q[w * sb : (w + 1) * sb], w, d)
+                          for w, d in enumerate(deepest)]
+            for c in per_window:
+                wanted.update(dict.fromkeys(c))
+            plan.append(per_window)
+        segs = self._read(list(wanted))
+        out: list[MatchResult | SarpError] = []
+        for i, (r, q, per_window) in enumerate(zip(reqs, qs, plan, strict=True)):
+            if i in errors:
+                out.append(errors[i])
+                continue
+            out.append(self._verify(r, q, per_window, segs))
+        return out
 
+    def _read(self, sids: list[int]) -> dict[int, Segment]:
+        if not sids:
+            return {}
+        values = self.backend.get_many([seg_key(s) for s in sids])
+        self.segment_reads += len(sids)
+        out: dict[int, Segment] = {}
+        for sid, value in zip(sids, values, strict=True):
+            seg = self.decode_or_none(sid, value)
+            if seg is not None:
+                out[sid] = seg
+        return out
+
+    def _verify(self, r: Match, q: IdArray, per_window: list[list[int]],
+                segs: dict[int, Segment]) -> MatchResult:
+        sb = self.geo.sb
+        metas = []
+        total = 0
+        for w, cands in enumerate(per_window):
+            qw = q[w * sb : (w + 1) * sb]
+            best, best_seg = 0, None
+            for sid in cands:
+                c = segs.get(sid)
+                if c is None or c.window != w:
+                    continue
+                run = min(verify.first_mismatch(c.ids, qw), c.present_run(0))
+                if run > best:
+                    best, best_seg = run, c
+            if best_seg is not None:
+                metas.append(best_seg.meta[:best])
+            total += best
+            if best < len(qw):
+                break
+        self.matches += 1
+        self.matched_blocks += total
+        self.queried_blocks += len(q)
+        meta = np.concatenate(metas) if metas else np.empty(0, np.uint64)
+        ids = None
+        if r.with_ids:
+            ids = salt_ids(r.seq.ns, q[:total])
+        return MatchResult(total, meta.astype(np.uint64), ids)
+
+    # -- directory maintenance -------------------------------------------------------
+    def register(self, seg: Segment, txn: WriteTxn) -> None:
+        """Enter (or refresh) the routing points of a new or grown segment."""
+        geo, d, sid = self.geo, self.dir, seg.seg_id
+        offs = [o for o in geo.offsets if o < seg.nblocks]
+        fp = fingerprints(seg.ids, geo.sb)
+        filts = filters_at(fp, np.array(offs, dtype=np.int64)).tolist()
+        refine: list[tuple[int, int, int]] = []
+        t = self.cfg.refine_threshold + 1
+        for o, f in zip(offs, filts, strict=True):
+            key = int(seg.ids[o, 0])
+            if d.set_filter(key, sid, f):
+                continue
+            count = d.count(key)
+            if o and count == 0:
+                if not geo.is_base(o):
+                    continue  # refinement points exist only where a posting list grew
+                pred = o - geo.spacing
+                pred_key = int(seg.ids[pred, 0])
+                if d.count(pred_key) <= self.cfg.prune_max_pred:
+                    continue  # pruned: the predecessor's few candidates are read instead
+                d.add(key, sid, f)
+                self._list_siblings(pred_key, filts[pred // geo.gap], o, seg, txn)
+                count = d.count(key)
+            else:
+                d.add(key, sid, f)
+                count += 1
+            if count >= t and count % t == 0 and (count // t) & (count // t - 1) == 0:
+                refine.append((o, key, (count // t).bit_length()))
+        for o, key, level in refine:
+            steps = geo.refinements(o)
+            if level <= len(steps):
+                self._add_point(key, steps[level - 1], txn)
+
+    def _list_siblings(self, pred_key: int, pred_filt: int, o: int, seg: Segment,
+                       txn: WriteTxn) -> None:
+        """A key enters the directory at offset o for the first time: list every other
+        segment under the predecessor that holds the same block there (only candidates
+        whose fingerprints agree all the way to o are read)."""
+        segs, filts = self.dir.posting(pred_key)
+        same = segs[(filts == np.uint64(pred_filt)) & (segs != np.uint64(seg.seg_id))]
+        if not same.size:
+            return
+        sids = [int(s) for s in same]
+        txn.load(sids)
+        want = seg.ids[o]
+        for sid in sids:
+            c = txn.cache.get(sid)
+            if (c is not None and c.window == seg.window and o < c.nblocks
+                    and bool((c.ids[o] == want).all())):
+                self.dir.add(int(want[0]), sid, filter_at(fingerprints(c.ids, self.geo.sb), o))
+
+    def _add_point(self, from_key: int, offset: int, txn: WriteTxn) -> None:
+        """Refinement: list every segment under `from_key` at its own key at `offset`."""
+        sids = [int(s) for s in self.dir.posting(from_key)[0]]
+        txn.load(sids)
+        for sid in sids:
+            c = txn.cache.get(sid)
+            if c is None or offset >= c.nblocks:
+                continue
+            key = int(c.ids[offset, 0])
+            if not self.dir.has(key, sid):
+                self.dir.add(key, sid, filter_at(fingerprints(c.ids, self.geo.sb), offset))
+
+    # -- writes --------------------------------------------------------------------
     def write_many(self, ops: Sequence[WriteOp]) -> list[InsertResult | RemoveResult | SarpError]:
-        """Apply inserts/removes/clears in order; ONE backend write batch (one fsync
-        under sync=always) at the end. Per-op errors (bad meta length, unknown parent)
-        are returned in place; a StorageError from the commit is raised and nothing
-        of the batch is acknowledged."""
-        raise NotImplementedError
+        txn = WriteTxn(self)
+        out: list[InsertResult | RemoveResult | SarpError] = []
+        for op in ops:
+            try:
+                out.append(txn.apply(op))
+            except StorageError:
+                raise
+            except SarpError as exc:
+                out.append(exc)
+        try:
+            self.counters = txn.commit(self.sync)
+        except StorageError:
+            log.error("write batch failed; reloading the directory from disk")
+            self.recover()
+            raise
+        self.writes += 1
+        if self.dir.needs_merge():
+            self.dir.merge()
+        return out
 
+    # -- snapshots -----------------------------------------------------------------
     def snapshot(self) -> SnapshotResult:
-        raise NotImplementedError
+        if self.snapshot_dir is None:
+            raise SarpError("snapshot: this index has no snapshot directory")
+        t0 = time.perf_counter()
+        watermark = self.counters.next_version - 1
+        meta = SnapshotMeta(watermark, self.counters.next_seg - 1,
+                            self.cfg.block_tokens, self.cfg.segment_blocks)
+        write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2)
+        self._gc_log()
+        return SnapshotResult(meta.newest_seg, time.perf_counter() - t0)
 
+    def _gc_log(self) -> None:
+        """Drop change-log records that every kept snapshot already folds in."""
+        assert self.snapshot_dir is not None
+        snaps = list_snapshots(self.snapshot_dir)
+        try:
+            oldest = read_snapshot(snaps[-1])[0].watermark if snaps else 0
+        except (OSError, CorruptData, FormatVersionError):
+            return
+        wb = WriteBatch()
+        for key, _ in self.backend.scan(LOG_PREFIX, log_key(oldest + 1)):
+            wb.delete(key)
+        if len(wb):
+            self.backend.write(wb, False)
+
+    # -- check ---------------------------------------------------------------------
     def check(self, fix: bool = False) -> CheckReport:
-        raise NotImplementedError
+        from sarpd.fsck import run_check
+
+        return run_check(self, fix)
 
     def stats(self) -> dict[str, int | float | str]:
-        raise NotImplementedError
+        blocks = self.counters.blocks
+        dbytes = self.dir.nbytes
+        out: dict[str, int | float | str] = {
+            "blocks": blocks,
+            "segments": self.counters.segments,
+            "routing_points": self.dir.entries,
+            "routing_keys": self.dir.keys_count,
+            "directory_bytes": dbytes,
+            "directory_bytes_per_block": round(dbytes / blocks, 4) if blocks else 0.0,
+            "directory_merges": self.dir.merges,
+            "hash": HASH_NAME,
+            "verifier": verify.IMPLEMENTATION,
+            "index_matches": self.matches,
+            "matched_blocks": self.matched_blocks,
+            "queried_blocks": self.queried_blocks,
+            "segment_reads": self.segment_reads,
+            "corrupt_segments": self.corrupt_segments,
+            "write_batches": self.writes,
+            "change_log_version": self.counters.next_version - 1,
+        }
+        for k, v in self.backend.stats().items():
+            out[f"backend_{k}"] = v
+        if self.recovered_in_s is not None:
+            out["recovered_in_s"] = round(self.recovered_in_s, 6)
+        return out
 
     def close(self) -> None:
-        raise NotImplementedError
+        self.backend.close()

@@ -1,0 +1,94 @@
+"""`check`: an fsck of the index (what `sarpctl check [--fix]` runs in the daemon).
+
+Reports, and changes nothing unless `fix`:
+- segments that fail their checksum or layout checks (never served; with fix they
+  are deleted, and their blocks are no longer matched);
+- segments not routed at offset 0 of their window (with fix: registered);
+- directory entries that point at a missing segment, or whose key is not the id of
+  a block of that segment at a routing offset (with fix: dropped);
+- counters that disagree with the segments (with fix: rewritten).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from backends.base import WriteBatch
+from sarpd.errors import CorruptData, FormatVersionError
+from sarpd.model import CheckReport
+from sarpd.segment import COUNTERS_KEY, SEG_PREFIX, Counters, Segment, decode_segment, seg_id_of_key
+from sarpd.writer import WriteTxn
+
+if TYPE_CHECKING:
+    from sarpd.index import SarpIndex
+
+MAX_LISTED = 50
+
+
+def run_check(ix: SarpIndex, fix: bool) -> CheckReport:
+    problems: list[str] = []
+    keys_of: dict[int, set[int]] = {}
+    corrupt: list[bytes] = []
+    unrouted: list[Segment] = []
+    max_sid = 0
+    for key, value in ix.backend.scan(SEG_PREFIX, b"T"):
+        sid = seg_id_of_key(key)
+        max_sid = max(max_sid, sid)
+        try:
+            seg = decode_segment(value, sid)
+        except (CorruptData, FormatVersionError) as exc:
+            problems.append(f"segment {sid}: {exc}")
+            corrupt.append(key)
+            continue
+        keys_of[sid] = {int(seg.ids[o, 0]) for o in ix.geo.offsets if o < seg.nblocks}
+        if not ix.dir.has(int(seg.ids[0, 0]), sid):
+            problems.append(f"segment {sid} (window {seg.window}) is not routed")
+            unrouted.append(seg)
+    bad_entries: list[tuple[int, int]] = []
+    for rkey, sid, _f in ix.dir.iter_entries():
+        owned = keys_of.get(sid)
+        if owned is None:
+            problems.append(f"routing key {rkey:016x} points at missing segment {sid}")
+            bad_entries.append((rkey, sid))
+        elif rkey not in owned:
+            problems.append(f"routing key {rkey:016x} is not a routing point of segment {sid}")
+            bad_entries.append((rkey, sid))
+    c = ix.counters
+    if len(keys_of) + len(corrupt) != c.segments or (max_sid and c.next_seg <= max_sid):
+        problems.append(f"counters: {c.segments} segments, next id {c.next_seg}; found "
+                        f"{len(keys_of) + len(corrupt)} segments, newest {max_sid}")
+    fixed = 0
+    if fix and problems:
+        fixed = _repair(ix, corrupt, unrouted, bad_entries, len(keys_of), max_sid)
+    report = CheckReport(
+        segments=len(keys_of), routing_points=ix.dir.entries,
+        problems=problems[:MAX_LISTED] + (
+            [f"... and {len(problems) - MAX_LISTED} more"] if len(problems) > MAX_LISTED else []),
+        fixed=fixed,
+    )
+    return report
+
+
+def _repair(ix: SarpIndex, corrupt: list[bytes], unrouted: list[Segment],
+            bad_entries: list[tuple[int, int]], segments: int, max_sid: int) -> int:
+    fixed = 0
+    for rkey, sid in bad_entries:
+        fixed += ix.dir.drop(rkey, sid)
+    txn = WriteTxn(ix)
+    for seg in unrouted:
+        txn.cache[seg.seg_id] = seg
+        ix.register(seg, txn)
+        fixed += 1
+    wb = WriteBatch()
+    for key in corrupt:
+        wb.delete(key)
+        fixed += 1
+    c = ix.counters
+    counters = Counters(max(c.next_seg, max_sid + 1), c.next_version, c.blocks, segments)
+    if counters != c:
+        wb.put(COUNTERS_KEY, counters.encode())
+        fixed += 1
+    ix.backend.write(wb, True)
+    ix.counters = counters
+    ix.dir.merge()
+    return fixed

@@ -1,0 +1,27 @@
+"""First-mismatch verification of 128-bit block ids.
+
+`first_mismatch(cand, query)` returns the index of the first row where two (n, 2)
+uint64 id arrays differ, or n when all n rows agree. The numpy implementation in
+`_numpy.py` is the reference; an optional C/AVX2 implementation may replace it (one
+place picks: this module). `SARPD_NO_EXTENSIONS=1` forces numpy.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sarpd.verify._numpy import first_mismatch as _np_first_mismatch
+
+IMPLEMENTATION = "numpy"
+first_mismatch = _np_first_mismatch
+
+if os.environ.get("SARPD_NO_EXTENSIONS") != "1":  # pragma: no branch
+    try:  # the C extension arrives with the performance work
+        from sarpd.verify._cverify import first_mismatch as _c_first_mismatch  # type: ignore[import-not-found]
+    except ImportError:
+        pass
+    else:
+        first_mismatch = _c_first_mismatch
+        IMPLEMENTATION = "c"
+
+__all__ = ["IMPLEMENTATION", "first_mismatch"]
