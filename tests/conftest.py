@@ -1,0 +1,37 @@
+"""Shared fixtures: real `sarpd` processes on temp data dirs and sockets.
+
+- `sarpd_factory`: call it to start a daemon (`backend=`, `config={"server": {...},
+  "index": {...}}`, `sync=`, `extra_args=`, `env=`, `start=False` to start it later);
+  every daemon it started is killed at the end of the test.
+- `sarpd_proc`: one ready daemon with `--sync always`; the backend is "rocksdb"
+  unless the test parametrises it indirectly:
+  `@pytest.mark.parametrize("sarpd_proc", ["rocksdb", "memory"], indirect=True)`.
+- `shared_sarpd`: one daemon per test module, for tests that only need some daemon
+  (use a namespace of your own to stay independent of other tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_helpers import Launcher, SarpdProc, launcher
+
+
+@pytest.fixture
+def sarpd_factory(tmp_path: Path) -> Iterator[Launcher]:
+    with launcher(tmp_path) as lau:
+        yield lau
+
+
+@pytest.fixture
+def sarpd_proc(request: pytest.FixtureRequest, sarpd_factory: Launcher) -> SarpdProc:
+    backend = getattr(request, "param", "rocksdb")
+    return sarpd_factory(backend=backend)
+
+
+@pytest.fixture(scope="module")
+def shared_sarpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SarpdProc]:
+    with launcher(tmp_path_factory.mktemp("shared")) as lau:
+        yield lau()
