@@ -4,34 +4,41 @@ server feeds whatever bytes arrive and writes whatever bytes come back.
 
 Limits (all in `Limits`; the server builds them with `Limits.from_config`):
 
-- ``max_frame_size`` (64 MiB): the largest single message. A bigger one, or one
-  that declares a bigger str/bin/ext, raises `FrameError` (code ``too_large``): a
-  stream error, after which the server answers ``encode_error(0, exc)`` and closes.
+- ``max_frame_size`` (64 MiB): the largest single message. A bigger one raises
+  `FrameError` (code ``too_large``, the message gives both sizes): a stream
+  error, after which the server answers ``encode_error(0, exc)`` and closes.
   Bytes that are not msgpack raise `FrameError` (code ``bad_request``) the same way.
-  The decoder never buffers more than ``max_frame_size + 1`` bytes, however many
-  are fed at once.
+  (`Decoder.feed` raises the subclass `StreamError`, whose ``decoded`` keeps the
+  requests completed earlier in the same feed.) The decoder never buffers more
+  than ``max_frame_size + 1`` bytes, however many are fed at once.
 - ``max_sequence_tokens`` (1,048,576): tokens per sequence; longer is a per-request
   ``too_large``.
-- ``block_tokens`` (16): tokens per block; `meta` needs one value per whole block.
+- ``block_tokens`` (16): tokens per block; ``meta`` needs one value per whole block.
 - ``max_ns_bytes`` (1,024): the UTF-8 length of a namespace (``bad_request``).
-- ``max_ids`` (default ``max_sequence_tokens // block_tokens``): items in
-  ``hashes`` / ``ids`` lists (``too_large`` beyond).
+- ``max_ids`` (default ``max_sequence_tokens // block_tokens``): ids in ``hashes``
+  / ``ids`` (``too_large`` beyond; ``meta`` must match the block count anyway).
 - ``max_map_len`` (1,024): pairs in any one map of a message.
 - ``max_containers`` (4,096): maps plus arrays in one message.
 - ``max_items`` (``2 * max(max_sequence_tokens, max_ids)``): elements of any one
-  array, and array elements plus map pairs of one whole message. A list of up to
-  ``max_items`` tokens still gets a per-request ``too_large``; past the message-wide
-  bounds above, the frame is refused (``too_large``, fatal) before the objects are
-  built, which bounds the memory one message can take to about ``max_frame_size``
-  plus ``max_items`` small Python objects.
+  array, and array elements plus map pairs of one whole message. A token list of up
+  to ``max_items`` still gets a per-request ``too_large``.
+  Past these last three, the message is refused as a stream error (``too_large``).
+
+Memory: a message is built only once all its bytes are in (a skipping pass finds
+its end first), so an unfinished message costs its bytes (twice: one buffer per
+unpacker), never objects; a complete one, the objects the budgets above allow
+(the largest valid request, max_sequence_tokens tokens as msgpack ints: ~40 MB of
+Python objects; as ``bin``: 4 MB).
 
 Everything below the frame level is a per-request error: a well-formed message that
 is not a valid request yields a `BadMessage` with the request's id (0 when no id
-can be read); the server answers it and keeps the connection. Unknown extra fields
-are ignored (forward compatibility); a field given as nil counts as absent. Fields
-that would change the meaning of a request where they do not apply are refused
-rather than ignored: ``parent`` outside ``insert``; a sequence or ``ids`` on
-``clear``; ``from`` with ``ids``.
+can be read); the server answers it and keeps the connection. Strings that are not
+valid UTF-8 are per-request errors too. Unknown extra fields are ignored (forward
+compatibility); a field given as nil counts as absent. Fields that would change
+the meaning of a request where they do not apply are refused rather than ignored:
+``parent`` outside ``insert``; a sequence or ``ids`` on ``clear``; ``from`` with
+``ids``. ``clear`` refuses a ``value`` with bits outside ``mask`` (it would match
+nothing).
 
 Extension op (not in PROTOCOL.md v1): ``check`` with optional ``fix`` (bool).
 """
@@ -239,17 +246,22 @@ class Decoder:
     ``feed(data)`` returns every request completed by ``data`` (typed `Request`s and
     `BadMessage`s, in stream order) and raises `StreamError` (a `FrameError`) when
     the stream is unusable; after that every ``feed`` raises it again.
+
+    Two unpackers see the same bytes: a skipping one finds where each message ends
+    without building anything, and only then does the other build that message,
+    under the per-type limits and the hooks of `_Budget`. So a header that declares
+    a huge array costs nothing until the bytes of that array have arrived.
     """
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits if limits is not None else Limits()
         lim = self.limits
         self._budget = _Budget(lim)
-        self._unpacker = msgpack.Unpacker(
+        self._skipper = msgpack.Unpacker(max_buffer_size=lim.max_frame_size + 1)
+        self._builder = msgpack.Unpacker(
             raw=False,
             unicode_errors="surrogateescape",  # bad UTF-8 is a per-request error
             strict_map_key=False,  # keys are checked by the pairs hook (no dict built)
-            use_list=True,
             object_pairs_hook=self._budget.on_map,
             list_hook=self._budget.on_list,
             max_buffer_size=lim.max_frame_size + 1,
@@ -260,7 +272,7 @@ class Decoder:
             max_map_len=lim.max_map_len,
         )
         self._fed = 0  # stream offset of everything fed
-        self._frame_start = 0  # stream offset where the current message starts
+        self._frame_start = 0  # stream offset where the unfinished message starts
         self._dead: FrameError | None = None
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Request | BadMessage]:
@@ -289,29 +301,34 @@ class Decoder:
                 )
             if pos >= end:
                 return
-            # Never more than one byte past the limit: the buffer stays bounded.
+            # Never more than one byte past the limit: the buffers stay bounded.
             chunk = view[pos : pos + limit + 1 - partial]
-            self._unpacker.feed(chunk)
+            self._skipper.feed(chunk)
+            self._builder.feed(chunk)
             self._fed += len(chunk)
             pos += len(chunk)
 
     def _drain(self, out: list[Request | BadMessage]) -> None:
-        unpacker = self._unpacker
+        """Build every message the skipper finds complete."""
         limit = self.limits.max_frame_size
         while True:
             try:
-                obj = next(unpacker)
-            except StopIteration:
+                self._skipper.skip()
+            except msgpack.OutOfData:
                 return
-            except FrameError:
-                raise
-            except Exception as exc:  # any unpacker failure leaves the stream unusable
+            except Exception as exc:  # not msgpack: the stream is unusable
                 raise self._stream_error(exc) from exc
-            end = unpacker.tell()
+            end = self._skipper.tell()
             size, self._frame_start = end - self._frame_start, end
-            self._budget.reset()
             if size > limit:
                 raise FrameError(f"frame: {size} bytes exceeds max_frame_size ({limit})")
+            self._budget.reset()
+            try:
+                obj = self._builder.unpack()
+            except FrameError:
+                raise
+            except Exception as exc:  # over a limit, or a malformed ext value
+                raise self._stream_error(exc) from exc
             out.append(parse_message(obj, self.limits))
 
     def _stream_error(self, exc: Exception) -> FrameError:
@@ -319,29 +336,24 @@ class Decoder:
         if found is not None:
             n, kind, lim = found.groups()
             unit = "bytes" if kind in ("str", "bin", "ext") else "entries"
-            err = FrameError(
+            return FrameError(
                 f"frame: {kind} of {n} {unit} exceeds max_{kind}_len ({lim}) "
                 f"(max_frame_size {self.limits.max_frame_size})"
             )
-        else:
-            detail = f": {exc}" if str(exc) else ""
-            err = FrameError(
-                f"frame: not valid msgpack near stream byte {self._unpacker.tell()} "
-                f"({type(exc).__name__}{detail})",
-                code="bad_request",
-            )
-        return err
+        detail = f": {exc}" if str(exc) else ""
+        return FrameError(
+            f"frame: not valid msgpack in the message at stream byte {self._frame_start} "
+            f"({type(exc).__name__}{detail})",
+            code="bad_request",
+        )
 
 
 def parse_message(obj: object, limits: Limits) -> Request | BadMessage:
     """One decoded msgpack value -> a typed request, or a `BadMessage`."""
+    if isinstance(obj, _OddMap):
+        return BadMessage(0, BadRequest("request: map keys must be strings"))
     if not isinstance(obj, dict):
-        what = (
-            "map keys must be strings"
-            if isinstance(obj, _OddMap)
-            else (f"expected a map, got {_kind(obj)}")
-        )
-        return BadMessage(0, BadRequest(f"request: {what}"))
+        return BadMessage(0, BadRequest(f"request: expected a map, got {_kind(obj)}"))
     rid = obj.get("id")
     if type(rid) is not int or not 0 <= rid <= U64_MAX:
         what = "missing" if rid is None else f"expected a uint, got {_show(rid)}"
@@ -365,22 +377,6 @@ def _parse_op(rid: int, d: dict[str, Any], limits: Limits) -> Request:
     if parse is None:
         raise UnknownOp(f"op: unknown op {_show(op)} (known: {', '.join(sorted(_OPS))})")
     return parse(rid, d, limits)
-
-
-def _op_hello(rid: int, d: dict[str, Any], limits: Limits) -> Request:
-    return Hello(rid)
-
-
-def _op_ping(rid: int, d: dict[str, Any], limits: Limits) -> Request:
-    return Ping(rid)
-
-
-def _op_stats(rid: int, d: dict[str, Any], limits: Limits) -> Request:
-    return Stats(rid)
-
-
-def _op_snapshot(rid: int, d: dict[str, Any], limits: Limits) -> Request:
-    return Snapshot(rid)
 
 
 def _op_check(rid: int, d: dict[str, Any], limits: Limits) -> Request:
@@ -430,14 +426,14 @@ def _op_clear(rid: int, d: dict[str, Any], limits: Limits) -> Request:
 
 
 _OPS: dict[str, Callable[[int, dict[str, Any], Limits], Request]] = {
-    "hello": _op_hello,
-    "ping": _op_ping,
+    "hello": lambda rid, d, limits: Hello(rid),  # field-less ops ignore every field
+    "ping": lambda rid, d, limits: Ping(rid),
+    "stats": lambda rid, d, limits: Stats(rid),
+    "snapshot": lambda rid, d, limits: Snapshot(rid),
     "match": _op_match,
     "insert": _op_insert,
     "remove": _op_remove,
     "clear": _op_clear,
-    "stats": _op_stats,
-    "snapshot": _op_snapshot,
     "check": _op_check,
 }
 
@@ -573,8 +569,8 @@ def _tokens(v: object, limits: Limits) -> U32Array:
         raise _first_not_int(v, "tokens", "uint32")
     try:
         arr = np.array(v, dtype=np.int64)
-    except OverflowError:
-        raise _first_out_of_range(v, "tokens", U32_LIMIT, "uint32") from None
+    except OverflowError as exc:
+        raise _first_out_of_range(v, "tokens", U32_LIMIT, "uint32") from exc
     bad = (arr < 0) | (arr >= U32_LIMIT)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -602,8 +598,8 @@ def _ids(v: object, name: str, limits: Limits) -> IdArray:
     if types <= {int}:
         try:
             out[:, 0] = np.array(v, dtype=np.uint64)
-        except OverflowError:
-            raise _first_out_of_range(v, name, U64_MAX + 1, "uint64 id") from None
+        except OverflowError as exc:
+            raise _first_out_of_range(v, name, U64_MAX + 1, "uint64 id") from exc
         return out
     if types == {bytes} and set(map(len, v)) == {16}:
         return ids_from_bytes(b"".join(v))
@@ -641,8 +637,8 @@ def _meta(v: object, blocks: int, limits: Limits) -> U64Array | int:
         raise _first_not_int(v, "meta", "uint64")
     try:
         return np.array(v, dtype=np.uint64)
-    except OverflowError:
-        raise _first_out_of_range(v, "meta", U64_MAX + 1, "uint64") from None
+    except OverflowError as exc:
+        raise _first_out_of_range(v, "meta", U64_MAX + 1, "uint64") from exc
 
 
 def _meta_count(n: int, blocks: int, limits: Limits) -> None:

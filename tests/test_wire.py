@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 from typing import Any
 
 import msgpack
@@ -413,11 +414,32 @@ def test_large_feed_of_small_frames_is_not_too_large() -> None:
     assert len(out) == 500
 
 
-def test_declared_huge_containers_fail_before_the_data() -> None:
+def test_an_unfinished_message_builds_no_objects() -> None:
+    # 300,000 tokens of 3 bytes each: built as they arrive they would be ~10 MB of
+    # Python ints; the decoder keeps only the bytes until the message is complete.
+    tokens = [1000 + i % 60000 for i in range(300_000)]
+    raw = pack({"id": 1, "op": "match", "tokens": tokens})
+    dec = Decoder()
+    tracemalloc.start()
+    try:
+        for i in range(0, len(raw) - 1, 65536):
+            assert dec.feed(raw[i : min(i + 65536, len(raw) - 1)]) == []
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 2**20
+    (req,) = dec.feed(raw[-1:])
+    assert isinstance(req, Match) and req.seq.tokens is not None
+    assert req.seq.tokens.tolist() == tokens
+
+
+def test_declared_huge_containers_wait_for_their_bytes_up_to_the_frame_limit() -> None:
+    assert Decoder().feed(b"\xdd\x00\x20\x00\x00" * 1000) == []
     for header in (b"\xdd\xff\xff\xff\xff", b"\xdf\x00\x01\x00\x00", b"\xc6\xff\xff\xff\xff"):
         with pytest.raises(FrameError) as info:
-            Decoder(Limits(max_frame_size=2**20)).feed(header + b"\x00" * 2**20 + b"\x00")
+            Decoder(Limits(max_frame_size=2**16)).feed(header + b"\x00" * 2**16)
         assert info.value.code == "too_large", header
+        assert "max_frame_size (65536)" in info.value.message
 
 
 def test_message_wide_budgets() -> None:

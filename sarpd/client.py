@@ -1,0 +1,461 @@
+"""Python client of sarpd (PROTOCOL.md): `Client` (asyncio, pipelined) and `SyncClient`.
+
+    client = await Client.connect("/run/sarpd/sarpd.sock")
+    await client.insert(tokens=prompt_tokens, meta=worker_slot)
+    hit = await client.match(tokens=prompt_tokens)   # {"blocks", "tokens", "meta": [...]}
+
+Any number of requests may be in flight at once (``asyncio.gather`` them); responses
+are matched to requests by id. Every method returns the result fields of the
+response as a dict (without ``id`` and ``ok``); ``match`` decodes ``meta`` to a list
+of ints and ``ids`` to a list of 16-byte ids. An error response raises the
+`SarpError` subclass of its code. A lost connection fails every request in flight,
+and every later one, with `ConnectionLost`.
+
+Tokens go out as ``bin`` of little-endian uint32; ids given as bytes or an (n, 2)
+uint64 array go out as ``bin`` of 16 bytes per id, a 1-D array as a list of uints,
+and a list as given (ints or 16-byte ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, TypeAlias, cast
+
+import msgpack
+import numpy as np
+
+from sarpd.errors import BadRequest, SarpError
+from sarpd.model import ids_to_bytes
+from sarpd.wire import encode_request, error_from_code
+
+__all__ = ["Client", "ConnectFailed", "ConnectionLost", "SarpConnectionError", "SyncClient"]
+
+Tokens: TypeAlias = "Sequence[int] | np.ndarray[Any, Any] | bytes"
+Ids: TypeAlias = "Sequence[int | bytes] | np.ndarray[Any, Any] | bytes"
+OneId: TypeAlias = "int | bytes | np.ndarray[Any, Any]"
+Meta: TypeAlias = "int | Sequence[int] | np.ndarray[Any, Any] | bytes"
+Result: TypeAlias = dict[str, Any]
+
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+_U32_LIMIT = 2**32
+
+
+class SarpConnectionError(ConnectionError):
+    """The client has no usable connection to sarpd."""
+
+
+class ConnectFailed(SarpConnectionError):
+    """Could not connect (the message names the socket path and the reason)."""
+
+
+class ConnectionLost(SarpConnectionError):
+    """The connection went away with requests in flight, or before a request."""
+
+
+class _Conn(asyncio.Protocol):
+    """The connection state: pending futures by request id, response unpacker."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, asyncio.Future[Result]] = {}
+        self.lost: str | None = None  # why the connection is gone
+        self.server_error: SarpError | None = None  # an id-0 error before the close
+        self.closed = asyncio.get_running_loop().create_future()
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_RESPONSE_BYTES)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._unpacker.feed(data)
+            for msg in self._unpacker:
+                self._dispatch(msg)
+        except Exception as exc:
+            self.abort(f"bad response from sarpd ({type(exc).__name__}: {exc})")
+
+    def _dispatch(self, msg: object) -> None:
+        if not isinstance(msg, dict) or type(msg.get("id")) is not int:
+            raise ValueError(f"expected a response map with an id, got {msg!r:.80}")
+        rid, ok = msg["id"], msg.get("ok")
+        if ok is True:
+            outcome: Result | SarpError = msg
+        else:
+            error = msg.get("error")
+            if not isinstance(error, dict):
+                raise ValueError(f"response {rid}: ok is {ok!r} and no error map")
+            outcome = error_from_code(str(error.get("code")), str(error.get("message")))
+        fut = self.pending.pop(rid, None)
+        if fut is None:
+            if rid == 0 and isinstance(outcome, SarpError):  # a stream error: close follows
+                self.server_error = outcome
+            return  # else: its caller was cancelled
+        if fut.done():
+            return
+        if isinstance(outcome, SarpError):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+    def abort(self, reason: str) -> None:
+        self.lost = self.lost or reason
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.server_error is not None:
+            err = self.server_error
+            reason = f"closed by sarpd after a stream error ({err.code}: {err.message})"
+        elif exc is not None:
+            reason = f"{type(exc).__name__}: {exc}"
+        else:
+            reason = "closed by sarpd"
+        self.lost = self.lost or reason
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(self.lost_error())
+        self._wake_writers(self.lost_error())
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def lost_error(self) -> ConnectionLost:
+        err = ConnectionLost(f"connection to sarpd at {self.path} lost: {self.lost}")
+        err.__cause__ = self.server_error
+        return err
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writers(None)
+
+    def _wake_writers(self, exc: Exception | None) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if w.done():
+                continue
+            if exc is None:
+                w.set_result(None)
+            else:
+                w.set_exception(exc)
+
+    async def drain(self) -> None:
+        if self._paused and self.lost is None:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+
+class Client:
+    """A pipelined asyncio connection to sarpd. Create with ``await Client.connect()``."""
+
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+        self._next_id = 1  # 0 is what the server uses for stream errors
+
+    @property
+    def path(self) -> str:
+        return self._conn.path
+
+    @classmethod
+    async def connect(cls, path: str | os.PathLike[str], *, timeout: float = 10.0) -> Client:
+        """Connect to the sarpd socket at ``path``; `ConnectFailed` says why not."""
+        spath = os.fspath(path)
+        loop = asyncio.get_running_loop()
+        try:
+            transport, conn = await asyncio.wait_for(
+                loop.create_unix_connection(lambda: _Conn(spath), spath), timeout
+            )
+        except FileNotFoundError as exc:
+            msg = f"sarpd socket {spath} does not exist (is sarpd running with --socket {spath}?)"
+            raise ConnectFailed(msg) from exc
+        except ConnectionRefusedError as exc:
+            raise ConnectFailed(f"nothing listens on sarpd socket {spath} (stale?)") from exc
+        except PermissionError as exc:
+            msg = f"no permission to connect to sarpd socket {spath} (check its group)"
+            raise ConnectFailed(msg) from exc
+        except TimeoutError as exc:
+            raise ConnectFailed(
+                f"connecting to sarpd socket {spath}: no answer in {timeout}s"
+            ) from exc
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to sarpd socket {spath}: {exc}") from exc
+        if conn.transport is None:  # uvloop calls connection_made a little later
+            conn.transport = transport
+        return cls(conn)
+
+    async def request(self, op: str, **fields: Any) -> Result:
+        """Send one request (fields whose value is None are left out) and wait for its
+        response. Returns the result fields; raises the SarpError of an error response."""
+        conn = self._conn
+        if conn.lost is not None or conn.transport is None:
+            raise conn.lost_error()
+        rid = self._next_id
+        self._next_id = rid + 1 if rid < 2**64 - 1 else 1
+        frame = encode_request(rid, op, fields)
+        fut: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        conn.pending[rid] = fut
+        try:
+            conn.transport.write(frame)
+            await conn.drain()
+            msg = await fut
+        finally:
+            conn.pending.pop(rid, None)
+        msg.pop("id", None)
+        msg.pop("ok", None)
+        return msg
+
+    async def hello(self) -> Result:
+        return await self.request("hello")
+
+    async def ping(self) -> Result:
+        return await self.request("ping")
+
+    async def stats(self) -> Result:
+        return await self.request("stats")
+
+    async def snapshot(self) -> Result:
+        return await self.request("snapshot")
+
+    async def check(self, fix: bool = False) -> Result:
+        return await self.request("check", fix=fix)
+
+    async def match(
+        self,
+        tokens: Tokens | None = None,
+        hashes: Ids | None = None,
+        ns: str = "",
+        with_ids: bool = False,
+    ) -> Result:
+        """The longest indexed prefix: ``blocks``, ``tokens``, ``meta`` (list of int)
+        and, with ``with_ids``, ``ids`` (list of 16-byte ids)."""
+        fields = seq_fields(tokens, hashes, ns)
+        if with_ids:
+            fields["with_ids"] = True
+        return decode_match(await self.request("match", **fields))
+
+    async def insert(
+        self,
+        tokens: Tokens | None = None,
+        hashes: Ids | None = None,
+        meta: Meta = 0,
+        ns: str = "",
+        parent: OneId | None = None,
+    ) -> Result:
+        """Index a sequence (after ``parent`` when given): ``blocks``, ``new_blocks``,
+        ``matched_blocks``. ``meta``: one uint for all blocks, or one per block."""
+        fields = seq_fields(tokens, hashes, ns)
+        fields["meta"] = meta_field(meta)
+        if parent is not None:
+            fields["parent"] = one_id_field(parent, "parent")
+        return await self.request("insert", **fields)
+
+    async def remove(
+        self,
+        tokens: Tokens | None = None,
+        hashes: Ids | None = None,
+        start: int = 0,
+        ns: str = "",
+        ids: Ids | None = None,
+    ) -> Result:
+        """Remove blocks ``start``.. of a sequence, or the bare ``ids``: ``removed``."""
+        fields = seq_fields(tokens, hashes, ns)
+        if start:
+            fields["from"] = start
+        if ids is not None:
+            fields["ids"] = ids_field(ids, "ids")
+        return await self.request("remove", **fields)
+
+    async def clear(self, ns: str, mask: int = 0, value: int = 0) -> Result:
+        """Remove every block of ``ns`` whose ``meta & mask == value``: ``removed``."""
+        return await self.request("clear", ns=ns, mask=mask, value=value)
+
+    async def close(self) -> None:
+        """Close the connection; requests still in flight fail with ConnectionLost."""
+        conn = self._conn
+        if conn.transport is not None and not conn.closed.done():
+            conn.lost = conn.lost or "closed by the client"
+            conn.transport.close()
+        await conn.closed
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+# ----------------------------------------------------------------- field encoding
+
+
+def seq_fields(tokens: Tokens | None, hashes: Ids | None, ns: str) -> dict[str, Any]:
+    """``ns`` plus ``tokens`` (bin of uint32 LE) and/or ``hashes``, as given."""
+    fields: dict[str, Any] = {"ns": ns}
+    if tokens is not None:
+        fields["tokens"] = tokens_bin(tokens)
+    if hashes is not None:
+        fields["hashes"] = ids_field(hashes, "hashes")
+    return fields
+
+
+def tokens_bin(tokens: Tokens) -> bytes:
+    """Token ids -> bin of little-endian uint32 (bytes pass through)."""
+    if isinstance(tokens, bytes | bytearray | memoryview):
+        return bytes(tokens)
+    arr = np.asarray(tokens)
+    if arr.size == 0:
+        return b""
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise BadRequest(f"tokens: expected a 1-D sequence of ints, got {arr.dtype} {arr.shape}")
+    if arr.dtype != np.uint32:
+        bad = (arr < 0) | (arr >= _U32_LIMIT)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise BadRequest(f"tokens[{i}]: {arr[i]} is not a uint32")
+    return arr.astype("<u4").tobytes()
+
+
+def ids_field(ids: Ids, name: str) -> bytes | list[Any]:
+    """bytes / (n, 2) array -> bin of 16 B per id; 1-D array -> list of uints; a
+    list is sent as given (its items are ints or 16-byte ids)."""
+    if isinstance(ids, bytes | bytearray | memoryview):
+        return bytes(ids)
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu":
+            raise BadRequest(f"{name}: expected an integer array, got {ids.dtype}")
+        if ids.ndim == 2 and ids.shape[1] == 2:
+            return ids_to_bytes(ids)
+        if ids.ndim == 1:
+            return [int(x) for x in ids.tolist()]
+        raise BadRequest(f"{name}: expected an (n, 2) or 1-D array, got shape {ids.shape}")
+    return [bytes(x) if isinstance(x, bytearray | memoryview) else x for x in ids]
+
+
+def one_id_field(v: OneId, name: str) -> int | bytes:
+    if isinstance(v, np.ndarray):
+        raw = ids_to_bytes(v.reshape(-1, 2))
+        if len(raw) != 16:
+            raise BadRequest(f"{name}: expected one id, got an array of shape {v.shape}")
+        return raw
+    return bytes(v) if isinstance(v, bytearray | memoryview) else v
+
+
+def meta_field(meta: Meta) -> int | bytes | list[int]:
+    if isinstance(meta, np.ndarray):
+        if meta.dtype.kind not in "iu":
+            raise BadRequest(f"meta: expected an integer array, got {meta.dtype}")
+        return np.ascontiguousarray(meta, dtype="<u8").tobytes()
+    if isinstance(meta, bytes | bytearray | memoryview):
+        return bytes(meta)
+    if isinstance(meta, int):
+        return meta
+    return list(meta)
+
+
+def decode_match(result: Result) -> Result:
+    """``meta`` bin -> list[int]; ``ids`` bin -> list of 16-byte ids (in place)."""
+    meta = result.get("meta")
+    if isinstance(meta, bytes):
+        result["meta"] = np.frombuffer(meta, dtype="<u8").tolist()
+    ids = result.get("ids")
+    if isinstance(ids, bytes):
+        result["ids"] = [ids[i : i + 16] for i in range(0, len(ids), 16)]
+    return result
+
+
+# ----------------------------------------------------------------------- sync wrapper
+
+
+class SyncClient:
+    """A blocking client with the methods of `Client`, running its own event loop in
+    the calling thread (one SyncClient per thread). Usable as a context manager."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 10.0) -> None:
+        self._runner = asyncio.Runner()
+        try:
+            self._client = self._runner.run(Client.connect(path, timeout=timeout))
+        except BaseException:
+            self._runner.close()
+            raise
+        self._closed = False
+
+    @property
+    def path(self) -> str:
+        return self._client.path
+
+    def request(self, op: str, **fields: Any) -> Result:
+        return self._runner.run(self._client.request(op, **fields))
+
+    def hello(self) -> Result:
+        return self._runner.run(self._client.hello())
+
+    def ping(self) -> Result:
+        return self._runner.run(self._client.ping())
+
+    def stats(self) -> Result:
+        return self._runner.run(self._client.stats())
+
+    def snapshot(self) -> Result:
+        return self._runner.run(self._client.snapshot())
+
+    def check(self, fix: bool = False) -> Result:
+        return self._runner.run(self._client.check(fix))
+
+    def match(
+        self,
+        tokens: Tokens | None = None,
+        hashes: Ids | None = None,
+        ns: str = "",
+        with_ids: bool = False,
+    ) -> Result:
+        return self._runner.run(self._client.match(tokens, hashes, ns, with_ids))
+
+    def insert(
+        self,
+        tokens: Tokens | None = None,
+        hashes: Ids | None = None,
+        meta: Meta = 0,
+        ns: str = "",
+        parent: OneId | None = None,
+    ) -> Result:
+        return self._runner.run(self._client.insert(tokens, hashes, meta, ns, parent))
+
+    def remove(
+        self,
+        tokens: Tokens | None = None,
+        hashes: Ids | None = None,
+        start: int = 0,
+        ns: str = "",
+        ids: Ids | None = None,
+    ) -> Result:
+        return self._runner.run(self._client.remove(tokens, hashes, start, ns, ids))
+
+    def clear(self, ns: str, mask: int = 0, value: int = 0) -> Result:
+        return self._runner.run(self._client.clear(ns, mask, value))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._runner.run(self._client.close())
+        finally:
+            self._runner.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
