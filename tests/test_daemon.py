@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import grp
 import os
 import signal
 import socket
+import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,10 @@ def seq(n_blocks: int, seed: int, extra: int = 0) -> list[int]:
 def client(shared_sarpd: SarpdProc) -> Iterator[SyncClient]:
     with SyncClient(shared_sarpd.socket) as c:
         yield c
+
+
+def test_socket_mode_default(shared_sarpd: SarpdProc) -> None:
+    assert stat.S_IMODE(os.stat(shared_sarpd.socket).st_mode) == 0o660
 
 
 def test_hello_and_ping(client: SyncClient) -> None:
@@ -259,12 +266,25 @@ def test_two_daemons_cannot_share_a_data_dir(sarpd_factory: Launcher) -> None:
         assert str(first.proc.pid if first.proc else "") in second.log()
     finally:
         second.cleanup()
+    third = SarpdProc(first.data_dir.parent / "third")
+    third.socket = first.socket  # another data dir, but the same socket
+    try:
+        third.start(wait=False)
+        assert third.proc is not None
+        assert third.proc.wait(60) != 0
+        assert "another server is listening" in third.log()
+    finally:
+        third.cleanup()
     with RawConn(first.socket) as conn:
         assert conn.call("ping")["ok"]
 
 
-def test_connections_over_the_limit_get_busy(sarpd_factory: Launcher) -> None:
-    proc = sarpd_factory(config={"server": {"max_connections": 2}})
+def test_socket_mode_group_and_connection_limit(sarpd_factory: Launcher) -> None:
+    group = grp.getgrgid(os.getgid()).gr_name
+    server = {"max_connections": 2, "socket_mode": "0600", "socket_group": group}
+    proc = sarpd_factory(config={"server": server, "index": {"snapshot_interval_s": 0.2}})
+    st = os.stat(proc.socket)
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_gid == os.getgid()
     with RawConn(proc.socket) as a, RawConn(proc.socket) as b:
         assert a.call("ping")["ok"] and b.call("ping")["ok"]
         with RawConn(proc.socket, timeout=10) as c:
@@ -274,3 +294,8 @@ def test_connections_over_the_limit_get_busy(sarpd_factory: Launcher) -> None:
             assert c.closed_by_server()
     with RawConn(proc.socket) as d:  # the slots are free again
         assert d.call("ping")["ok"]
+    # the periodic snapshot ran (snapshot_interval_s 0.2)
+    deadline = time.monotonic() + 30
+    while "snapshot up to segment" not in proc.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "snapshot up to segment" in proc.log()

@@ -71,6 +71,8 @@ def test_snapshot_and_check(shared_sarpd: SarpdProc) -> None:
     assert "clean" in res.output
     res = run(shared_sarpd, "check", "--json")
     assert res.exit_code == 0 and json.loads(res.output)["clean"] is True
+    res = run(shared_sarpd, "check", "--fix")
+    assert res.exit_code == 0 and "0 fixed" in res.output
 
 
 def test_bad_token_input_is_a_usage_error(shared_sarpd: SarpdProc) -> None:
