@@ -33,7 +33,7 @@ from sarpd.config import ServerConfig
 from sarpd.errors import Busy, FrameError, Internal, SarpError, Unavailable
 from sarpd.model import Request
 from sarpd.service import Service
-from sarpd.wire import BadMessage, Decoder, Limits, encode_error, encode_result
+from sarpd.wire import BadMessage, Decoder, Limits, StreamError, encode_error, encode_result
 
 log = logging.getLogger("sarpd.server")
 
@@ -66,16 +66,23 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or self._dead is not None:
             return
+        fatal: SarpError | None = None
         try:
             items = self.decoder.feed(data)
+        except StreamError as exc:  # requests before the bad bytes are still answered
+            log.info("%s: closing after bad stream: %s", self.peer, exc.message)
+            items, fatal = exc.decoded, exc
         except FrameError as exc:
             log.info("%s: closing after bad stream: %s", self.peer, exc.message)
-            self.fatal(exc)
-            return
+            items, fatal = [], exc
         except Exception as exc:  # a decoder bug must not take the daemon down
             log.exception("%s: decoder failed", self.peer)
-            self.fatal(Internal(f"decoder failed: {exc!r}"))
-            return
+            items, fatal = [], Internal(f"decoder failed: {exc!r}")
+        self._take(items)
+        if fatal is not None:
+            self.fatal(fatal)
+
+    def _take(self, items: list[Request | BadMessage]) -> None:
         for item in items:
             if isinstance(item, BadMessage):
                 self.send(encode_error(item.id, item.error))
