@@ -46,7 +46,7 @@ from sarpd.model import (
     RemoveResult,
     SnapshotResult,
 )
-from sarpd.routing import Geometry, filter_at, filters_at, fingerprints, top_candidates
+from sarpd.routing import Geometry, agreement, filter_at, filters_at, fingerprints, top_candidates
 from sarpd.segment import (
     COUNTERS_KEY,
     LOG_PREFIX,
@@ -351,7 +351,11 @@ class SarpIndex:
         segment under the predecessor that holds the same block there (only candidates
         whose fingerprints agree all the way to o are read)."""
         segs, filts = self.dir.posting(pred_key)
-        same = segs[(filts == np.uint64(pred_filt)) & (segs != np.uint64(seg.seg_id))]
+        need = self.geo.spacing  # blocks pred+1 .. o must all agree
+        keep = segs != np.uint64(seg.seg_id)
+        if need <= 16:
+            keep &= agreement(filts, pred_filt) >= need
+        same = segs[keep]
         if not same.size:
             return
         sids = [int(s) for s in same]

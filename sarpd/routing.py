@@ -5,9 +5,13 @@ Offsets inside a window of `segment_blocks` blocks:
 - refinement lattice: multiples of `refine_min_gap` (4); a point at offset o with
   interval I (I = spacing for a base point, else the lowest set bit of o) refines
   into o + I/2, o + I/4, ... down to `refine_min_gap`.
-A filter is eight fingerprint bytes (byte j: the block at point + 2j + 2; 0 past the
-end of the segment or query window); fingerprints are `(id_hi & 0xFF) | 1`, so a
-real fingerprint never equals the "absent" 0.
+A filter is eight 8-bit fingerprints, one per two-block region after the point
+(byte j covers blocks point + 2j + 1 and point + 2j + 2): its high nibble is the
+4-bit fingerprint of the first block, its low nibble that of the second, so
+agreement is resolved per block. A block's fingerprint is `id_hi % 15 + 1`
+(1..15); 0 stands for "no block here" (past the end of the segment or window).
+Agreement bounds a candidate: one that agrees on the first a blocks after the point
+matches the query through at most point + a.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy.typing as npt
 from sarpd.config import IndexConfig
 from sarpd.model import IdArray, U64Array
 
-_REGION = np.arange(1, 9, dtype=np.int64) * 2  # 2, 4, ..., 16
+_SPAN = np.arange(1, 17, dtype=np.int64)  # the 16 blocks after a point
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +57,17 @@ class Geometry:
 
 
 def fingerprints(ids: IdArray, pad_to: int) -> npt.NDArray[np.uint8]:
-    """Fingerprint byte per block, zero-padded to `pad_to` + 18 entries."""
+    """4-bit fingerprint per block (1..15), zero-padded to `pad_to` + 18 entries."""
     fp = np.zeros(pad_to + 18, dtype=np.uint8)
     n = len(ids)
-    fp[:n] = (ids[:, 1] & np.uint64(0xFF)).astype(np.uint8) | np.uint8(1)
+    fp[:n] = (ids[:, 1] % np.uint64(15)).astype(np.uint8) + np.uint8(1)
     return fp
 
 
 def filters_at(fp: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64]) -> U64Array:
     """The 64-bit filter of a point at each offset, from padded fingerprints."""
-    pos = offsets[:, None] + _REGION[None, :]
-    packed = np.ascontiguousarray(fp[pos])
+    nib = fp[offsets[:, None] + _SPAN[None, :]].reshape(-1, 8, 2)
+    packed = np.ascontiguousarray((nib[:, :, 0] << 4) | nib[:, :, 1])
     out: U64Array = packed.view("<u8").reshape(-1).astype(np.uint64)
     return out
 
@@ -73,11 +77,13 @@ def filter_at(fp: npt.NDArray[np.uint8], offset: int) -> int:
 
 
 def agreement(filts: U64Array, qfilt: int) -> npt.NDArray[np.int64]:
-    """Leading fingerprint bytes on which each candidate agrees with the query (0..8)."""
-    x = np.bitwise_xor(filts, np.uint64(qfilt)).astype("<u8")
-    ne = x.view(np.uint8).reshape(-1, 8) != 0
+    """Leading blocks after the point on which each candidate agrees with the query (0..16)."""
+    x = np.bitwise_xor(filts, np.uint64(qfilt)).astype("<u8").view(np.uint8).reshape(-1, 8)
+    ne = np.empty((x.shape[0], 16), dtype=bool)
+    ne[:, 0::2] = (x >> 4) != 0
+    ne[:, 1::2] = (x & 0xF) != 0
     first = ne.argmax(axis=1)
-    out: npt.NDArray[np.int64] = np.where(ne.any(axis=1), first, 8).astype(np.int64)
+    out: npt.NDArray[np.int64] = np.where(ne.any(axis=1), first, 16).astype(np.int64)
     return out
 
 
