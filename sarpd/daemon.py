@@ -223,7 +223,8 @@ HELP = """Serve the SARP prefix index of LLM KV-cache blocks on a Unix socket.
 
 Clients send msgpack requests (see docs/PROTOCOL.md): match a token prefix, insert
 the blocks of a sequence with their metadata, remove or clear blocks. The index lives
-on SSD under DATA_DIR/<backend>/, with directory snapshots in DATA_DIR/snapshots/.
+on SSD under DATA_DIR/<backend>/, with directory snapshots in
+DATA_DIR/snapshots/<backend>/.
 Settings come from --config (TOML tables [server] and [index]); flags override them.
 
 \b

@@ -42,6 +42,7 @@ from sarpd.model import (
     Stats,
 )
 from sarpd.model import Snapshot as SnapshotReq
+from sarpd.wire import Check  # the `check` extension op
 
 log = logging.getLogger("sarpd.service")
 
@@ -63,20 +64,12 @@ class IndexLike(Protocol):
     def stats(self) -> dict[str, int | float | str]: ...
 
 
-def _is_check(req: Request) -> bool:
-    # `Check` is the wire extension op (sarpd.wire.Check); imported lazily so that the
-    # service does not depend on the codec at import time.
-    from sarpd.wire import Check
-
-    return isinstance(req, Check)
-
-
 def kind_of(req: Request) -> PhaseKind:
     if isinstance(req, Match | Hello | Ping | Stats):
         return "read"
     if isinstance(req, Insert | Remove | Clear):
         return "write"
-    if isinstance(req, SnapshotReq) or _is_check(req):
+    if isinstance(req, SnapshotReq | Check):
         return "barrier"
     raise Internal(f"op: no phase for request type {type(req).__name__}")
 
@@ -229,7 +222,8 @@ class Service:
             self.counters["snapshots"] += 1
             return self._guard(self.index.snapshot, "snapshot")
         self.counters["checks"] += 1
-        fix = bool(getattr(req, "fix", False))
+        assert isinstance(req, Check)
+        fix = req.fix
         return self._guard(lambda: self.index.check(fix), "check")
 
     @staticmethod

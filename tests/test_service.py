@@ -27,6 +27,7 @@ from sarpd.model import (
     Stats,
 )
 from sarpd.service import Service, schedule
+from sarpd.wire import Check
 
 
 def seq(*tokens: int) -> SeqSpec:
@@ -223,3 +224,16 @@ def test_snapshot_and_clear() -> None:
     assert out[1] == SnapshotResult(segment_id=7, seconds=0.01)
     assert out[2] == RemoveResult(removed=1)
     assert [c for c, _ in idx.calls] == ["write", "snapshot", "write"]
+
+
+def test_check_is_a_barrier_and_passes_fix() -> None:
+    svc, idx = make()
+    batch: list[tuple[str, Request]] = [
+        ("a", Match(1, seq(1))),
+        ("b", Check(2, fix=True)),
+        ("b", Ping(3)),
+    ]
+    assert kinds(batch) == [("read", [1]), ("barrier", [2]), ("read", [3])]
+    out = svc.run_batch(batch)
+    assert out[1] == CheckReport(segments=3)
+    assert ("check", [1]) in idx.calls
