@@ -382,6 +382,7 @@ class SarpIndex:
     # -- writes --------------------------------------------------------------------
     def write_many(self, ops: Sequence[WriteOp]) -> list[InsertResult | RemoveResult | SarpError]:
         txn = WriteTxn(self)
+        txn.prefetch(ops)
         out: list[InsertResult | RemoveResult | SarpError] = []
         for op in ops:
             try:

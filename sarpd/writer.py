@@ -58,6 +58,7 @@ class WriteTxn:
         self.dirty: set[int] = set()
         self.locators: dict[bytes, bytes] = {}
         self.logged: list[int] = []
+        self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
         c = index.counters
         self.next_seg = c.next_seg
         self.blocks = c.blocks
@@ -135,8 +136,25 @@ class WriteTxn:
             return self.remove(op)
         return self.clear(op)
 
+    def prefetch(self, ops: Sequence[Insert | Remove | Clear]) -> None:
+        """ONE multi-get for the routing candidates of every insert of the batch (what
+        the batch itself changes is found in the cache or read as it is discovered)."""
+        sb, wanted = self.ix.geo.sb, {}
+        for op in ops:
+            if not isinstance(op, Insert) or op.parent is not None:
+                continue
+            try:
+                q = self.seq_ids[id(op.seq)] = self._seq_ids(op.seq)
+            except TooLarge:
+                continue
+            for w in range(-(-len(q) // sb)):
+                wanted.update(dict.fromkeys(self.ix.route_window(q[w * sb : (w + 1) * sb], w)))
+        self.load(wanted)
+
     def _seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
         ix = self.ix
+        if parent is None and id(seq) in self.seq_ids:
+            return self.seq_ids[id(seq)]
         if seq.tokens is not None:
             if len(seq.tokens) > ix.cfg.max_sequence_tokens:
                 raise TooLarge(f"tokens: {len(seq.tokens)} exceeds max_sequence_tokens "
