@@ -27,7 +27,7 @@ class IndexConfig:
     refine_min_gap: int = 4  # refinement stops at points this many blocks apart
     prune_max_pred: int = 3  # drop a point whose predecessor has <= this many candidates
     window_cap: int = 4  # candidate segments read per 64-block window at most
-    delta_max_entries: int = 65536  # directory delta merged into the base past this
+    delta_max_entries: int = 8192  # directory delta merged into the base past this
     snapshot_interval_s: float = 60.0  # periodic snapshot (0 = only on demand/shutdown)
     max_sequence_tokens: int = 1_048_576
 

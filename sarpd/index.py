@@ -342,8 +342,16 @@ class SarpIndex:
                 refine.append((o, key, (count // t).bit_length()))
         for o, key, level in refine:
             steps = geo.refinements(o)
-            if level <= len(steps):
+            if level <= len(steps) and self._splits(key, steps[level - 1] - o):
                 self._add_point(key, steps[level - 1], txn)
+
+    def _splits(self, key: int, step: int) -> bool:
+        """Would a point `step` blocks deeper split this posting list? Not when every
+        candidate's fingerprints agree that far (they all share that block)."""
+        if step > 16:
+            return True
+        filts = self.dir.posting(key)[1]
+        return bool(filts.size) and bool((agreement(filts, int(filts[0])) < step).any())
 
     def _list_siblings(self, pred_key: int, pred_filt: int, o: int, seg: Segment,
                        txn: WriteTxn) -> None:
