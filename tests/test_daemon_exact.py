@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from oracle import BT, Oracle
 from test_index_exact import sessions
 
+from backends.registry import backend_names
 from sarpd.client import SyncClient
 from sarpd.errors import UnknownParent
 from sarpd.ids import id_bytes, salt_ids, token_ids
@@ -22,7 +23,7 @@ from sarpd.ids import id_bytes, salt_ids, token_ids
 _example = itertools.count()
 
 
-@pytest.fixture(scope="module", params=["rocksdb", "memory"])
+@pytest.fixture(scope="module", params=backend_names())
 def daemon(request: pytest.FixtureRequest,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[SarpdProc]:
     with launcher(tmp_path_factory.mktemp("exact")) as lau:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 from daemon_helpers import REPO, Launcher, SarpdProc
 
+from backends.registry import backend_names
 from sarpd.client import Client, SarpConnectionError, SyncClient
 
 BT = 16
@@ -97,9 +98,12 @@ def sarpctl_check(proc: SarpdProc) -> subprocess.CompletedProcess[str]:
     )
 
 
-def run_rounds(sarpd_factory: Launcher, rounds: int, seed: int) -> None:
+PERSISTENT = [n for n in backend_names() if n != "memory"]
+
+
+def run_rounds(sarpd_factory: Launcher, rounds: int, seed: int, backend: str) -> None:
     rng = random.Random(seed)
-    proc = sarpd_factory()
+    proc = sarpd_factory(backend=backend)
     acked: list[Acked] = []
     for r in range(rounds):
         n = asyncio.run(traffic_until_killed(proc, rng, acked))
@@ -111,10 +115,12 @@ def run_rounds(sarpd_factory: Launcher, rounds: int, seed: int) -> None:
     assert proc.stop() == 0
 
 
-def test_kill_9_loses_no_acknowledged_insert(sarpd_factory: Launcher) -> None:
-    run_rounds(sarpd_factory, rounds=3, seed=20261129)
+@pytest.mark.parametrize("backend", PERSISTENT)
+def test_kill_9_loses_no_acknowledged_insert(sarpd_factory: Launcher, backend: str) -> None:
+    run_rounds(sarpd_factory, rounds=3, seed=20261129, backend=backend)
 
 
 @pytest.mark.slow
-def test_kill_9_many_rounds(sarpd_factory: Launcher) -> None:
-    run_rounds(sarpd_factory, rounds=25, seed=7)
+@pytest.mark.parametrize("backend", PERSISTENT)
+def test_kill_9_many_rounds(sarpd_factory: Launcher, backend: str) -> None:
+    run_rounds(sarpd_factory, rounds=25, seed=7, backend=backend)

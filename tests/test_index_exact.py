@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from oracle import BT, Oracle
 
 from backends.base import Backend
-from backends.registry import open_backend
+from backends.registry import backend_names, is_persistent, open_backend
 from sarpd.config import IndexConfig
 from sarpd.errors import UnknownParent
 from sarpd.ids import salt_ids, token_ids
@@ -97,7 +97,7 @@ class Harness:
         self.rid = 0
 
     def restart(self, snapshot: bool) -> None:
-        if self.name == "memory":  # nothing survives close: recover from the same object
+        if not is_persistent(self.backend):  # nothing survives close: reuse the object
             if snapshot:
                 self.ix.snapshot()
             self.ix = SarpIndex(self.backend, self.cfg, self.root / "snap")
@@ -168,7 +168,7 @@ def run_script(h: Harness, ops: list[tuple[str, object]]) -> None:
     assert h.ix.stats()["blocks"] == len(oracle.blocks)
 
 
-BACKENDS = pytest.mark.parametrize("backend_name", ["memory", "rocksdb"])
+BACKENDS = pytest.mark.parametrize("backend_name", backend_names())
 
 
 def _run(backend_name: str, geometry: str, ops: list[tuple[str, object]]) -> None:
