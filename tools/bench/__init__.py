@@ -1,0 +1,1 @@
+"""The evaluation harness: workloads, baselines, the runner behind `sarpctl bench`."""
