@@ -1,0 +1,684 @@
+"""Segment-Radix: a radix tree over segments, its structure in memory up to a cap.
+
+Tree: a node is a segment, a run of consecutive blocks [s, e) of one sequence inside
+one 64-block window. Its children are keyed by their first block id: the node of the
+next window (starting at e = a multiple of 64) or a branch that leaves it at s < p < e
+(the branch holds only its own blocks [p, ...), never a copy of the shared head).
+A partial tail grows in place while its window has room.
+
+On the backend (every node, always, written in the insert's batch):
+  P + node id            -> the node's ids then metas (raw little-endian uint64)
+  C + parent id + first  -> child id, id of its last block, s, e ("<QQII")
+  L + version            -> node id, parent id, first (change log since the snapshot)
+  M                      -> next node id, next version
+In memory, up to `cap_bytes`: the top of the tree. A resident node holds its ids
+(node, parent, first, last), s, e and a dict of its resident children; when the
+estimate passes the cap, the resident node with the largest start position (the
+deepest) is evicted and its parent marked incomplete. A lookup in a complete resident
+node costs no I/O; in an incomplete or evicted node it is one backend multi-get of
+the C keys of the query's candidate positions (so every evicted level costs one
+storage read). Snapshot (flush/close): the resident nodes as numpy arrays, written
+atomically; a cold start loads it (plus the change log written after it) and
+rebuilds the resident nodes: its time grows with the cap.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import os
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from backends.base import WriteBatch
+from tools.bench.api import Ids
+from tools.bench.baselines._common import (
+    U64,
+    WINDOW,
+    BackendBaseline,
+    BaselineError,
+    be_key,
+    be_keys,
+    first_miss,
+    metas_array,
+    pack_u64,
+    run_length,
+    salted,
+    unpack_u64,
+)
+
+P, C, L, M = b"P", b"C", b"L", b"M"
+_REC = struct.Struct("<QQII")  # child id, last id, s, e
+_LOG = struct.Struct("<QQQ")  # node id, parent id, first id
+_META = struct.Struct("<QQ")  # next node id, next version
+SNAPSHOT = "radix-snapshot.npz"
+SNAPSHOT_FORMAT = 1
+_HEAP_ENTRY = sys.getsizeof((0, 0, None)) + 8  # the heap's tuple and its list slot
+_FIELDS = ("id", "pid", "first", "s", "e", "last")
+SORTED_FROM = 16  # children from which a node keeps a sorted numpy key array
+SHORT_PATH = 3  # paths up to this many nodes are verified node by node
+
+Getter = Callable[[list[bytes]], list[bytes | None]]
+
+
+class _Node:
+    __slots__ = ("children", "complete", "e", "first", "id", "keys", "kids", "last", "pid",
+                 "resident", "s", "up")
+
+    def __init__(self, nid: int, pid: int, first: int, s: int, e: int, last: int) -> None:
+        self.id, self.pid, self.first, self.s, self.e, self.last = nid, pid, first, s, e, last
+        self.up: _Node | None = None
+        self.children: dict[int, _Node] | None = None
+        self.complete = True  # every child is resident (meaningful when resident)
+        self.resident = False
+        self.keys: U64 | None = None  # sorted child first ids (SORTED_FROM+ children)
+        self.kids: list[_Node] | None = None
+
+
+_NODE_OBJ = sys.getsizeof(_Node(0, 0, 0, 0, 0, 0))
+
+
+def _int_sizes(a: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """sys.getsizeof of each value as a Python int; 0 for CPython's shared ints <= 256."""
+    a = a.astype(np.uint64, copy=False)
+    out: npt.NDArray[np.int64] = np.select(
+        [a <= 256, a < 1 << 30, a < 1 << 60], [0, 28, 32], 36).astype(np.int64)
+    return out
+
+
+_DICT_SIZES: list[int] = [0]  # sys.getsizeof of a dict of i int keys (0: no dict)
+
+
+def _dict_growth(pids: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """Per row, the bytes its parent's children dict grows by when the row is added
+    (rows in order: the j-th child of a parent adds size(j+1) - size(j))."""
+    n = len(pids)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(pids, kind="stable")
+    sp = pids[order]
+    starts = np.concatenate([[0], np.flatnonzero(sp[1:] != sp[:-1]) + 1])
+    rank_sorted = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = rank_sorted
+    most = int(rank_sorted.max()) + 1
+    if len(_DICT_SIZES) <= most:
+        d = {i: None for i in range(len(_DICT_SIZES) - 1)}
+        while len(_DICT_SIZES) <= most:
+            d[len(d)] = None
+            _DICT_SIZES.append(sys.getsizeof(d))
+    sizes = np.array(_DICT_SIZES, dtype=np.int64)
+    out: npt.NDArray[np.int64] = sizes[rank + 1] - sizes[rank]
+    return out
+
+
+def _node_cost(node: _Node) -> int:
+    """Bytes a resident node adds besides its parent's dict growth: the slotted object,
+    its int fields (CPython shares those <= 256) and its eviction-heap entry."""
+    ints = (node.id, node.pid, node.first, node.s, node.e, node.last)
+    return _NODE_OBJ + _HEAP_ENTRY + sum(sys.getsizeof(v) for v in ints if v > 256)
+
+
+def _after(prefix: bytes) -> bytes:
+    """The first key past every key starting with the 1-byte `prefix`."""
+    return bytes([prefix[0] + 1])
+
+
+def _window_end(pos: int) -> int:
+    return pos - pos % WINDOW + WINDOW
+
+
+@dataclass(slots=True)
+class _Walk:
+    path: list[tuple[_Node, int | None]]  # node, blocks claimed (None: verify to find)
+    m: int = 0
+    parts: list[U64] | None = None
+    last_payload: U64 | None = None
+
+
+class SegmentRadix(BackendBaseline):
+    """Segment-Radix: an in-memory radix tree over 64-block segments (node = a run of
+    blocks of one sequence inside one window; children keyed by their first block id:
+    the next window's node or a branch leaving mid-segment, which stores only its own
+    blocks). Node payloads (ids + metas) and every parent->child edge live on the
+    backend; the tree structure is resident only up to `cap_bytes` (counted with
+    sys.getsizeof: each node object, its ints, its children dict and eviction-heap
+    entry; ~450-550 B per node), keeping the shallowest nodes: past the cap the
+    deepest resident node is evicted and its parent marked incomplete.
+    Match: walk the tree (a node is passed without reading it when the query's id at
+    its last block equals the node's last id; a branch inside a node is found with
+    one numpy searchsorted over its children's first ids); a lookup in an evicted or
+    incomplete node is one backend multi-get of its child keys at the query's
+    candidate positions (one storage read per evicted level); then ONE multi-get of
+    the payloads of every node on every path of the batch, verified against the
+    query's ids. Insert: walk, then extend the last node in place or hang new nodes
+    (one per window) under it, all in one write batch with a change-log record per
+    node. Recovery: a fresh process opens the backend, loads the snapshot of the
+    resident top (written at flush/close), replays the change log written after it
+    and answers the first match; its time is about a fixed part (process, imports,
+    open) plus a per-resident-node part, so it is set by the cap
+    (`set_memory_cap`: lowering evicts now, raising reloads from the backend)."""
+
+    name = "segment-radix"
+
+    def __init__(self, *, sync: bool = False, cap_bytes: int | None = None) -> None:
+        super().__init__(sync=sync)
+        if cap_bytes is not None and cap_bytes < 0:
+            raise ValueError(f"segment-radix: cap_bytes {cap_bytes} must be >= 0")
+        self.cap_bytes = cap_bytes
+        self._reset()
+        self.load_detail = ""
+
+    def recovery_options(self) -> dict[str, Any]:
+        return {"sync": self.sync, "cap_bytes": self.cap_bytes}
+
+    def _reset(self) -> None:
+        self._root = _Node(0, 0, 0, 0, 0, 0)
+        self._root.resident = True
+        self._heap: list[tuple[int, int, _Node]] = []
+        self._mem = _node_cost(self._root)
+        self._next_id = 1
+        self._version = 0
+
+    # -- memory ------------------------------------------------------------------
+
+    def _cap(self) -> int:
+        return sys.maxsize if self.cap_bytes is None else self.cap_bytes
+
+    def _admit(self, parent: _Node, node: _Node) -> bool:
+        """Make `node` resident under its resident `parent` if the cap allows (then
+        evict the deepest nodes while over the cap)."""
+        if not parent.resident:
+            return False
+        cost = _node_cost(node)
+        if self._mem + cost > self._cap() and (not self._heap or -self._heap[0][0] <= node.s):
+            parent.complete = False  # it would be the deepest: evicted at once
+            return False
+        before = 0
+        if parent.children is None:
+            parent.children = {}
+        else:
+            before = sys.getsizeof(parent.children)
+        parent.children[node.first] = node
+        self._keys_insert(parent, node)
+        node.up, node.resident = parent, True
+        heapq.heappush(self._heap, (-node.s, -node.id, node))
+        self._mem += cost + sys.getsizeof(parent.children) - before
+        self._evict()
+        return node.resident
+
+    def _drop_keys(self, node: _Node) -> None:
+        if node.keys is not None:
+            self._mem -= node.keys.nbytes + sys.getsizeof(node.kids)
+            node.keys = node.kids = None
+
+    def _set_end(self, node: _Node, e: int, last: int) -> None:
+        """A node grew in place (its int fields may change size)."""
+        before = _node_cost(node)
+        node.e, node.last = e, last
+        if node.resident:
+            self._mem += _node_cost(node) - before
+
+    def _keys_insert(self, parent: _Node, node: _Node) -> None:
+        """Keep the parent's sorted key array (if it has one) in step: one insert."""
+        if parent.keys is None or parent.kids is None:
+            return
+        before = parent.keys.nbytes + sys.getsizeof(parent.kids)
+        i = int(np.searchsorted(parent.keys, np.uint64(node.first)))
+        parent.keys = np.insert(parent.keys, i, np.uint64(node.first))
+        parent.kids.insert(i, node)
+        self._mem += parent.keys.nbytes + sys.getsizeof(parent.kids) - before
+
+    def _keys_remove(self, parent: _Node, node: _Node) -> None:
+        if parent.keys is None or parent.kids is None:
+            return
+        if not parent.children or len(parent.children) < SORTED_FROM:
+            self._drop_keys(parent)
+            return
+        before = parent.keys.nbytes + sys.getsizeof(parent.kids)
+        i = int(np.searchsorted(parent.keys, np.uint64(node.first)))
+        parent.keys = np.delete(parent.keys, i)
+        del parent.kids[i]
+        self._mem += parent.keys.nbytes + sys.getsizeof(parent.kids) - before
+
+    def _evict(self) -> None:
+        cap = self._cap()
+        while self._mem > cap and self._heap:
+            _, _, node = heapq.heappop(self._heap)
+            up = node.up
+            assert up is not None and up.children is not None
+            before = sys.getsizeof(up.children)
+            del up.children[node.first]
+            if not up.children:
+                up.children = None  # a dict does not shrink: free it when empty
+            freed = before - (0 if up.children is None else sys.getsizeof(up.children))
+            up.complete = False
+            self._keys_remove(up, node)
+            self._drop_keys(node)
+            node.up, node.resident = None, False
+            self._mem -= _node_cost(node) + freed
+
+    def set_memory_cap(self, cap_bytes: int | None) -> None:
+        """Cap the resident tree at `cap_bytes` (None: no cap). Lowering evicts the
+        deepest nodes now; raising reloads the top of the tree from the backend."""
+        raising = cap_bytes is None or (self.cap_bytes is not None and cap_bytes > self.cap_bytes)
+        self.cap_bytes = cap_bytes
+        if raising and self._backend is not None:
+            self._load_scan()
+        else:
+            self._evict()
+
+    def resident_nodes(self) -> int:
+        return len(self._heap)
+
+    def total_nodes(self) -> int:
+        return self._next_id - 1  # node ids are 1, 2, ... and nodes are never deleted
+
+    def memory_bytes(self) -> int:
+        """Measured by a walk over the resident nodes: sys.getsizeof of each node, its
+        int fields (other than CPython's shared small ints), its eviction-heap tuple
+        and list slot, its children dict and sorted key array (the cap is enforced on
+        a running count of the same quantities)."""
+        size = sys.getsizeof
+        total = 0
+        for _, _, node in [(0, 0, self._root), *self._heap]:
+            total += _node_cost(node)
+            if node.children is not None:
+                total += size(node.children)
+            if node.keys is not None:
+                total += node.keys.nbytes + size(node.kids)
+        return total
+
+    def check(self) -> list[str]:
+        """Problems of the resident tree (tests): children, key arrays, heap, memory."""
+        problems: list[str] = []
+        resident = [self._root] + [n for _, _, n in self._heap]
+        if len({id(n) for n in resident}) != len(resident):
+            problems.append("a node is twice in the heap")
+        for node in resident:
+            kids = node.children or {}
+            for first, c in kids.items():
+                if c.first != first or c.up is not node or not c.resident or (
+                        node is not self._root and c.s <= node.s):
+                    problems.append(f"node {node.id}: child {c.id} is misfiled")
+            if node.keys is not None:
+                ok = node.kids is not None and node.keys.tolist() == sorted(kids) and all(
+                    k.first == f for k, f in zip(node.kids, node.keys.tolist(), strict=True))
+                if not ok:
+                    problems.append(f"node {node.id}: sorted key array out of step")
+        if sum(len(n.children or {}) for n in resident) != len(self._heap):
+            problems.append("resident children and heap disagree")
+        if self.memory_bytes() != self._mem:
+            problems.append(f"memory walk {self.memory_bytes()} != running count {self._mem}")
+        return problems
+
+    def estimated_bytes(self) -> int:
+        """The running count the cap is enforced on (memory_bytes() walks instead)."""
+        return self._mem
+
+    # -- open, snapshot, recovery ---------------------------------------------------
+
+    def _open_state(self) -> None:
+        self._open_backend()
+        self._load()
+
+    def _close_state(self) -> None:
+        if self._backend is not None:
+            try:
+                self._snapshot()
+            finally:
+                self._reset()
+                super()._close_state()
+
+    def flush(self) -> None:
+        self.backend.sync()
+        self._snapshot()
+
+    def _read_meta(self) -> None:
+        raw = self.backend.get_many([M])[0]
+        if raw is not None:
+            self._next_id, self._version = _META.unpack(raw)
+
+    def _load(self) -> None:
+        self._reset()
+        self._read_meta()
+        path = self.data_dir / SNAPSHOT
+        try:
+            with np.load(path) as snap:
+                arrays = {k: snap[k] for k in snap.files}
+        except FileNotFoundError:
+            self._load_scan()
+            return
+        except (OSError, ValueError, KeyError) as exc:
+            self.load_detail = f"snapshot unreadable ({exc}): "
+            self._load_scan()
+            return
+        if int(arrays["format"]) != SNAPSHOT_FORMAT:
+            self._load_scan()
+            return
+        self._root.complete = bool(arrays["root_complete"])
+        nodes = self._build(arrays)
+        replayed = self._replay(int(arrays["version"]), int(arrays["next_id"]), nodes)
+        self.load_detail = (f"{len(self._heap)} of {self.total_nodes()} nodes resident from the "
+                            f"snapshot, {replayed} change-log records replayed")
+
+    def _build(self, cols: dict[str, npt.NDArray[Any]]) -> dict[int, _Node]:
+        """Resident nodes from columns sorted by s (parents first): the longest prefix
+        of rows whose cost fits the cap (computed with numpy: node, ints, heap entry and
+        the growth of the parent's dict), built in one tight loop with the cyclic GC
+        paused; the exact count then evicts if the estimate was short."""
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            return self._build_rows(cols)
+        finally:
+            if gc_was_on:
+                gc.enable()
+
+    def _build_rows(self, cols: dict[str, npt.NDArray[Any]]) -> dict[int, _Node]:
+        node_cost = _NODE_OBJ + _HEAP_ENTRY + sum(
+            (_int_sizes(cols[f]) for f in _FIELDS), np.zeros(len(cols["id"]), np.int64))
+        cost = node_cost + _dict_growth(cols["pid"])
+        k = int(np.searchsorted(np.cumsum(cost), self._cap() - self._mem, side="right"))
+        nodes: dict[int, _Node] = {0: self._root}
+        heap = self._heap
+        parents: list[_Node] = []
+        rows = zip(*(cols[f][:k].tolist() for f in (*_FIELDS, "complete")), strict=True)
+        for nid, pid, first, s, e, last, complete in rows:
+            parent = nodes.get(pid)
+            if parent is None:
+                continue
+            node = _Node(nid, pid, first, s, e, last)
+            node.complete, node.up, node.resident = complete, parent, True
+            ch = parent.children
+            if ch is None:
+                parent.children = ch = {}
+                parents.append(parent)
+            ch[first] = node
+            nodes[nid] = node
+            heap.append((-s, -nid, node))
+        heapq.heapify(heap)
+        for pid in np.unique(cols["pid"][k:]).tolist():
+            if (parent := nodes.get(pid)) is not None:
+                parent.complete = False
+        kept = np.isin(cols["id"][:k], np.fromiter(nodes, np.uint64, len(nodes)))
+        self._mem += int(node_cost[:k][kept].sum())
+        self._mem += sum(sys.getsizeof(p.children) for p in parents)
+        self._evict()
+        return {nid: n for nid, n in nodes.items() if n.resident}
+
+    def _replay(self, version: int, snap_next_id: int, nodes: dict[int, _Node]) -> int:
+        """Apply the change log from `version` on: extended nodes grow, created ones
+        are admitted (a node older than the snapshot that was not resident may have
+        children anywhere, so it is admitted incomplete)."""
+        records = [_LOG.unpack(v) for _, v in self.backend.scan(be_key(L, version), _after(L))]
+        if not records:
+            return 0
+        recs = self.backend.get_many([be_key(C, pid, first) for _, pid, first in records])
+        for (nid, pid, first), rec in zip(records, recs, strict=True):
+            if rec is None:
+                raise BaselineError(f"segment-radix: change log names node {nid} "
+                                    "whose edge is missing")
+            _, last, s, e = _REC.unpack(rec)
+            node = nodes.get(nid)
+            if node is not None:
+                self._set_end(node, e, last)
+            elif (parent := nodes.get(pid)) is not None:
+                node = _Node(nid, pid, first, s, e, last)
+                node.complete = nid >= snap_next_id
+                if self._admit(parent, node):
+                    nodes[nid] = node
+        return len(records)
+
+    def _load_scan(self) -> None:
+        """Rebuild the resident top from every edge on the backend (no snapshot, or
+        the cap was raised)."""
+        keys: list[bytes] = []
+        recs: list[bytes] = []
+        for key, rec in self.backend.scan(C, _after(C)):
+            keys.append(key[1:])
+            recs.append(rec)
+        kk = np.frombuffer(b"".join(keys), dtype=">u8").reshape(-1, 2).astype(np.uint64)
+        rr = np.frombuffer(b"".join(recs), dtype=np.dtype(
+            [("id", "<u8"), ("last", "<u8"), ("s", "<u4"), ("e", "<u4")]))
+        cols: dict[str, npt.NDArray[Any]] = {
+            "id": rr["id"].astype(np.uint64), "pid": kk[:, 0], "first": kk[:, 1],
+            "s": rr["s"].astype(np.uint64), "e": rr["e"].astype(np.uint64),
+            "last": rr["last"].astype(np.uint64)}
+        order = np.lexsort((cols["id"], cols["s"]))
+        cols = {f: a[order] for f, a in cols.items()}
+        cols["complete"] = np.ones(len(order), dtype=bool)
+        self._reset()
+        self._read_meta()
+        self._build(cols)
+        self.load_detail += f"{len(self._heap)} of {len(order)} nodes resident from a full scan"
+
+    def _snapshot(self) -> None:
+        nodes = sorted((n for _, _, n in self._heap), key=lambda n: (n.s, n.id))
+        cols: dict[str, Any] = {
+            k: np.array([getattr(n, k) for n in nodes], dtype=np.uint64)
+            for k in ("id", "pid", "first", "s", "e", "last")}
+        cols["complete"] = np.array([n.complete for n in nodes], dtype=bool)
+        cols.update(format=SNAPSHOT_FORMAT, version=self._version, next_id=self._next_id,
+                    root_complete=self._root.complete)
+        path = self.data_dir / SNAPSHOT
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, **cols)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(self.data_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        wb = WriteBatch()  # the log before the snapshot is no longer needed
+        for key, _ in self.backend.scan(L, be_key(L, self._version)):
+            wb.delete(key)
+        if wb:
+            self.backend.write(wb, self.sync)
+
+    # -- lookups -------------------------------------------------------------------
+
+    def _resident_child(self, node: _Node, q: U64, lo: int, hi: int) -> _Node | None:
+        ch = node.children
+        if not ch:
+            return None
+        if hi - lo == 1:
+            return ch.get(int(q[lo]))
+        if len(ch) < SORTED_FROM:
+            for c in ch.values():
+                if lo <= c.s < hi and int(q[c.s]) == c.first:
+                    return c
+            return None
+        if node.keys is None or node.kids is None:
+            node.keys = np.array(sorted(ch), dtype=np.uint64)
+            node.kids = [ch[k] for k in node.keys.tolist()]
+            self._mem += node.keys.nbytes + sys.getsizeof(node.kids)
+        qs = q[lo:hi]
+        idx = np.minimum(np.searchsorted(node.keys, qs), len(node.keys) - 1)
+        for j in np.flatnonzero(node.keys[idx] == qs).tolist():
+            c = node.kids[int(idx[j])]
+            if c.s == lo + j:
+                return c
+        return None
+
+    def _child(self, node: _Node, q: U64, lo: int, hi: int, get: Getter) -> _Node | None:
+        """The child of `node` keyed by the query's id at a position in [lo, hi) (at
+        most one can exist: the query is one chain). No I/O in a complete resident
+        node; otherwise one multi-get of the candidate edges."""
+        if lo >= hi:
+            return None
+        if node.resident:
+            found = self._resident_child(node, q, lo, hi)
+            if found is not None or node.complete:
+                return found
+        values = get(be_keys(q[lo:hi], be_key(C, node.id)))
+        for i, v in enumerate(values):
+            if v is not None:
+                nid, last, s, e = _REC.unpack(v)
+                return _Node(nid, node.id, int(q[lo + i]), s, e, last)
+        return None
+
+    def _walk(self, q: U64, get: Getter) -> list[tuple[_Node, int | None]]:
+        """The nodes the query passes through, each with the blocks it claims (None:
+        the match ends inside it, found by verifying its payload)."""
+        n = len(q)
+        path: list[tuple[_Node, int | None]] = []
+        node = self._child(self._root, q, 0, min(1, n), get)
+        while node is not None:
+            s, e = node.s, node.e
+            if e <= n and int(q[e - 1]) == node.last:
+                path.append((node, e - s))
+                node = self._child(node, q, e, min(e + 1, n), get)
+            else:
+                nxt = self._child(node, q, s + 1, min(e, n), get)
+                path.append((node, None if nxt is None else nxt.s - s))
+                node = nxt
+        return path
+
+    def _finish(self, qs: list[U64], paths: list[list[tuple[_Node, int | None]]],
+                get: Getter) -> list[_Walk]:
+        """ONE multi-get of the payloads of every node of every path, then per query
+        one numpy verification of all its nodes' ids at once."""
+        keys = [be_key(P, node.id) for path in paths for node, _ in path]
+        values = get(keys) if keys else []
+        out: list[_Walk] = []
+        off = 0
+        for q, path in zip(qs, paths, strict=True):
+            vs = values[off: off + len(path)]
+            off += len(path)
+            out.append(self._verify(q, path, vs))
+        return out
+
+    @staticmethod
+    def _verify(q: U64, path: list[tuple[_Node, int | None]],
+                vs: list[bytes | None]) -> _Walk:
+        walk = _Walk(path, parts=[])
+        if not path:
+            return walk
+        if (miss := first_miss(vs)) < len(vs):
+            raise BaselineError(f"segment-radix: payload of node {path[miss][0].id} is missing")
+        values = cast("list[bytes]", vs)
+        if len(path) <= SHORT_PATH:
+            return SegmentRadix._verify_short(q, walk, values)
+        lens = np.array([len(v) for v in values], dtype=np.int64) // 16
+        spans = np.array([(node.s, node.e) for node, _ in path], dtype=np.int64)
+        wants = np.array([min(node.e, len(q)) - node.s if c is None else c
+                          for node, c in path], dtype=np.int64)
+        ends = np.cumsum(wants)
+        if (lens != spans[:, 1] - spans[:, 0]).any() or (spans[:, 0] != ends - wants).any():
+            raise BaselineError("segment-radix: a node's payload or position disagrees "
+                                "with its edge")
+        buf = unpack_u64(b"".join(values))
+        base = np.repeat(np.cumsum(2 * lens) - 2 * lens, wants)
+        idx = base + np.arange(int(ends[-1])) - np.repeat(ends - wants, wants)
+        run = run_length(buf[idx], q[: int(ends[-1])])
+        partial = path[-1][1] is None  # the match ends inside the last node, at >= 1 block
+        claimed = int(ends[-1]) - (int(wants[-1]) if partial else 0)
+        if run < claimed or (partial and run == claimed):
+            raise BaselineError("segment-radix: a node disagrees with its key (a 64-bit id "
+                                "collision)")
+        walk.parts = [buf[idx[:run] + np.repeat(lens, wants)[:run]]]
+        walk.m = run
+        walk.last_payload = unpack_u64(values[-1])
+        return walk
+
+    @staticmethod
+    def _verify_short(q: U64, walk: _Walk, values: list[bytes]) -> _Walk:
+        """_verify node by node: fewer numpy calls for a path of a few nodes."""
+        assert walk.parts is not None
+        for i, ((node, claim), v) in enumerate(zip(walk.path, values, strict=True)):
+            seg = unpack_u64(v)
+            length = len(seg) // 2
+            if length != node.e - node.s or node.s != walk.m:
+                raise BaselineError(f"segment-radix: node {node.id}'s payload or position "
+                                    "disagrees with its edge")
+            want = claim if claim is not None else min(node.e, len(q)) - node.s
+            run = run_length(seg[:want], q[node.s: node.s + want])
+            walk.parts.append(seg[length: length + run])
+            walk.m, walk.last_payload = node.s + run, seg
+            if run < want and (claim is not None or run == 0 or i < len(walk.path) - 1):
+                raise BaselineError(f"segment-radix: node {node.id} disagrees with its key "
+                                    "(a 64-bit id collision)")
+        return walk
+
+    def match_many(self, prompts: Sequence[Ids], ns: Sequence[str]) -> list[U64]:
+        qs = [salted(p, n) for p, n in zip(prompts, ns, strict=True)]
+        get = self.backend.get_many
+        paths = [self._walk(q, get) for q in qs]
+        return [metas_array(cast("list[U64]", w.parts)) for w in self._finish(qs, paths, get)]
+
+    # -- insert --------------------------------------------------------------------
+
+    def insert_many(self, seqs: Sequence[Ids], ns: Sequence[str],
+                    metas: Sequence[npt.NDArray[np.uint64]]) -> None:
+        if not len(seqs) == len(ns) == len(metas):
+            raise ValueError(f"{self.name}: insert_many got {len(seqs)} sequences, "
+                             f"{len(ns)} namespaces and {len(metas)} meta arrays")
+        for i, (s, m) in enumerate(zip(seqs, metas, strict=True)):
+            if len(s) != len(m):
+                raise ValueError(f"{self.name}: sequence {i}: {len(s)} ids but {len(m)} metas")
+        wb = WriteBatch()
+        backend = self.backend
+
+        def get(keys: list[bytes]) -> list[bytes | None]:
+            vals = backend.get_many(keys)
+            return [wb.puts.get(k, v) for k, v in zip(keys, vals, strict=True)]
+
+        try:
+            for s, n, new in zip(seqs, ns, metas, strict=True):
+                q = salted(s, n)
+                walk = self._finish([q], [self._walk(q, get)], get)[0]
+                if walk.m < len(q):
+                    matched = metas_array(cast("list[U64]", walk.parts))
+                    allm = np.concatenate([matched, np.asarray(new, np.uint64)[walk.m:]])
+                    self._place(q, walk, allm, wb)
+            wb.put(M, _META.pack(self._next_id, self._version))
+            backend.write(wb, self.sync)
+        except BaseException:
+            self._load()  # memory never holds what the backend does not
+            raise
+        self.remember_probe(seqs, ns)
+
+    def _place(self, q: U64, walk: _Walk, allm: U64, wb: WriteBatch) -> None:
+        n, m = len(q), walk.m
+        parent = self._root
+        if walk.path:
+            parent = walk.path[-1][0]
+            if m == parent.e and parent.e % WINDOW:  # a partial tail grows in place
+                end = min(n, _window_end(parent.s))
+                seg = cast("U64", walk.last_payload)
+                length = len(seg) // 2
+                wb.put(be_key(P, parent.id), pack_u64(seg[:length], q[parent.e:end],
+                                                      seg[length:], allm[parent.e:end]))
+                self._set_end(parent, end, int(q[end - 1]))
+                wb.put(be_key(C, parent.pid, parent.first),
+                       _REC.pack(parent.id, parent.last, parent.s, end))
+                self._log(wb, parent)
+                m = end
+        while m < n:
+            end = min(n, _window_end(m))
+            parent = self._create(parent, q, m, end, allm, wb)
+            m = end
+
+    def _create(self, parent: _Node, q: U64, s: int, e: int, allm: U64,
+                wb: WriteBatch) -> _Node:
+        node = _Node(self._next_id, parent.id, int(q[s]), s, e, int(q[e - 1]))
+        self._next_id += 1
+        wb.put(be_key(P, node.id), pack_u64(q[s:e], allm[s:e]))
+        wb.put(be_key(C, parent.id, node.first), _REC.pack(node.id, node.last, s, e))
+        self._log(wb, node)
+        self._admit(parent, node)
+        return node
+
+    def _log(self, wb: WriteBatch, node: _Node) -> None:
+        wb.put(be_key(L, self._version), _LOG.pack(node.id, node.pid, node.first))
+        self._version += 1
