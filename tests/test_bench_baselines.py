@@ -267,6 +267,12 @@ def test_segment_radix_cap_changes_and_crash_recovery(tmp_path: Path) -> None:
     r.index = third
     for step in steps[65:]:
         r.step(step)
+    res = third.fit_cap(target_s=60.0, probes=1)  # a generous target: no cap needed
+    assert res.seconds > 0 and third.cap_bytes is None
+    res = third.fit_cap(target_s=1e-6, probes=1)  # unreachable: cap 0
+    assert third.cap_bytes == 0 and third.resident_nodes() == 0
+    r.index = third
+    _verify_all(third, r)
     third.close()
 
 

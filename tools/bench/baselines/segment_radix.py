@@ -30,14 +30,13 @@ import os
 import struct
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from backends.base import WriteBatch
-from tools.bench.api import Ids
+from tools.bench.api import Ids, RecoveryResult
 from tools.bench.baselines._common import (
     U64,
     WINDOW,
@@ -45,12 +44,20 @@ from tools.bench.baselines._common import (
     BaselineError,
     be_key,
     be_keys,
-    first_miss,
     metas_array,
     pack_u64,
-    run_length,
     salted,
-    unpack_u64,
+)
+from tools.bench.baselines._radix_node import (
+    FIELDS,
+    HEAP_ENTRY,
+    NODE_OBJ,
+    Node,
+    Walk,
+    dict_growth,
+    int_sizes,
+    node_cost,
+    verify_path,
 )
 
 P, C, L, M = b"P", b"C", b"L", b"M"
@@ -59,70 +66,9 @@ _LOG = struct.Struct("<QQQ")  # node id, parent id, first id
 _META = struct.Struct("<QQ")  # next node id, next version
 SNAPSHOT = "radix-snapshot.npz"
 SNAPSHOT_FORMAT = 1
-_HEAP_ENTRY = sys.getsizeof((0, 0, None)) + 8  # the heap's tuple and its list slot
-_FIELDS = ("id", "pid", "first", "s", "e", "last")
 SORTED_FROM = 16  # children from which a node keeps a sorted numpy key array
-SHORT_PATH = 3  # paths up to this many nodes are verified node by node
 
 Getter = Callable[[list[bytes]], list[bytes | None]]
-
-
-class _Node:
-    __slots__ = ("children", "complete", "e", "first", "id", "keys", "kids", "last", "pid",
-                 "resident", "s", "up")
-
-    def __init__(self, nid: int, pid: int, first: int, s: int, e: int, last: int) -> None:
-        self.id, self.pid, self.first, self.s, self.e, self.last = nid, pid, first, s, e, last
-        self.up: _Node | None = None
-        self.children: dict[int, _Node] | None = None
-        self.complete = True  # every child is resident (meaningful when resident)
-        self.resident = False
-        self.keys: U64 | None = None  # sorted child first ids (SORTED_FROM+ children)
-        self.kids: list[_Node] | None = None
-
-
-_NODE_OBJ = sys.getsizeof(_Node(0, 0, 0, 0, 0, 0))
-
-
-def _int_sizes(a: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
-    """sys.getsizeof of each value as a Python int; 0 for CPython's shared ints <= 256."""
-    a = a.astype(np.uint64, copy=False)
-    out: npt.NDArray[np.int64] = np.select(
-        [a <= 256, a < 1 << 30, a < 1 << 60], [0, 28, 32], 36).astype(np.int64)
-    return out
-
-
-_DICT_SIZES: list[int] = [0]  # sys.getsizeof of a dict of i int keys (0: no dict)
-
-
-def _dict_growth(pids: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
-    """Per row, the bytes its parent's children dict grows by when the row is added
-    (rows in order: the j-th child of a parent adds size(j+1) - size(j))."""
-    n = len(pids)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    order = np.argsort(pids, kind="stable")
-    sp = pids[order]
-    starts = np.concatenate([[0], np.flatnonzero(sp[1:] != sp[:-1]) + 1])
-    rank_sorted = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = rank_sorted
-    most = int(rank_sorted.max()) + 1
-    if len(_DICT_SIZES) <= most:
-        d = {i: None for i in range(len(_DICT_SIZES) - 1)}
-        while len(_DICT_SIZES) <= most:
-            d[len(d)] = None
-            _DICT_SIZES.append(sys.getsizeof(d))
-    sizes = np.array(_DICT_SIZES, dtype=np.int64)
-    out: npt.NDArray[np.int64] = sizes[rank + 1] - sizes[rank]
-    return out
-
-
-def _node_cost(node: _Node) -> int:
-    """Bytes a resident node adds besides its parent's dict growth: the slotted object,
-    its int fields (CPython shares those <= 256) and its eviction-heap entry."""
-    ints = (node.id, node.pid, node.first, node.s, node.e, node.last)
-    return _NODE_OBJ + _HEAP_ENTRY + sum(sys.getsizeof(v) for v in ints if v > 256)
 
 
 def _after(prefix: bytes) -> bytes:
@@ -132,14 +78,6 @@ def _after(prefix: bytes) -> bytes:
 
 def _window_end(pos: int) -> int:
     return pos - pos % WINDOW + WINDOW
-
-
-@dataclass(slots=True)
-class _Walk:
-    path: list[tuple[_Node, int | None]]  # node, blocks claimed (None: verify to find)
-    m: int = 0
-    parts: list[U64] | None = None
-    last_payload: U64 | None = None
 
 
 class SegmentRadix(BackendBaseline):
@@ -179,10 +117,10 @@ class SegmentRadix(BackendBaseline):
         return {"sync": self.sync, "cap_bytes": self.cap_bytes}
 
     def _reset(self) -> None:
-        self._root = _Node(0, 0, 0, 0, 0, 0)
+        self._root = Node(0, 0, 0, 0, 0, 0)
         self._root.resident = True
-        self._heap: list[tuple[int, int, _Node]] = []
-        self._mem = _node_cost(self._root)
+        self._heap: list[tuple[int, int, Node]] = []
+        self._mem = node_cost(self._root)
         self._next_id = 1
         self._version = 0
 
@@ -191,12 +129,12 @@ class SegmentRadix(BackendBaseline):
     def _cap(self) -> int:
         return sys.maxsize if self.cap_bytes is None else self.cap_bytes
 
-    def _admit(self, parent: _Node, node: _Node) -> bool:
+    def _admit(self, parent: Node, node: Node) -> bool:
         """Make `node` resident under its resident `parent` if the cap allows (then
         evict the deepest nodes while over the cap)."""
         if not parent.resident:
             return False
-        cost = _node_cost(node)
+        cost = node_cost(node)
         if self._mem + cost > self._cap() and (not self._heap or -self._heap[0][0] <= node.s):
             parent.complete = False  # it would be the deepest: evicted at once
             return False
@@ -213,19 +151,19 @@ class SegmentRadix(BackendBaseline):
         self._evict()
         return node.resident
 
-    def _drop_keys(self, node: _Node) -> None:
+    def _drop_keys(self, node: Node) -> None:
         if node.keys is not None:
             self._mem -= node.keys.nbytes + sys.getsizeof(node.kids)
             node.keys = node.kids = None
 
-    def _set_end(self, node: _Node, e: int, last: int) -> None:
+    def _set_end(self, node: Node, e: int, last: int) -> None:
         """A node grew in place (its int fields may change size)."""
-        before = _node_cost(node)
+        before = node_cost(node)
         node.e, node.last = e, last
         if node.resident:
-            self._mem += _node_cost(node) - before
+            self._mem += node_cost(node) - before
 
-    def _keys_insert(self, parent: _Node, node: _Node) -> None:
+    def _keys_insert(self, parent: Node, node: Node) -> None:
         """Keep the parent's sorted key array (if it has one) in step: one insert."""
         if parent.keys is None or parent.kids is None:
             return
@@ -235,7 +173,7 @@ class SegmentRadix(BackendBaseline):
         parent.kids.insert(i, node)
         self._mem += parent.keys.nbytes + sys.getsizeof(parent.kids) - before
 
-    def _keys_remove(self, parent: _Node, node: _Node) -> None:
+    def _keys_remove(self, parent: Node, node: Node) -> None:
         if parent.keys is None or parent.kids is None:
             return
         if not parent.children or len(parent.children) < SORTED_FROM:
@@ -262,7 +200,7 @@ class SegmentRadix(BackendBaseline):
             self._keys_remove(up, node)
             self._drop_keys(node)
             node.up, node.resident = None, False
-            self._mem -= _node_cost(node) + freed
+            self._mem -= node_cost(node) + freed
 
     def set_memory_cap(self, cap_bytes: int | None) -> None:
         """Cap the resident tree at `cap_bytes` (None: no cap). Lowering evicts the
@@ -273,6 +211,29 @@ class SegmentRadix(BackendBaseline):
             self._load_scan()
         else:
             self._evict()
+
+    def fit_cap(self, target_s: float, probes: int = 6) -> RecoveryResult:
+        """Set the largest cap whose measured cold recovery takes at most `target_s`
+        (e.g. 1.5x sarp's): a binary search over byte caps between 0 and the whole
+        tree, each probe a real `recover()` after a snapshot at that cap. Returns the
+        last measurement at the cap left set (cap 0 if even that is slower)."""
+        self.set_memory_cap(None)
+        whole = self._mem
+        self.flush()
+        if (res := self.recover()).seconds <= target_s:
+            return res
+        lo, hi = 0, whole
+        for _ in range(probes):
+            mid = (lo + hi) // 2
+            self.set_memory_cap(mid)
+            self.flush()
+            if self.recover().seconds <= target_s:
+                lo = mid
+            else:
+                hi = mid
+        self.set_memory_cap(lo)
+        self.flush()
+        return self.recover()
 
     def resident_nodes(self) -> int:
         return len(self._heap)
@@ -288,7 +249,7 @@ class SegmentRadix(BackendBaseline):
         size = sys.getsizeof
         total = 0
         for _, _, node in [(0, 0, self._root), *self._heap]:
-            total += _node_cost(node)
+            total += node_cost(node)
             if node.children is not None:
                 total += size(node.children)
             if node.keys is not None:
@@ -340,6 +301,14 @@ class SegmentRadix(BackendBaseline):
         self.backend.sync()
         self._snapshot()
 
+    def disk_bytes(self) -> int:
+        """The backend's files plus the snapshot."""
+        try:
+            snap = (self.data_dir / SNAPSHOT).stat().st_size
+        except FileNotFoundError:
+            snap = 0
+        return super().disk_bytes() + snap
+
     def _read_meta(self) -> None:
         raw = self.backend.get_many([M])[0]
         if raw is not None:
@@ -368,7 +337,7 @@ class SegmentRadix(BackendBaseline):
         self.load_detail = (f"{len(self._heap)} of {self.total_nodes()} nodes resident from the "
                             f"snapshot, {replayed} change-log records replayed")
 
-    def _build(self, cols: dict[str, npt.NDArray[Any]]) -> dict[int, _Node]:
+    def _build(self, cols: dict[str, npt.NDArray[Any]]) -> dict[int, Node]:
         """Resident nodes from columns sorted by s (parents first): the longest prefix
         of rows whose cost fits the cap (computed with numpy: node, ints, heap entry and
         the growth of the parent's dict), built in one tight loop with the cyclic GC
@@ -381,20 +350,20 @@ class SegmentRadix(BackendBaseline):
             if gc_was_on:
                 gc.enable()
 
-    def _build_rows(self, cols: dict[str, npt.NDArray[Any]]) -> dict[int, _Node]:
-        node_cost = _NODE_OBJ + _HEAP_ENTRY + sum(
-            (_int_sizes(cols[f]) for f in _FIELDS), np.zeros(len(cols["id"]), np.int64))
-        cost = node_cost + _dict_growth(cols["pid"])
+    def _build_rows(self, cols: dict[str, npt.NDArray[Any]]) -> dict[int, Node]:
+        own = NODE_OBJ + HEAP_ENTRY + sum(
+            (int_sizes(cols[f]) for f in FIELDS), np.zeros(len(cols["id"]), np.int64))
+        cost = own + dict_growth(cols["pid"])
         k = int(np.searchsorted(np.cumsum(cost), self._cap() - self._mem, side="right"))
-        nodes: dict[int, _Node] = {0: self._root}
+        nodes: dict[int, Node] = {0: self._root}
         heap = self._heap
-        parents: list[_Node] = []
-        rows = zip(*(cols[f][:k].tolist() for f in (*_FIELDS, "complete")), strict=True)
+        parents: list[Node] = []
+        rows = zip(*(cols[f][:k].tolist() for f in (*FIELDS, "complete")), strict=True)
         for nid, pid, first, s, e, last, complete in rows:
             parent = nodes.get(pid)
             if parent is None:
                 continue
-            node = _Node(nid, pid, first, s, e, last)
+            node = Node(nid, pid, first, s, e, last)
             node.complete, node.up, node.resident = complete, parent, True
             ch = parent.children
             if ch is None:
@@ -408,12 +377,12 @@ class SegmentRadix(BackendBaseline):
             if (parent := nodes.get(pid)) is not None:
                 parent.complete = False
         kept = np.isin(cols["id"][:k], np.fromiter(nodes, np.uint64, len(nodes)))
-        self._mem += int(node_cost[:k][kept].sum())
+        self._mem += int(own[:k][kept].sum())
         self._mem += sum(sys.getsizeof(p.children) for p in parents)
         self._evict()
         return {nid: n for nid, n in nodes.items() if n.resident}
 
-    def _replay(self, version: int, snap_next_id: int, nodes: dict[int, _Node]) -> int:
+    def _replay(self, version: int, snap_next_id: int, nodes: dict[int, Node]) -> int:
         """Apply the change log from `version` on: extended nodes grow, created ones
         are admitted (a node older than the snapshot that was not resident may have
         children anywhere, so it is admitted incomplete)."""
@@ -430,7 +399,7 @@ class SegmentRadix(BackendBaseline):
             if node is not None:
                 self._set_end(node, e, last)
             elif (parent := nodes.get(pid)) is not None:
-                node = _Node(nid, pid, first, s, e, last)
+                node = Node(nid, pid, first, s, e, last)
                 node.complete = nid >= snap_next_id
                 if self._admit(parent, node):
                     nodes[nid] = node
@@ -487,7 +456,7 @@ class SegmentRadix(BackendBaseline):
 
     # -- lookups -------------------------------------------------------------------
 
-    def _resident_child(self, node: _Node, q: U64, lo: int, hi: int) -> _Node | None:
+    def _resident_child(self, node: Node, q: U64, lo: int, hi: int) -> Node | None:
         ch = node.children
         if not ch:
             return None
@@ -510,7 +479,7 @@ class SegmentRadix(BackendBaseline):
                 return c
         return None
 
-    def _child(self, node: _Node, q: U64, lo: int, hi: int, get: Getter) -> _Node | None:
+    def _child(self, node: Node, q: U64, lo: int, hi: int, get: Getter) -> Node | None:
         """The child of `node` keyed by the query's id at a position in [lo, hi) (at
         most one can exist: the query is one chain). No I/O in a complete resident
         node; otherwise one multi-get of the candidate edges."""
@@ -524,14 +493,14 @@ class SegmentRadix(BackendBaseline):
         for i, v in enumerate(values):
             if v is not None:
                 nid, last, s, e = _REC.unpack(v)
-                return _Node(nid, node.id, int(q[lo + i]), s, e, last)
+                return Node(nid, node.id, int(q[lo + i]), s, e, last)
         return None
 
-    def _walk(self, q: U64, get: Getter) -> list[tuple[_Node, int | None]]:
+    def _walk(self, q: U64, get: Getter) -> list[tuple[Node, int | None]]:
         """The nodes the query passes through, each with the blocks it claims (None:
         the match ends inside it, found by verifying its payload)."""
         n = len(q)
-        path: list[tuple[_Node, int | None]] = []
+        path: list[tuple[Node, int | None]] = []
         node = self._child(self._root, q, 0, min(1, n), get)
         while node is not None:
             s, e = node.s, node.e
@@ -544,71 +513,19 @@ class SegmentRadix(BackendBaseline):
                 node = nxt
         return path
 
-    def _finish(self, qs: list[U64], paths: list[list[tuple[_Node, int | None]]],
-                get: Getter) -> list[_Walk]:
+    def _finish(self, qs: list[U64], paths: list[list[tuple[Node, int | None]]],
+                get: Getter) -> list[Walk]:
         """ONE multi-get of the payloads of every node of every path, then per query
         one numpy verification of all its nodes' ids at once."""
         keys = [be_key(P, node.id) for path in paths for node, _ in path]
         values = get(keys) if keys else []
-        out: list[_Walk] = []
+        out: list[Walk] = []
         off = 0
         for q, path in zip(qs, paths, strict=True):
             vs = values[off: off + len(path)]
             off += len(path)
-            out.append(self._verify(q, path, vs))
+            out.append(verify_path(q, path, vs))
         return out
-
-    @staticmethod
-    def _verify(q: U64, path: list[tuple[_Node, int | None]],
-                vs: list[bytes | None]) -> _Walk:
-        walk = _Walk(path, parts=[])
-        if not path:
-            return walk
-        if (miss := first_miss(vs)) < len(vs):
-            raise BaselineError(f"segment-radix: payload of node {path[miss][0].id} is missing")
-        values = cast("list[bytes]", vs)
-        if len(path) <= SHORT_PATH:
-            return SegmentRadix._verify_short(q, walk, values)
-        lens = np.array([len(v) for v in values], dtype=np.int64) // 16
-        spans = np.array([(node.s, node.e) for node, _ in path], dtype=np.int64)
-        wants = np.array([min(node.e, len(q)) - node.s if c is None else c
-                          for node, c in path], dtype=np.int64)
-        ends = np.cumsum(wants)
-        if (lens != spans[:, 1] - spans[:, 0]).any() or (spans[:, 0] != ends - wants).any():
-            raise BaselineError("segment-radix: a node's payload or position disagrees "
-                                "with its edge")
-        buf = unpack_u64(b"".join(values))
-        base = np.repeat(np.cumsum(2 * lens) - 2 * lens, wants)
-        idx = base + np.arange(int(ends[-1])) - np.repeat(ends - wants, wants)
-        run = run_length(buf[idx], q[: int(ends[-1])])
-        partial = path[-1][1] is None  # the match ends inside the last node, at >= 1 block
-        claimed = int(ends[-1]) - (int(wants[-1]) if partial else 0)
-        if run < claimed or (partial and run == claimed):
-            raise BaselineError("segment-radix: a node disagrees with its key (a 64-bit id "
-                                "collision)")
-        walk.parts = [buf[idx[:run] + np.repeat(lens, wants)[:run]]]
-        walk.m = run
-        walk.last_payload = unpack_u64(values[-1])
-        return walk
-
-    @staticmethod
-    def _verify_short(q: U64, walk: _Walk, values: list[bytes]) -> _Walk:
-        """_verify node by node: fewer numpy calls for a path of a few nodes."""
-        assert walk.parts is not None
-        for i, ((node, claim), v) in enumerate(zip(walk.path, values, strict=True)):
-            seg = unpack_u64(v)
-            length = len(seg) // 2
-            if length != node.e - node.s or node.s != walk.m:
-                raise BaselineError(f"segment-radix: node {node.id}'s payload or position "
-                                    "disagrees with its edge")
-            want = claim if claim is not None else min(node.e, len(q)) - node.s
-            run = run_length(seg[:want], q[node.s: node.s + want])
-            walk.parts.append(seg[length: length + run])
-            walk.m, walk.last_payload = node.s + run, seg
-            if run < want and (claim is not None or run == 0 or i < len(walk.path) - 1):
-                raise BaselineError(f"segment-radix: node {node.id} disagrees with its key "
-                                    "(a 64-bit id collision)")
-        return walk
 
     def match_many(self, prompts: Sequence[Ids], ns: Sequence[str]) -> list[U64]:
         qs = [salted(p, n) for p, n in zip(prompts, ns, strict=True)]
@@ -648,7 +565,7 @@ class SegmentRadix(BackendBaseline):
             raise
         self.remember_probe(seqs, ns)
 
-    def _place(self, q: U64, walk: _Walk, allm: U64, wb: WriteBatch) -> None:
+    def _place(self, q: U64, walk: Walk, allm: U64, wb: WriteBatch) -> None:
         n, m = len(q), walk.m
         parent = self._root
         if walk.path:
@@ -669,9 +586,9 @@ class SegmentRadix(BackendBaseline):
             parent = self._create(parent, q, m, end, allm, wb)
             m = end
 
-    def _create(self, parent: _Node, q: U64, s: int, e: int, allm: U64,
-                wb: WriteBatch) -> _Node:
-        node = _Node(self._next_id, parent.id, int(q[s]), s, e, int(q[e - 1]))
+    def _create(self, parent: Node, q: U64, s: int, e: int, allm: U64,
+                wb: WriteBatch) -> Node:
+        node = Node(self._next_id, parent.id, int(q[s]), s, e, int(q[e - 1]))
         self._next_id += 1
         wb.put(be_key(P, node.id), pack_u64(q[s:e], allm[s:e]))
         wb.put(be_key(C, parent.id, node.first), _REC.pack(node.id, node.last, s, e))
@@ -679,6 +596,6 @@ class SegmentRadix(BackendBaseline):
         self._admit(parent, node)
         return node
 
-    def _log(self, wb: WriteBatch, node: _Node) -> None:
+    def _log(self, wb: WriteBatch, node: Node) -> None:
         wb.put(be_key(L, self._version), _LOG.pack(node.id, node.pid, node.first))
         self._version += 1
