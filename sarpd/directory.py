@@ -72,48 +72,51 @@ class Directory:
         self._filts: U64Array = _EMPTY
         self._delta: dict[int, _Posting] = {}
         self._delta_entries = 0
+        self._rcache: dict[int, tuple[int, int]] = {}
         self.merges = 0
 
     # -- reading ----------------------------------------------------------------
+    # The base never holds dead entries for long: `drop` marks them and merges at
+    # once (it is rare: `check --fix`), so a base slice is a live posting list.
     def _range(self, key: int) -> tuple[int, int]:
-        k = np.uint64(key)
-        return (
-            int(np.searchsorted(self._keys, k, "left")),
-            int(np.searchsorted(self._keys, k, "right")),
-        )
+        r = self._rcache.get(key)
+        if r is None:
+            if len(self._rcache) > 200_000:
+                self._rcache.clear()
+            k = np.uint64(key)
+            r = self._rcache[key] = (
+                int(np.searchsorted(self._keys, k, "left")),
+                int(np.searchsorted(self._keys, k, "right")),
+            )
+        return r
 
     def probe(self, keys: U64Array) -> list[bool]:
-        """For each key: does it have at least one live entry?"""
+        """For each key: is it in the directory?"""
         lo = np.searchsorted(self._keys, keys, "left")
         hi = np.searchsorted(self._keys, keys, "right")
-        out: list[bool] = []
-        delta, segs = self._delta, self._segs
-        for i, key in enumerate(keys.tolist()):
-            a, b = int(lo[i]), int(hi[i])
-            if b > a and bool(segs[a:b].any()):
-                out.append(True)
-                continue
-            p = delta.get(key)
-            out.append(p is not None and bool(p.live()[0].size))
-        return out
+        hit: list[bool] = (hi > lo).tolist()
+        if self._delta:
+            delta = self._delta
+            for i, key in enumerate(keys.tolist()):
+                if not hit[i] and key in delta:
+                    hit[i] = True
+        return hit
 
     def posting(self, key: int) -> tuple[U64Array, U64Array]:
-        """Live (segs, filters) of `key`: base slice plus delta."""
+        """(segs, filters) of `key`: base slice plus delta."""
         a, b = self._range(key)
         p = self._delta.get(key)
-        if a == b:
-            return p.live() if p is not None else (_EMPTY, _EMPTY)
-        segs, filts = self._segs[a:b], self._filts[a:b]
-        mask = segs != DEAD
-        if not mask.all():
-            segs, filts = segs[mask], filts[mask]
         if p is None:
-            return segs, filts
-        ds, df = p.live()
-        return np.concatenate([segs, ds]), np.concatenate([filts, df])
+            return self._segs[a:b], self._filts[a:b]
+        if a == b:
+            return p.segs[: p.n], p.filts[: p.n]
+        return (np.concatenate([self._segs[a:b], p.segs[: p.n]]),
+                np.concatenate([self._filts[a:b], p.filts[: p.n]]))
 
     def count(self, key: int) -> int:
-        return int(self.posting(key)[0].size)
+        a, b = self._range(key)
+        p = self._delta.get(key)
+        return b - a + (p.n if p is not None else 0)
 
     def has(self, key: int, seg: int) -> bool:
         return bool((self.posting(key)[0] == np.uint64(seg)).any())
@@ -164,6 +167,8 @@ class Directory:
             arr, i = loc
             arr[i] = DEAD
             found = True
+        if found:
+            self.merge()
         return found
 
     def needs_merge(self) -> bool:
@@ -171,6 +176,7 @@ class Directory:
 
     def merge(self) -> None:
         """Fold the delta into a new sorted base, dropping dead entries."""
+        self._rcache.clear()
         if not self._delta:
             live = self._segs != DEAD
             if not live.all():
@@ -214,6 +220,8 @@ class Directory:
         self._filts = np.array(arrays.filts, dtype=np.uint64)
         self._delta = {}
         self._delta_entries = 0
+        self._rcache = {}
+        self.merge()  # a snapshot holds no dead entries; this keeps the invariant anyway
 
     def clear(self) -> None:
         self.load_arrays(DirectoryArrays(_EMPTY, _EMPTY, _EMPTY))

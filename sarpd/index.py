@@ -199,37 +199,32 @@ class SarpIndex:
 
     def _deepest(self, qs: Sequence[IdArray]) -> list[list[int]]:
         """Per query, per window from 0: the deepest routing offset present, until the
-        first window with none (later windows cannot extend a gap-free match)."""
+        first window with none (later windows cannot extend a gap-free match).
+        One vectorised directory probe for every lattice position of the batch."""
         gap, sb = self.geo.gap, self.geo.sb
+        out: list[list[int]] = [[] for _ in qs]
         pos = [np.arange(0, len(q), gap) for q in qs]
-        keys = [q[p, 0] for q, p in zip(qs, pos, strict=True)]
-        flat = np.concatenate(keys) if keys else np.empty(0, np.uint64)
-        hits = self.dir.probe(flat.astype(np.uint64))
-        out: list[list[int]] = []
-        at = 0
-        for p in pos:
-            deepest: list[int] = []
-            cur_w, best = 0, -1
-            for x in p.tolist():
-                w, o = divmod(x, sb)
-                if w != cur_w:
-                    if best < 0:
-                        break
-                    deepest.append(best)
-                    cur_w, best = w, -1
-                if hits[at + x // gap]:
-                    best = o
-            else:
-                if best >= 0:
-                    deepest.append(best)
-            at += len(p)
-            out.append(deepest)
+        if not any(len(p) for p in pos):
+            return out
+        keys = np.concatenate([q[p, 0] for q, p in zip(qs, pos, strict=True)])
+        owner = np.repeat(np.arange(len(qs)), [len(p) for p in pos])
+        allpos = np.concatenate(pos)
+        hit = np.asarray(self.dir.probe(keys.astype(np.uint64)), dtype=bool)
+        hq, hp = owner[hit], allpos[hit]
+        if not hq.size:
+            return out
+        group = hq * (1 << 40) + hp // sb
+        last = np.flatnonzero(np.diff(group, append=-1) != 0)  # deepest hit per (query, window)
+        for qi, p in zip(hq[last].tolist(), hp[last].tolist(), strict=True):
+            w, o = divmod(p, sb)
+            if w == len(out[qi]):  # windows must be contiguous from 0
+                out[qi].append(o)
         return out
 
     def candidates(self, qw: IdArray, w: int, offset: int) -> list[int]:
         segs, filts = self.dir.posting(int(qw[offset, 0]))
-        if segs.size == 0:
-            return []
+        if segs.size <= self.cfg.window_cap:  # all of them are read: no ranking needed
+            return segs.tolist()  # type: ignore[no-any-return]
         qf = filter_at(fingerprints(qw, self.geo.sb), offset)
         return top_candidates(segs, filts, qf, self.cfg.window_cap)
 
@@ -262,13 +257,58 @@ class SarpIndex:
                 wanted.update(dict.fromkeys(c))
             plan.append(per_window)
         segs = self._read(list(wanted))
+        runs = self._runs(qs, plan, segs)
         out: list[MatchResult | SarpError] = []
         for i, (r, q, per_window) in enumerate(zip(reqs, qs, plan, strict=True)):
             if i in errors:
                 out.append(errors[i])
                 continue
-            out.append(self._verify(r, q, per_window, segs))
+            out.append(self._result(i, r, q, per_window, segs, runs))
         return out
+
+    def _runs(self, qs: Sequence[IdArray], plan: list[list[list[int]]],
+              segs: dict[int, Segment]) -> dict[tuple[int, int, int], int]:
+        """Verified run (ids equal AND present, from the window start) of every
+        (query, window, candidate) of the batch: one vectorised verification."""
+        sb = self.geo.sb
+        keys: list[tuple[int, int, int]] = []
+        cands: list[IdArray] = []
+        queries: list[IdArray] = []
+        for qi, per_window in enumerate(plan):
+            q = qs[qi]
+            for w, sids in enumerate(per_window):
+                for sid in sids:
+                    c = segs.get(sid)
+                    if c is not None and c.window == w:
+                        keys.append((qi, w, sid))
+                        cands.append(c.ids)
+                        queries.append(q[w * sb : (w + 1) * sb])
+        mism = verify.first_mismatch_many(cands, queries)
+        return {k: min(m, segs[k[2]].present_run(0))
+                for k, m in zip(keys, mism, strict=True)}
+
+    def _result(self, qi: int, r: Match, q: IdArray, per_window: list[list[int]],
+                segs: dict[int, Segment], runs: dict[tuple[int, int, int], int]) -> MatchResult:
+        sb = self.geo.sb
+        metas = []
+        total = 0
+        for w, sids in enumerate(per_window):
+            best, best_sid = 0, 0
+            for sid in sids:
+                run = runs.get((qi, w, sid), 0)
+                if run > best:
+                    best, best_sid = run, sid
+            if best_sid:
+                metas.append(segs[best_sid].meta[:best])
+            total += best
+            if best < min(sb, len(q) - w * sb):
+                break
+        self.matches += 1
+        self.matched_blocks += total
+        self.queried_blocks += len(q)
+        meta = np.concatenate(metas) if metas else np.empty(0, np.uint64)
+        ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
+        return MatchResult(total, meta.astype(np.uint64), ids)
 
     def _read(self, sids: list[int]) -> dict[int, Segment]:
         if not sids:
@@ -282,58 +322,42 @@ class SarpIndex:
                 out[sid] = seg
         return out
 
-    def _verify(self, r: Match, q: IdArray, per_window: list[list[int]],
-                segs: dict[int, Segment]) -> MatchResult:
-        sb = self.geo.sb
-        metas = []
-        total = 0
-        for w, cands in enumerate(per_window):
-            qw = q[w * sb : (w + 1) * sb]
-            best, best_seg = 0, None
-            for sid in cands:
-                c = segs.get(sid)
-                if c is None or c.window != w:
-                    continue
-                run = min(verify.first_mismatch(c.ids, qw), c.present_run(0))
-                if run > best:
-                    best, best_seg = run, c
-            if best_seg is not None:
-                metas.append(best_seg.meta[:best])
-            total += best
-            if best < len(qw):
-                break
-        self.matches += 1
-        self.matched_blocks += total
-        self.queried_blocks += len(q)
-        meta = np.concatenate(metas) if metas else np.empty(0, np.uint64)
-        ids = None
-        if r.with_ids:
-            ids = salt_ids(r.seq.ns, q[:total])
-        return MatchResult(total, meta.astype(np.uint64), ids)
-
     # -- directory maintenance -------------------------------------------------------
-    def register(self, seg: Segment, txn: WriteTxn) -> None:
-        """Enter (or refresh) the routing points of a new or grown segment."""
+    def register(self, seg: Segment, txn: WriteTxn, old_n: int | None = None,
+                 fresh_from: int | None = None) -> None:
+        """Enter (or refresh) the routing points of a new or grown segment.
+
+        `old_n`: the segment's length when it was last registered (0: new; None:
+        unknown, as in recovery: every point is looked up). `fresh_from`: blocks from
+        this offset on are new content that no other segment holds, so a key there
+        that is not in the directory yet has no siblings to list."""
         geo, d, sid = self.geo, self.dir, seg.seg_id
-        offs = [o for o in geo.offsets if o < seg.nblocks]
+        n = seg.nblocks
+        offs = [o for o in geo.offsets if o < n]
+        if old_n is not None:  # points whose filter cannot have changed are left alone
+            offs = [o for o in offs if o + 16 >= old_n]
+        if not offs:
+            return
+        fresh = n if fresh_from is None else fresh_from
         fp = fingerprints(seg.ids, geo.sb)
         filts = filters_at(fp, np.array(offs, dtype=np.int64)).tolist()
+        keys = seg.ids[offs, 0].tolist()
         refine: list[tuple[int, int, int]] = []
         t = self.cfg.refine_threshold + 1
-        for o, f in zip(offs, filts, strict=True):
-            key = int(seg.ids[o, 0])
-            if d.set_filter(key, sid, f):
+        for o, key, f in zip(offs, keys, filts, strict=True):
+            if (old_n is None or o < old_n) and d.set_filter(key, sid, f):
                 continue
             count = d.count(key)
             if o and count == 0:
                 if not geo.is_base(o):
                     continue  # refinement points exist only where a posting list grew
-                pred = o - geo.spacing
-                pred_key = int(seg.ids[pred, 0])
+                pred_key = int(seg.ids[o - geo.spacing, 0])
                 if d.count(pred_key) <= self.cfg.prune_max_pred:
                     continue  # pruned: the predecessor's few candidates are read instead
                 d.add(key, sid, f)
-                self._list_siblings(pred_key, filts[pred // geo.gap], o, seg, txn)
+                if o < fresh:
+                    pred_filt = filter_at(fp, o - geo.spacing)
+                    self._list_siblings(pred_key, pred_filt, o, seg, txn)
                 count = d.count(key)
             else:
                 d.add(key, sid, f)
@@ -344,14 +368,6 @@ class SarpIndex:
             steps = geo.refinements(o)
             if level <= len(steps) and self._splits(key, steps[level - 1] - o):
                 self._add_point(key, steps[level - 1], txn)
-
-    def _splits(self, key: int, step: int) -> bool:
-        """Would a point `step` blocks deeper split this posting list? Not when every
-        candidate's fingerprints agree that far (they all share that block)."""
-        if step > 16:
-            return True
-        filts = self.dir.posting(key)[1]
-        return bool(filts.size) and bool((agreement(filts, int(filts[0])) < step).any())
 
     def _list_siblings(self, pred_key: int, pred_filt: int, o: int, seg: Segment,
                        txn: WriteTxn) -> None:
@@ -387,7 +403,14 @@ class SarpIndex:
             if not self.dir.has(key, sid):
                 self.dir.add(key, sid, filter_at(fingerprints(c.ids, self.geo.sb), offset))
 
-    # -- writes --------------------------------------------------------------------
+    def _splits(self, key: int, step: int) -> bool:
+        """Would a point `step` blocks deeper split this posting list? Not when every
+        candidate's fingerprints agree that far (they all share that block)."""
+        if step > 16:
+            return True
+        filts = self.dir.posting(key)[1]
+        return bool(filts.size) and bool((agreement(filts, int(filts[0])) < step).any())
+
     def write_many(self, ops: Sequence[WriteOp]) -> list[InsertResult | RemoveResult | SarpError]:
         txn = WriteTxn(self)
         txn.prefetch(ops)

@@ -60,6 +60,8 @@ MANIFEST_KEY = b"M"
 COUNTERS_KEY = b"N"
 COUNTERS = struct.Struct("<QQQQ")
 LOCATOR = struct.Struct("<QI")
+LOCATOR_DTYPE = np.dtype([("head", "<u8"), ("pos", "<u4")])
+assert LOCATOR_DTYPE.itemsize == LOCATOR.size
 
 
 def seg_key(seg_id: int) -> bytes:

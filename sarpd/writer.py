@@ -29,8 +29,10 @@ from sarpd.model import (
     U64Array,
 )
 from sarpd.segment import (
+    BLOCK_PREFIX,
     COUNTERS_KEY,
     LOCATOR,
+    LOCATOR_DTYPE,
     SEG_PREFIX,
     Counters,
     Segment,
@@ -104,8 +106,15 @@ class WriteTxn:
         self.logged.append(sid)
 
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
-        for i in range(len(ids)):
-            self.locators[block_key(id_bytes(ids[i]))] = LOCATOR.pack(head_key, first_pos + i)
+        n = len(ids)
+        raw = np.ascontiguousarray(ids, dtype="<u8").tobytes()
+        vals = np.zeros(n, dtype=LOCATOR_DTYPE)
+        vals["head"] = head_key
+        vals["pos"] = np.arange(first_pos, first_pos + n)
+        vb = vals.tobytes()
+        w = LOCATOR.size
+        for i in range(n):
+            self.locators[BLOCK_PREFIX + raw[16 * i : 16 * i + 16]] = vb[w * i : w * i + w]
 
     # -- commit --------------------------------------------------------------------
     def commit(self, sync: bool) -> Counters:
@@ -231,19 +240,22 @@ class WriteTxn:
         if best is None or run == 0:
             seg = self.create(w, tag, qw, np.concatenate([np.zeros(frm, np.uint64), mw]), req_bits)
             self.add_locators(qw[frm:], int(qw[0, 0]), w * sb + frm)
-            self.ix.register(seg, self)
+            self.ix.register(seg, self, old_n=0, fresh_from=0)
             return 0, L - frm
         covered = min(run, L)
         present = best.present_run(frm) if frm < best.nblocks else 0
         got = max(0, min(present, covered - frm))
-        holes = [i for i in range(frm, covered) if not best.is_present(i)]
+        absent = ~best.presence & ((1 << covered) - 1) & ~((1 << frm) - 1)
+        holes = [i for i in range(frm, covered) if (absent >> i) & 1] if absent > 0 else []
         if holes:
             self.set_presence(w, int(qw[0, 0]),
                               [(i, qw[i], int(mw[i - frm])) for i in holes], True)
         if run >= L:
             return got, len(holes)
+        old_n = 0
         if run == best.nblocks:  # our window continues this segment: extend in place
             seg = self.mutable(best.seg_id)
+            old_n = seg.nblocks
             seg.ids = np.concatenate([seg.ids, qw[run:]])
             seg.meta = np.concatenate([seg.meta, mw[run - frm :]])
             seg.presence |= full_mask & ~((1 << run) - 1)
@@ -257,7 +269,7 @@ class WriteTxn:
                 (cur.presence & ((1 << run) - 1)) | (full_mask & ~((1 << run) - 1)),
             )
         self.add_locators(qw[run:], int(qw[0, 0]), w * sb + run)
-        self.ix.register(seg, self)
+        self.ix.register(seg, self, old_n=old_n, fresh_from=run)
         return got, (L - run) + len(holes)
 
     def set_presence(self, w: int, head_key: int, targets: Sequence[Target], present: bool) -> int:

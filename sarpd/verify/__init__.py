@@ -1,7 +1,8 @@
 """First-mismatch verification of 128-bit block ids.
 
 `first_mismatch(cand, query)` returns the index of the first row where two (n, 2)
-uint64 id arrays differ, or n when all n rows agree. The numpy implementation in
+uint64 id arrays differ, or n when all n rows agree; `first_mismatch_many` does it for
+many pairs in one call (the match path verifies a whole batch at once). The numpy implementation in
 `_numpy.py` is the reference; an optional C/AVX2 implementation may replace it (one
 place picks: this module). `SARPD_NO_EXTENSIONS=1` forces numpy.
 """
@@ -11,9 +12,11 @@ from __future__ import annotations
 import os
 
 from sarpd.verify._numpy import first_mismatch as _np_first_mismatch
+from sarpd.verify._numpy import first_mismatch_many as _np_first_mismatch_many
 
 IMPLEMENTATION = "numpy"
 first_mismatch = _np_first_mismatch
+first_mismatch_many = _np_first_mismatch_many
 
 if os.environ.get("SARPD_NO_EXTENSIONS") != "1":  # pragma: no branch
     try:  # the C extension arrives with the performance work
@@ -24,4 +27,4 @@ if os.environ.get("SARPD_NO_EXTENSIONS") != "1":  # pragma: no branch
         first_mismatch = _c_first_mismatch
         IMPLEMENTATION = "c"
 
-__all__ = ["IMPLEMENTATION", "first_mismatch"]
+__all__ = ["IMPLEMENTATION", "first_mismatch", "first_mismatch_many"]

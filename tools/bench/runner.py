@@ -1,0 +1,157 @@
+"""Replay one workload through every named index, side by side, in one run.
+
+For each index: open it empty under its own directory, replay the same turns in the
+same batches (per batch: one match call for the prompts, then one insert call for
+the sequences), flush, measure a cold recovery, and record memory and disk. Match
+latency is the batch's match time divided by its size (the daemon batches the same
+way); throughput counts turns (match + insert) per second of replay.
+All SSD designs get the same cache budget: 10 % of the uncompressed SSD-BlockHash
+store (unique blocks x 16 bytes: an 8-byte key and an 8-byte value).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tools.bench.api import BLOCK_TOKENS, BenchIndex, Turn, Workload
+
+ProgressFn = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexResult:
+    index: str
+    backend: str
+    requests: int
+    seconds: float
+    throughput_rps: float
+    match_us_mean: float
+    match_us_p99: float
+    tokens_reused: int
+    tokens_queried: int
+    recovery_s: float
+    memory_bytes: int
+    disk_bytes: int
+    insert_us_mean: float = 0.0
+    recovery_detail: str = ""
+    match_us: list[float] = field(default_factory=list, repr=False)
+
+    def public(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("match_us")
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    workload: str
+    description: str
+    requests: int
+    blocks: int
+    cache_bytes: int
+    results: list[IndexResult]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workload": self.workload, "description": self.description,
+                "requests": self.requests, "blocks": self.blocks,
+                "cache_bytes": self.cache_bytes,
+                "results": [r.public() for r in self.results]}
+
+    def by_name(self) -> dict[str, IndexResult]:
+        return {r.index: r for r in self.results}
+
+
+def index_factories() -> dict[str, Callable[[], BenchIndex]]:
+    """Every index the harness knows: sarp first, then the baselines."""
+    from tools.bench.sarp_index import SarpBench
+
+    out: dict[str, Callable[[], BenchIndex]] = {"sarp": SarpBench}
+    try:
+        baselines = importlib.import_module("tools.bench.baselines")
+    except ImportError:
+        return out
+    out.update(getattr(baselines, "BASELINES", {}))
+    return out
+
+
+def cache_budget(turns: Sequence[Turn]) -> tuple[int, int]:
+    """(unique blocks, cache bytes = 10 % of the uncompressed SSD-BlockHash store)."""
+    if not turns:
+        return 0, 1 << 20
+    unique = int(np.unique(np.concatenate([t.sequence for t in turns])).size)
+    return unique, max(1 << 20, unique * 16 // 10)
+
+
+def replay(index: BenchIndex, turns: Sequence[Turn], batch: int,
+           progress: ProgressFn | None = None) -> tuple[list[float], float, float, int, int]:
+    """(per-request match µs, total seconds, insert seconds, blocks reused, blocks queried)."""
+    match_us: list[float] = []
+    total = inserting = 0.0
+    reused = queried = 0
+    for b in range(0, len(turns), batch):
+        chunk = turns[b : b + batch]
+        ns = [t.ns for t in chunk]
+        t0 = time.perf_counter()
+        metas = index.match_many([t.prompt for t in chunk], ns)
+        t1 = time.perf_counter()
+        index.insert_many([t.sequence for t in chunk], ns,
+                          [np.full(len(t.sequence), b + i + 1, dtype=np.uint64)
+                           for i, t in enumerate(chunk)])
+        t2 = time.perf_counter()
+        match_us.extend([(t1 - t0) * 1e6 / len(chunk)] * len(chunk))
+        total += t2 - t0
+        inserting += t2 - t1
+        reused += sum(len(m) for m in metas)
+        queried += sum(len(t.prompt) for t in chunk)
+        if progress is not None:
+            progress(len(chunk))
+    return match_us, total, inserting, reused, queried
+
+
+def run_index(name: str, index: BenchIndex, turns: Sequence[Turn], data_dir: Path,
+              backend: str, cache_bytes: int, batch: int,
+              progress: ProgressFn | None = None) -> IndexResult:
+    index.open(data_dir / name, backend, cache_bytes)
+    try:
+        match_us, total, inserting, reused, queried = replay(index, turns, batch, progress)
+        index.flush()
+        memory, disk = index.memory_bytes(), index.disk_bytes()
+        rec = index.recover()
+        memory = max(memory, index.memory_bytes())
+    finally:
+        index.close()
+    n = len(turns)
+    arr = np.array(match_us) if match_us else np.zeros(1)
+    return IndexResult(
+        index=name, backend=backend if name not in ("redis", "dram-blockhash-memory") else name,
+        requests=n, seconds=total, throughput_rps=n / total if total else 0.0,
+        match_us_mean=float(arr.mean()), match_us_p99=float(np.percentile(arr, 99)),
+        tokens_reused=reused * BLOCK_TOKENS, tokens_queried=queried * BLOCK_TOKENS,
+        recovery_s=rec.seconds, memory_bytes=memory, disk_bytes=disk,
+        insert_us_mean=inserting * 1e6 / n if n else 0.0, recovery_detail=rec.detail,
+        match_us=match_us,
+    )
+
+
+def run_bench(workload: Workload, names: Sequence[str], backend: str, data_dir: Path,
+              batch: int = 16, progress: Callable[[str, int], ProgressFn] | None = None,
+              ) -> BenchResult:
+    factories = index_factories()
+    unknown = [n for n in names if n not in factories]
+    if unknown:
+        raise ValueError(f"unknown index {', '.join(unknown)} (known: {', '.join(factories)})")
+    turns = list(workload.turns())
+    blocks, cache = cache_budget(turns)
+    results = []
+    for name in names:
+        bar = progress(name, len(turns)) if progress is not None else None
+        results.append(run_index(name, factories[name](), turns, data_dir, backend, cache,
+                                 batch, bar))
+    return BenchResult(workload.name, workload.describe(), len(turns), blocks, cache, results)
