@@ -283,5 +283,15 @@ def check(ctx: click.Context, fix: bool, as_json: bool) -> None:
         sys.exit(EXIT_PROBLEMS)
 
 
+def _add_bench() -> None:
+    """`sarpctl bench` (the evaluation harness) lives in tools.bench."""
+    from tools.bench.cli import bench
+
+    main.add_command(bench)
+
+
+_add_bench()
+
+
 if __name__ == "__main__":
     main(prog_name=os.path.basename(sys.argv[0]) or "sarpctl")

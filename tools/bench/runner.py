@@ -89,14 +89,29 @@ def cache_budget(turns: Sequence[Turn]) -> tuple[int, int]:
     return unique, max(1 << 20, unique * 16 // 10)
 
 
+def batches(turns: Sequence[Turn], size: int) -> list[tuple[int, Sequence[Turn]]]:
+    """Consecutive turns, at most `size` per batch and one turn per session per batch,
+    so that a turn always sees what the previous turn of its session inserted."""
+    out: list[tuple[int, Sequence[Turn]]] = []
+    start, sessions = 0, set[tuple[str, int]]()
+    for i, t in enumerate(turns):
+        key = (t.ns, t.session)
+        if i - start >= size or key in sessions:
+            out.append((start, turns[start:i]))
+            start, sessions = i, set()
+        sessions.add(key)
+    if start < len(turns):
+        out.append((start, turns[start:]))
+    return out
+
+
 def replay(index: BenchIndex, turns: Sequence[Turn], batch: int,
            progress: ProgressFn | None = None) -> tuple[list[float], float, float, int, int]:
     """(per-request match µs, total seconds, insert seconds, blocks reused, blocks queried)."""
     match_us: list[float] = []
     total = inserting = 0.0
     reused = queried = 0
-    for b in range(0, len(turns), batch):
-        chunk = turns[b : b + batch]
+    for b, chunk in batches(turns, batch):
         ns = [t.ns for t in chunk]
         t0 = time.perf_counter()
         metas = index.match_many([t.prompt for t in chunk], ns)

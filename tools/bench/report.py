@@ -1,0 +1,124 @@
+"""Human-readable output of a bench run: a terminal table with ratios against sarp,
+a Markdown table, and PNG plots (matplotlib, imported only when a report is asked for).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tools.bench.runner import BenchResult, IndexResult
+
+COLUMNS = ("index", "req/s", "x sarp", "match us", "p99 us", "reused tok", "loss %",
+           "recover s", "rec x sarp", "memory", "disk")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _exact(res: BenchResult) -> int | None:
+    """Tokens reused by the exact in-memory index, when it ran."""
+    r = res.by_name().get("dram-blockhash")
+    return r.tokens_reused if r is not None else None
+
+
+def rows(res: BenchResult) -> list[list[str]]:
+    sarp = res.by_name().get("sarp")
+    exact = _exact(res)
+    out = []
+    for r in res.results:
+        ratio = sarp.throughput_rps / r.throughput_rps if sarp and r.throughput_rps else 0.0
+        rec = r.recovery_s / sarp.recovery_s if sarp and sarp.recovery_s else 0.0
+        loss = (exact - r.tokens_reused) / exact * 100 if exact else 0.0
+        out.append([r.index, f"{r.throughput_rps:,.0f}",
+                    "1" if r.index == "sarp" else f"{ratio:.2f}",
+                    f"{r.match_us_mean:,.1f}", f"{r.match_us_p99:,.1f}",
+                    f"{r.tokens_reused:,}", f"{loss:.4f}",
+                    f"{r.recovery_s:.4f}", "1" if r.index == "sarp" else f"{rec:.2f}",
+                    _size(r.memory_bytes), _size(r.disk_bytes)])
+    return out
+
+
+def text_table(res: BenchResult) -> str:
+    body = rows(res)
+    widths = [max(len(c), *(len(row[i]) for row in body)) for i, c in enumerate(COLUMNS)]
+
+    def line(cells: tuple[str, ...] | list[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+
+    head = (f"workload {res.workload}: {res.requests:,} requests, {res.blocks:,} unique blocks, "
+            f"cache budget {_size(res.cache_bytes)}\n{res.description}")
+    return "\n".join([head, line(COLUMNS), *(line(r) for r in body)]) + (
+        "\n'x sarp': sarp's throughput / this index's; 'rec x sarp': this index's recovery "
+        "time / sarp's; loss: tokens reused below the exact dram-blockhash")
+
+
+def markdown_table(res: BenchResult) -> str:
+    out = [f"### {res.workload}", "", res.description, "",
+           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    out += ["| " + " | ".join(r) + " |" for r in rows(res)]
+    return "\n".join(out) + "\n"
+
+
+def write_report(res: BenchResult, directory: Path) -> list[Path]:
+    """`<workload>.md` and PNG plots: throughput, recovery, match latency CDF, reuse loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    slug = res.workload.replace("/", "_").replace(":", "_").replace("@", "_")
+    md = directory / f"{slug}.md"
+    md.write_text(markdown_table(res))
+    paths = [md]
+    names = [r.index for r in res.results]
+
+    def bar(values: list[float], ylabel: str, fname: str, log: bool = False) -> None:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        ax.bar(names, values, color=["#d62728" if n == "sarp" else "#1f77b4" for n in names])
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{res.workload}: {ylabel}")
+        if log:
+            ax.set_yscale("log")
+        ax.tick_params(axis="x", rotation=20)
+        fig.tight_layout()
+        p = directory / f"{slug}-{fname}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+
+    bar([r.throughput_rps for r in res.results], "requests/s (higher is better)", "throughput")
+    bar([r.recovery_s for r in res.results], "recovery s (lower is better)", "recovery", log=True)
+    exact = _exact(res)
+    if exact:
+        bar([max(0.0, (exact - r.tokens_reused) / exact * 100) for r in res.results],
+            "reuse loss % vs exact", "loss")
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for r in res.results:
+        _cdf(ax, r)
+    ax.set_xscale("log")
+    ax.set_xlabel("match latency per request (us)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"{res.workload}: match latency CDF")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = directory / f"{slug}-latency-cdf.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def _cdf(ax: object, r: IndexResult) -> None:
+    if not r.match_us:
+        return
+    xs = np.sort(np.array(r.match_us))
+    ys = np.arange(1, len(xs) + 1) / len(xs)
+    ax.plot(xs, ys, label=r.index, lw=2.2 if r.index == "sarp" else 1.2)  # type: ignore[attr-defined]
