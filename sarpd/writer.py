@@ -61,6 +61,8 @@ class WriteTxn:
         self.locators: dict[bytes, bytes] = {}
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
+        self.routes: dict[tuple[int, int], list[int]] = {}  # (id(SeqSpec), window) -> cands
+        self.touched: set[tuple[int, int]] = set()  # (window, head key) changed in this txn
         c = index.counters
         self.next_seg = c.next_seg
         self.blocks = c.blocks
@@ -104,6 +106,9 @@ class WriteTxn:
     def touch(self, sid: int) -> None:
         """Record a change-log entry: the segment was created or extended."""
         self.logged.append(sid)
+        seg = self.cache[sid]
+        assert seg is not None
+        self.touched.add((seg.window, int(seg.ids[0, 0])))
 
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
         n = len(ids)
@@ -146,9 +151,11 @@ class WriteTxn:
         return self.clear(op)
 
     def prefetch(self, ops: Sequence[Insert | Remove | Clear]) -> None:
-        """ONE multi-get for the routing candidates of every insert of the batch (what
-        the batch itself changes is found in the cache or read as it is discovered)."""
-        sb, wanted = self.ix.geo.sb, {}
+        """Route every insert of the batch at once (one vectorised directory probe) and
+        read all their candidates in ONE multi-get. An operation whose window was
+        changed by an earlier operation of the batch routes that window again."""
+        ix, sb = self.ix, self.ix.geo.sb
+        seqs, qs = [], []
         for op in ops:
             if not isinstance(op, Insert) or op.parent is not None:
                 continue
@@ -156,8 +163,16 @@ class WriteTxn:
                 q = self.seq_ids[id(op.seq)] = self._seq_ids(op.seq)
             except TooLarge:
                 continue
+            seqs.append(op.seq)
+            qs.append(q)
+        wanted: dict[int, None] = {}
+        for seq, q, deepest in zip(seqs, qs, ix._deepest(qs), strict=True):
             for w in range(-(-len(q) // sb)):
-                wanted.update(dict.fromkeys(self.ix.route_window(q[w * sb : (w + 1) * sb], w)))
+                # past the first window without a hit nothing can match (chained ids)
+                c = ix.candidates(q[w * sb : (w + 1) * sb], w, deepest[w]) \
+                    if w < len(deepest) else []
+                self.routes[(id(seq), w)] = c
+                wanted.update(dict.fromkeys(c))
         self.load(wanted)
 
     def _seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
@@ -208,7 +223,9 @@ class WriteTxn:
             lo, hi = max(start, ws), min(end, ws + sb)
             qw = full[ws - base : hi - base]
             h = hint if hint is not None and hint.window == w else None
-            got, fresh = self._insert_window(w, tag, qw, meta[lo - start : hi - start], lo - ws, h)
+            routed = self.routes.get((id(op.seq), w)) if op.parent is None else None
+            got, fresh = self._insert_window(w, tag, qw, meta[lo - start : hi - start], lo - ws,
+                                             h, routed)
             new += fresh
             if matching:
                 matched += got
@@ -216,8 +233,11 @@ class WriteTxn:
         self.blocks += new
         return InsertResult(n, new, matched)
 
-    def _best(self, w: int, qw: IdArray, extra: Segment | None) -> tuple[Segment | None, int]:
-        cands = self.ix.route_window(qw, w)
+    def _best(self, w: int, qw: IdArray, extra: Segment | None,
+              routed: list[int] | None) -> tuple[Segment | None, int]:
+        if routed is None or (w, int(qw[0, 0])) in self.touched:
+            routed = self.ix.route_window(qw, w)
+        cands = routed
         self.load(cands)
         best, run = extra, (first_mismatch(extra.ids, qw) if extra is not None else 0)
         for sid in cands:
@@ -230,11 +250,11 @@ class WriteTxn:
         return best, run
 
     def _insert_window(self, w: int, tag: int, qw: IdArray, mw: U64Array, frm: int,
-                       hint: Segment | None) -> tuple[int, int]:
+                       hint: Segment | None, routed: list[int] | None) -> tuple[int, int]:
         """Insert blocks [frm, len(qw)) of window w; qw holds the window's ids from its
         start. Returns (blocks already present from frm on, blocks newly indexed)."""
         sb, L = self.ix.geo.sb, len(qw)
-        best, run = self._best(w, qw, hint)
+        best, run = self._best(w, qw, hint, routed)
         full_mask = (1 << L) - 1
         req_bits = full_mask & ~((1 << frm) - 1)
         if best is None or run == 0:
