@@ -204,6 +204,11 @@ def test_first_insert_wins_and_namespaces(name: str, tmp_path: Path) -> None:
         index.insert_many([_arr(a)], ["x"], [np.full(len(a), 4, U64)])
         got = index.match_many([_arr(a[:40]), _arr(a), _arr([])], ["x", "y", "x"])
         assert [g.tolist() for g in got] == [[1] * 40, [3] * len(a), []]
+        index.insert_many([], [], [])  # empty batches and sequences are fine
+        index.insert_many([_arr([])], ["x"], [_arr([])])
+        assert index.match_many([], []) == []
+        with pytest.raises(ValueError, match="metas"):
+            index.insert_many([_arr(a)], ["x"], [_arr([1])])
     finally:
         index.close()
 

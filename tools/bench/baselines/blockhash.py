@@ -49,8 +49,8 @@ class SsdBlockHash(BackendBaseline):
     (up to 64 evenly spaced positions per sequence, then the narrowed gap: presence is
     prefix-closed, nothing is ever removed), then one write batch (one fsync under
     sync=always) of the blocks from there on, the first occurrence in the batch
-    winning. Recovery: a fresh
-    process reopens the backend and answers the first match."""
+    winning. Recovery: a fresh process reopens the backend and answers the first
+    match."""
 
     name = "ssd-blockhash"
 

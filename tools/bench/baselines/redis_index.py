@@ -65,8 +65,8 @@ class RedisBlockHash(Baseline):
     sequence, found in two or three MGETs of up to 64 evenly spaced positions (presence
     is prefix-closed), then the blocks from there on (first occurrence in the batch)
     in ONE Lua call doing SET NX per key (first insert wins; one AOF append and
-    fsync). flush(): BGREWRITEAOF, waiting until it is done (a
-    compact RDB-preamble AOF for the restart). Recovery: a real restart (SIGTERM =
+    fsync). flush(): BGREWRITEAOF, waiting until it is done (a compact RDB-preamble
+    AOF for the restart). Recovery: a real restart (SIGTERM =
     SHUTDOWN, then a new redis-server on the same files), timed from the spawn until
     the first match's MGET is answered (not LOADING). memory_bytes: INFO used_memory
     (everything Redis allocated); disk_bytes: the AOF files plus dump.rdb. The run's

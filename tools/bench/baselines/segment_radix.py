@@ -90,18 +90,21 @@ class SegmentRadix(BackendBaseline):
     entry; ~450-550 B per node), keeping the shallowest nodes: past the cap the
     deepest resident node is evicted and its parent marked incomplete.
     Match: walk the tree (a node is passed without reading it when the query's id at
-    its last block equals the node's last id; a branch inside a node is found with
-    one numpy searchsorted over its children's first ids); a lookup in an evicted or
+    its last block equals the node's last id; a branch inside a node is found by
+    checking its few children, or with one numpy searchsorted of the query's ids over
+    a sorted array of their first ids from 16 children on); a lookup in an evicted or
     incomplete node is one backend multi-get of its child keys at the query's
     candidate positions (one storage read per evicted level); then ONE multi-get of
     the payloads of every node on every path of the batch, verified against the
-    query's ids. Insert: walk, then extend the last node in place or hang new nodes
-    (one per window) under it, all in one write batch with a change-log record per
-    node. Recovery: a fresh process opens the backend, loads the snapshot of the
-    resident top (written at flush/close), replays the change log written after it
-    and answers the first match; its time is about a fixed part (process, imports,
-    open) plus a per-resident-node part, so it is set by the cap
-    (`set_memory_cap`: lowering evicts now, raising reloads from the backend)."""
+    query's ids (one numpy gather per query). Insert: walk, then extend the last node
+    in place or hang new nodes (one per window) under it, all in one write batch with
+    a change-log record per node. Recovery: a fresh process opens the backend, loads
+    the snapshot of the resident top (written at flush/close; numpy columns turned
+    into nodes in one tight loop, ~3.5 us per node here), replays the change log
+    written after it and answers the first match. Its time is a fixed part (process,
+    imports, open) plus the per-node part, so the cap sets it: `set_memory_cap(bytes)`
+    (lowering evicts now, raising reloads from the backend) or `fit_cap(seconds)`
+    (the largest cap whose measured recovery is within a target, e.g. 1-2x sarp's)."""
 
     name = "segment-radix"
 
