@@ -347,3 +347,30 @@ def test_redis_server_restart_and_kill(tmp_path: Path) -> None:
 
 def _conforms(index: Baseline) -> BenchIndex:
     return index  # mypy: every baseline implements tools.bench.api.BenchIndex
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has exited
+
+
+@pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
+def test_redis_server_dies_with_the_harness(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    code = ("import os, sys\nfrom pathlib import Path\n"
+            "from tools.bench.redis_server import RedisServer\n"
+            f"s = RedisServer(Path({str(tmp_path)!r}))\ns.start()\n"
+            "print(s.proc.pid, flush=True)\nos._exit(0)\n")  # no close, no finalizers
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)

@@ -14,12 +14,15 @@ again on the same files and times both readiness and the first answer of `first`
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,7 @@ from redis.retry import Retry
 T = TypeVar("T")
 SAVE_POINTS = "3600 1 300 100 60 10000"  # Redis' defaults
 POLL_S = 0.0005
+_PR_SET_PDEATHSIG = 1
 
 
 class RedisServerError(RuntimeError):
@@ -45,6 +49,22 @@ class Restart:
     ready_s: float  # spawn -> PING answered (data loaded)
     first_s: float  # spawn -> `first` answered
     result: Any = None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the harness process dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def redis_binary() -> str:
@@ -104,7 +124,9 @@ class RedisServer:
         with open(self.data_dir / "redis.stdout", "ab") as out:
             t0 = time.perf_counter()
             self.proc = subprocess.Popen(self.args(), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        # never outlive this object or this interpreter (a crashed harness included)
+        weakref.finalize(self, _terminate, self.proc)
         return t0
 
     def _until(self, t0: float, call: Callable[[redis.Redis], T]) -> T:
