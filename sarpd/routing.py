@@ -8,8 +8,10 @@ Offsets inside a window of `segment_blocks` blocks:
 A filter is eight 8-bit fingerprints, one per two-block region after the point
 (byte j covers blocks point + 2j + 1 and point + 2j + 2): its high nibble is the
 4-bit fingerprint of the first block, its low nibble that of the second, so
-agreement is resolved per block. A block's fingerprint is `id_hi % 15 + 1`
-(1..15); 0 stands for "no block here" (past the end of the segment or window).
+agreement is resolved per block. A block's fingerprint is 1..15, from a
+multiplicative mix of both 64-bit halves of its id (engine ids are 64-bit: their
+high half is the same for every block of a namespace); 0 stands for "no block here"
+(past the end of the segment or window).
 Agreement bounds a candidate: one that agrees on the first a blocks after the point
 matches the query through at most point + a.
 """
@@ -25,6 +27,7 @@ from sarpd.config import IndexConfig
 from sarpd.model import IdArray, U64Array
 
 _SPAN = np.arange(1, 17, dtype=np.int64)  # the 16 blocks after a point
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,8 @@ def fingerprints(ids: IdArray, pad_to: int) -> npt.NDArray[np.uint8]:
     """4-bit fingerprint per block (1..15), zero-padded to `pad_to` + 18 entries."""
     fp = np.zeros(pad_to + 18, dtype=np.uint8)
     n = len(ids)
-    fp[:n] = (ids[:, 1] % np.uint64(15)).astype(np.uint8) + np.uint8(1)
+    mixed = (ids[:, 0] ^ ids[:, 1]) * _GOLDEN  # both halves: caller ids may be 64-bit
+    fp[:n] = ((mixed >> np.uint64(32)) % np.uint64(15)).astype(np.uint8) + np.uint8(1)
     return fp
 
 

@@ -115,6 +115,28 @@ def tokens(t: tuple[int, ...]) -> np.ndarray:
     return np.array(t, dtype=np.uint32)
 
 
+HASHES = {"on": False}  # send sequences as 64-bit engine hashes instead of tokens
+
+
+def spec(ns: str, toks: tuple[int, ...], parent_blocks: int = 0) -> SeqSpec:
+    """The sequence as tokens, or as 64-bit engine-style ids (low half of sarp's own
+    token chain, zero-extended) of the blocks after the first `parent_blocks`."""
+    if not HASHES["on"]:
+        return SeqSpec(ns, tokens=tokens(toks[BT * parent_blocks :]))
+    ids = token_ids(ns, tokens(toks), BT)[parent_blocks:].copy()
+    ids[:, 1] = 0
+    return SeqSpec(ns, hashes=ids)
+
+
+def ext_ids(ns: str, toks: tuple[int, ...], pos: list[int]) -> np.ndarray:
+    """Ids in the external form (what `with_ids` returns, `parent`/`ids` take)."""
+    ids = token_ids(ns, tokens(toks), BT)[pos].copy()
+    if HASHES["on"]:
+        ids[:, 1] = 0
+        return ids
+    return salt_ids(ns, ids)
+
+
 def run_script(h: Harness, ops: list[tuple[str, object]]) -> None:
     oracle = Oracle()
     seen: list[tuple[str, tuple[int, ...]]] = []
@@ -126,17 +148,17 @@ def run_script(h: Harness, ops: list[tuple[str, object]]) -> None:
             seen.append((ns, toks))
             n = len(toks) // BT
             metas = [(meta << 8) | i for i in range(n)]
-            [res] = ix.write_many([Insert(0, SeqSpec(ns, tokens=tokens(toks)),
+            [res] = ix.write_many([Insert(0, spec(ns, toks),
                                           meta=np.array(metas, dtype=np.uint64))])
             got = (res.blocks, res.new_blocks, res.matched_blocks)
             assert got == oracle.insert(ns, toks, metas)
         elif kind == "parent":
             ns, toks, p, meta = arg  # type: ignore[misc]
             seen.append((ns, toks))
-            pid = salt_ids(ns, token_ids(ns, tokens(toks[: BT * (p + 1)]), BT)[p:p + 1])
+            pid = ext_ids(ns, toks, [p])
             n = len(toks) // BT
             metas = [(meta << 8) | i for i in range(p + 1, n)]
-            [res] = ix.write_many([Insert(0, SeqSpec(ns, tokens=tokens(toks[BT * (p + 1):])),
+            [res] = ix.write_many([Insert(0, spec(ns, toks, p + 1),
                                           meta=np.array(metas, dtype=np.uint64), parent=pid)])
             if oracle.present(ns, toks, p):
                 assert not isinstance(res, Exception), res
@@ -146,12 +168,11 @@ def run_script(h: Harness, ops: list[tuple[str, object]]) -> None:
                 assert isinstance(res, UnknownParent)
         elif kind == "remove":
             ns, toks, start = arg  # type: ignore[misc]
-            [res] = ix.write_many([Remove(0, seq=SeqSpec(ns, tokens=tokens(toks)), start=start)])
+            [res] = ix.write_many([Remove(0, seq=spec(ns, toks), start=start)])
             assert res.removed == oracle.remove(ns, toks, start)
         elif kind == "remove_ids":
             ns, toks, pos = arg  # type: ignore[misc]
-            ids = salt_ids(ns, token_ids(ns, tokens(toks), BT)[pos])
-            [res] = ix.write_many([Remove(0, ns=ns, ids=ids)])
+            [res] = ix.write_many([Remove(0, ns=ns, ids=ext_ids(ns, toks, pos))])
             assert res.removed == oracle.remove(ns, toks, 0, only=pos)
         elif kind == "clear":
             ns, mask, value = arg  # type: ignore[misc]
@@ -160,7 +181,7 @@ def run_script(h: Harness, ops: list[tuple[str, object]]) -> None:
         elif kind == "restart":
             h.restart(bool(arg))
         elif kind == "check_all":
-            results = h.ix.match_many([Match(0, SeqSpec(ns, tokens=tokens(t))) for ns, t in seen])
+            results = h.ix.match_many([Match(0, spec(ns, t)) for ns, t in seen])
             for (ns, t), r in zip(seen, results, strict=True):
                 want = oracle.match(ns, t)
                 assert r.blocks == len(want), (ns, len(t) // BT, r.blocks, len(want))
@@ -171,7 +192,9 @@ def run_script(h: Harness, ops: list[tuple[str, object]]) -> None:
 BACKENDS = pytest.mark.parametrize("backend_name", backend_names())
 
 
-def _run(backend_name: str, geometry: str, ops: list[tuple[str, object]]) -> None:
+def _run(backend_name: str, geometry: str, ops: list[tuple[str, object]],
+         hashes: bool = False) -> None:
+    HASHES["on"] = hashes
     root = Path(tempfile.mkdtemp(prefix="sarp-exact-"))
     h = Harness(backend_name, GEOMETRIES[geometry], root)
     try:
@@ -217,3 +240,13 @@ def test_capped_geometry_matches_oracle(backend_name: str, geometry: str,
     """With the paper's per-window cap the answer may only fall short when more than
     `window_cap` candidates tie; on these sessions it must still be exact."""
     _run(backend_name, geometry, ops)
+
+
+@BACKENDS
+@pytest.mark.parametrize("geometry", ["tiny-capped", "default-capped"])
+@SETTINGS
+@given(ops=sessions(max_blocks=100))
+def test_engine_hashes_match_oracle(backend_name: str, geometry: str,
+                                    ops: list[tuple[str, object]]) -> None:
+    """The same sessions sent as 64-bit engine hashes (`hashes`, `parent`, `ids`)."""
+    _run(backend_name, geometry, ops, hashes=True)
