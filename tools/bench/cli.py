@@ -27,6 +27,8 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
 @click.option("--scale", default=1, show_default=True, type=click.IntRange(1),
               help="Workload size multiplier (scale 1 replays in seconds).")
 @click.option("--seed", default=0, show_default=True, help="Workload seed (deterministic).")
+@click.option("--sync", type=click.Choice(["none", "always"]), default="none", show_default=True,
+              help="Durability of every index's inserts: 'always' fsyncs each insert call.")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(1),
               help="Turns per match/insert call (the daemon batches the same way).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
@@ -37,7 +39,8 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
               help="Write a Markdown table and PNG plots (throughput, recovery, latency "
                    "CDF, reuse loss) into DIR.")
 def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: int,
-          batch: int, data_dir: Path | None, json_out: str | None, report: Path | None) -> None:
+          sync: str, batch: int, data_dir: Path | None, json_out: str | None,
+          report: Path | None) -> None:
     """Replay a workload through sarp and the baselines in ONE run and compare them.
 
     Each turn first matches its accumulated history, then inserts the extended sequence;
@@ -59,7 +62,8 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     root = data_dir or tmp
     assert root is not None
     try:
-        res = run_bench(wl, names, backend, root, batch=batch, progress=_bars(quiet))
+        res = run_bench(wl, names, backend, root, batch=batch, progress=_bars(quiet),
+                        sync=sync == "always")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--index") from exc
     finally:

@@ -157,16 +157,40 @@ def run_index(name: str, index: BenchIndex, turns: Sequence[Turn], data_dir: Pat
 
 def run_bench(workload: Workload, names: Sequence[str], backend: str, data_dir: Path,
               batch: int = 16, progress: Callable[[str, int], ProgressFn] | None = None,
-              ) -> BenchResult:
+              sync: bool = False) -> BenchResult:
+    """Every index is built with the same durability policy (`sync`: fsync each
+    insert call before it returns)."""
     factories = index_factories()
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown index {', '.join(unknown)} (known: {', '.join(factories)})")
     turns = list(workload.turns())
     blocks, cache = cache_budget(turns)
-    results = []
-    for name in names:
+    results: list[IndexResult] = []
+    order = sorted(names, key=lambda n: n != "sarp")  # sarp first: radix's cap follows it
+    for name in order:
         bar = progress(name, len(turns)) if progress is not None else None
-        results.append(run_index(name, factories[name](), turns, data_dir, backend, cache,
-                                 batch, bar))
+        index = factories[name](sync=sync)  # type: ignore[call-arg]
+        if name == "segment-radix" and results and results[0].index == "sarp":
+            index = fitted_radix(index, turns, data_dir, backend, cache, batch,
+                                 RADIX_RECOVERY_X * results[0].recovery_s)
+        results.append(run_index(name, index, turns, data_dir, backend, cache, batch, bar))
+    results.sort(key=lambda r: list(names).index(r.index))
     return BenchResult(workload.name, workload.describe(), len(turns), blocks, cache, results)
+
+
+RADIX_RECOVERY_X = 1.5  # segment-radix's memory cap: recovery ~1.5x sarp's (brief: 0.96-1.96x)
+
+
+def fitted_radix(index: BenchIndex, turns: Sequence[Turn], data_dir: Path, backend: str,
+                 cache: int, batch: int, target_s: float) -> BenchIndex:
+    """Choose segment-radix's memory cap on a trial replay: the largest cap whose cold
+    recovery takes at most `target_s`; return a fresh index with that cap."""
+    index.open(data_dir / "segment-radix-fit", backend, cache)
+    try:
+        replay(index, turns, batch)
+        index.fit_cap(target_s)  # type: ignore[attr-defined]
+        cap = index.cap_bytes  # type: ignore[attr-defined]
+    finally:
+        index.close()
+    return type(index)(cap_bytes=cap, sync=index.sync)  # type: ignore[call-arg,attr-defined]
