@@ -36,6 +36,7 @@ def _lazy(module: str, cls_name: str) -> BackendFactory:
 BACKENDS: dict[str, BackendFactory] = {
     "rocksdb": _lazy("backends.rocksdb", "RocksDBBackend"),
     "memory": _lazy("backends.memory", "MemoryBackend"),
+    "bloomstore": _lazy("backends.bloomstore", "BloomStoreBackend"),
     "wiredtiger": _lazy("backends.wiredtiger", "WiredTigerBackend"),
 }
 

@@ -1,0 +1,106 @@
+"""BloomStoreBackend: sarp's Backend protocol over the standalone `bloomstore` engine.
+
+The engine (bloomstore/, see its README) hash-partitions keys, keeps one write buffer
+per partition in RAM, flushes full buffers as immutable KV pages and keeps the pages'
+Bloom filters on flash in bit-sliced chains; a write-ahead log makes every batch
+atomic and, with sync=True, durable before `write` returns. No per-key index is held
+in RAM. Ordered scans merge pages chosen by a per-page zone map (prefix bounds of
+each key space), so sarp's b"L" change-log scans after a snapshot read only the
+pages written since.
+
+Error mapping: engine corruption (checksum or layout) -> CorruptData; a limit or
+tunable out of range -> BadRequest; every other engine failure (I/O, closed store,
+directory already open) -> StorageError. Each message names the directory.
+
+`cache_bytes` is the engine's page cache (verified pages). Other engine tunables can
+be passed as keyword arguments (`Tuning` fields) by code that opens the class
+directly; the registry passes only `cache_bytes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from backends.base import WriteBatch
+from bloomstore import (
+    BloomStore,
+    BloomStoreError,
+    ConfigError,
+    CorruptionError,
+    Geometry,
+    Tuning,
+)
+from sarpd.errors import BadRequest, CorruptData, SarpError, StorageError
+
+MiB = 1024 * 1024
+T = TypeVar("T")
+
+
+def _mapped(exc: BloomStoreError) -> SarpError:
+    if isinstance(exc, CorruptionError):
+        return CorruptData(exc.message)
+    if isinstance(exc, ConfigError):
+        return BadRequest(exc.message)
+    return StorageError(exc.message)
+
+
+def _call(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except BloomStoreError as exc:
+        raise _mapped(exc) from exc
+
+
+class BloomStoreBackend:
+    name = "bloomstore"
+    persistent = True
+
+    def __init__(self, path: Path, cache_bytes: int = 64 * MiB,
+                 geometry: Geometry | None = None, **tuning: Any) -> None:
+        if cache_bytes < 0:
+            raise BadRequest(f"bloomstore: cache_bytes {cache_bytes} must be >= 0")
+        self.path = Path(path)
+        self.cache_bytes = cache_bytes
+        try:
+            config = Tuning(cache_bytes=cache_bytes, **tuning)
+        except ConfigError as exc:
+            raise BadRequest(exc.message) from exc
+        self._store = _call(lambda: BloomStore(self.path, geometry, config))
+
+    @property
+    def engine(self) -> BloomStore:
+        return self._store
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return _call(lambda: self._store.get_many(keys))
+
+    def write(self, batch: WriteBatch, sync: bool) -> None:
+        _call(lambda: self._store.write(batch.puts, batch.deletes, sync))
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self._store.scan(start, end)
+        while True:
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            except BloomStoreError as exc:
+                raise _mapped(exc) from exc
+            yield item
+
+    def sync(self) -> None:
+        _call(self._store.sync)
+
+    def compact(self) -> None:
+        _call(self._store.compact)
+
+    def close(self) -> None:
+        _call(self._store.close)
+
+    def stats(self) -> dict[str, int | float | str]:
+        out: dict[str, int | float | str] = {"backend": self.name}
+        out.update(_call(self._store.stats))
+        out["cache_bytes_configured"] = self.cache_bytes
+        return out
