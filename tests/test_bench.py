@@ -107,3 +107,17 @@ def test_batches_keep_one_turn_per_session() -> None:
         assert len(keys) == len(set(keys)) and 0 < len(chunk) <= 16
         seen += len(chunk)
     assert seen == len(turns)
+
+
+def test_recovery_only_at_scale(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["bench", "--recovery-only", "--blocks", "5000",
+                                    "--index", "sarp,dram-blockhash,redis",
+                                    "--data-dir", str(tmp_path), "--json", "-"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["blocks"] == 5000
+    got = {r["index"]: r for r in doc["results"]}
+    assert set(got) == {"sarp", "dram-blockhash", "redis"}
+    for r in got.values():
+        assert r["recovery_s"] > 0 and r["build_s"] > 0 and r["disk_bytes"] > 0
+    assert got["sarp"]["memory_bytes"] < got["dram-blockhash"]["memory_bytes"]

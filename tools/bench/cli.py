@@ -27,6 +27,11 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
 @click.option("--scale", default=1, show_default=True, type=click.IntRange(1),
               help="Workload size multiplier (scale 1 replays in seconds).")
 @click.option("--seed", default=0, show_default=True, help="Workload seed (deterministic).")
+@click.option("--recovery-only", is_flag=True,
+              help="Only measure recovery at scale: fill each index with --blocks blocks, "
+                   "then time a cold restart (default indexes: sarp, dram-blockhash, redis).")
+@click.option("--blocks", default=1_000_000, show_default=True, type=click.IntRange(1),
+              help="Indexed blocks for --recovery-only.")
 @click.option("--sync", type=click.Choice(["none", "always"]), default="none", show_default=True,
               help="Durability of every index's inserts: 'always' fsyncs each insert call.")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(1),
@@ -39,7 +44,8 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
               help="Write a Markdown table and PNG plots (throughput, recovery, latency "
                    "CDF, reuse loss) into DIR.")
 def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: int,
-          sync: str, batch: int, data_dir: Path | None, json_out: str | None,
+          recovery_only: bool, blocks: int, sync: str, batch: int, data_dir: Path | None,
+          json_out: str | None,
           report: Path | None) -> None:
     """Replay a workload through sarp and the baselines in ONE run and compare them.
 
@@ -50,6 +56,9 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     """
     from tools.bench.workloads import get_workload
 
+    if recovery_only:
+        _recovery_only(indexes, blocks, backend, data_dir, json_out)
+        return
     names = indexes.split(",") if indexes else list(index_factories())
     try:
         wl = get_workload(workload, scale=scale, seed=seed)
@@ -78,6 +87,36 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     if report is not None:
         for p in write_report(res, report):
             click.echo(f"wrote {p}", err=quiet)
+
+
+def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Path | None,
+                   json_out: str | None) -> None:
+    from tools.bench.scale import recovery_at_scale
+
+    names = indexes.split(",") if indexes else ["sarp", "dram-blockhash", "redis"]
+    root = data_dir or Path(tempfile.mkdtemp(prefix="sarp-scale-"))
+    try:
+        res = recovery_at_scale(names, blocks, backend, root, progress=_bars(json_out == "-"))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--index") from exc
+    finally:
+        if data_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    doc = {"blocks": blocks, "backend": backend,
+           "results": [{"index": r.index, "blocks": r.blocks, "build_s": r.build_s,
+                        "recovery_s": r.recovery_s, "memory_bytes": r.memory_bytes,
+                        "disk_bytes": r.disk_bytes, "detail": r.detail} for r in res]}
+    if json_out == "-":
+        click.echo(json.dumps(doc))
+        return
+    sarp = next((r for r in res if r.index == "sarp"), None)
+    click.echo(f"recovery at {blocks:,} blocks ({backend}):")
+    for r in res:
+        ratio = f"{r.recovery_s / sarp.recovery_s:8.2f}x sarp" if sarp else ""
+        click.echo(f"{r.index:>16}  build {r.build_s:9.2f} s  recovery {r.recovery_s:9.4f} s"
+                   f"  {ratio}  memory {r.memory_bytes:>12,} B  disk {r.disk_bytes:>13,} B")
+    if json_out:
+        Path(json_out).write_text(json.dumps(doc, indent=2))
 
 
 def _bars(quiet: bool) -> Callable[[str, int], Callable[[int], None]]:

@@ -1,0 +1,91 @@
+"""Recovery at scale: `sarpctl bench --recovery-only --blocks N`.
+
+Fills each named index with N blocks (sessions of 1,024-block sequences that share
+a few system prompts, inserted in large batches, no matching), flushes it, then
+measures a cold recovery exactly as the full benchmark does: spawn a fresh process
+(or restart redis-server) and time until the first match is answered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tools.bench.api import BenchIndex, Ids
+from tools.bench.runner import index_factories
+
+SEQ_BLOCKS = 1024
+BATCH = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleResult:
+    index: str
+    blocks: int
+    build_s: float
+    recovery_s: float
+    memory_bytes: int
+    disk_bytes: int
+    detail: str
+
+
+def sequences(blocks: int, seed: int = 0) -> Iterator[Ids]:
+    """Unique prefix-chained id sequences totalling `blocks`; 1 in 4 starts with one
+    of 8 shared 64-block prompts (which are counted once)."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, 2**63, 64, dtype=np.uint64) for _ in range(8)]
+    done = 0
+    while done < blocks:
+        n = min(SEQ_BLOCKS, blocks - done)
+        seq = rng.integers(1, 2**63, n, dtype=np.uint64)
+        if n > 64 and rng.random() < 0.25:
+            seq[:64] = prompts[int(rng.integers(0, 8))]
+        done += n
+        yield seq
+
+
+def fill(index: BenchIndex, blocks: int, progress: Callable[[int], None] | None) -> None:
+    batch: list[Ids] = []
+    for seq in sequences(blocks):
+        batch.append(seq)
+        if len(batch) == BATCH:
+            _insert(index, batch, progress)
+            batch = []
+    if batch:
+        _insert(index, batch, progress)
+
+
+def _insert(index: BenchIndex, batch: list[Ids], progress: Callable[[int], None] | None) -> None:
+    index.insert_many(batch, [""] * len(batch),
+                      [np.arange(len(s), dtype=np.uint64) for s in batch])
+    if progress is not None:
+        progress(sum(len(s) for s in batch))
+
+
+def recovery_at_scale(names: Sequence[str], blocks: int, backend: str, data_dir: Path,
+                      progress: Callable[[str, int], Callable[[int], None]] | None = None,
+                      ) -> list[ScaleResult]:
+    factories = index_factories()
+    unknown = [n for n in names if n not in factories]
+    if unknown:
+        raise ValueError(f"unknown index {', '.join(unknown)} (known: {', '.join(factories)})")
+    cache = max(1 << 20, blocks * 16 // 10)
+    out = []
+    for name in names:
+        index = factories[name]()
+        index.open(data_dir / name, backend, cache)
+        try:
+            t0 = time.perf_counter()
+            fill(index, blocks, progress(name, blocks) if progress else None)
+            index.flush()
+            build = time.perf_counter() - t0
+            memory, disk = index.memory_bytes(), index.disk_bytes()
+            rec = index.recover()
+        finally:
+            index.close()
+        out.append(ScaleResult(name, blocks, build, rec.seconds, memory, disk, rec.detail))
+    return out
