@@ -347,7 +347,9 @@ class SarpIndex:
         for o, key, f in zip(offs, keys, filts, strict=True):
             if (old_n is None or o < old_n) and d.set_filter(key, sid, f):
                 continue
-            count = d.count(key)
+            if o >= fresh and o and not geo.is_base(o):
+                continue  # new content: no refinement point can exist for it yet
+            count = 0 if o >= fresh else d.count(key)
             if o and count == 0:
                 if not geo.is_base(o):
                     continue  # refinement points exist only where a posting list grew
