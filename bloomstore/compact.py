@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bloomstore.chain import Chain
+from bloomstore.chain import SLAB_FILTERS, Chain
 from bloomstore.files import DataFile
 from bloomstore.filter import Ints, digests, positions
 from bloomstore.manifest import PageTable, PartitionState
@@ -60,11 +60,11 @@ def write_generation(part: Partition, keys: list[bytes], values: list[bytes],
     gen = part.state.gen + 1
     pages_name, chain_name = file_names(part.index, gen)
     pages = DataFile(part.dirpath / pages_name, create=True, truncate=True)
-    chain = Chain(part.dirpath / chain_name, geo.filter_bits, 0, create=True)
+    table = PageTable()
+    chain = Chain(part.dirpath / chain_name, geo.filter_bits, 0, True, table.slab_sum)
     try:
         lo, hi = digests(keys)
         pos = positions(lo, hi, geo.hashes, geo.filter_bits)
-        table = PageTable()
         filters: list[Ints] = []
         offset = 0
         for a, b in chunk_bounds([len(k) for k in keys], [len(v) for v in values],
@@ -74,7 +74,8 @@ def write_generation(part: Partition, keys: list[bytes], values: list[bytes],
             table.append(PageSpec(offset, len(data), b - a, zones(keys[a:b])))
             filters.append(pos[a:b])
             offset += len(data)
-        chain.write_all(filters)
+        for slab, checksum in enumerate(chain.write_all(filters)):
+            table.set_slab_sum(slab * SLAB_FILTERS, checksum)
         chain.length = len(filters)
         if fsync:
             pages.sync()

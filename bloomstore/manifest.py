@@ -11,11 +11,12 @@ type 1, SNAPSHOT (always the first record, and only the first):
     partition: generation, flushed lsn, entries, dead (estimated), tombstones (u64
     each), pages u32, zones u32, followed by the arrays page offset u64[pages], page
     length u64[pages], page entries u32[pages], zone page u32[zones], zone low
-    u64[zones], zone high u64[zones]
+    u64[zones], zone high u64[zones], chain slab checksum u64[ceil(pages / 64)]
 type 2, FLUSH (one new page of one partition):
     partition u32, file generation u32, page number u32, entries u32, offset u64,
-    length u64, flushed lsn u64, dead delta u64, tombstones u64, zones u32; then
-    zones x (low u64, high u64)
+    length u64, flushed lsn u64, dead delta u64, tombstones u64, checksum u64 of the
+    chain slab holding the page's filter (chain.py), zones u32; then zones x (low u64,
+    high u64)
 
 Invariants: a snapshot is written whole to MANIFEST.tmp, fsync'd and renamed over
 MANIFEST (atomic) at creation, at every checkpoint (log rotation) and after every
@@ -41,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from bloomstore.chain import SLAB_FILTERS
 from bloomstore.config import Geometry
 from bloomstore.errors import CorruptionError
 from bloomstore.files import DataFile, write_atomic
@@ -53,7 +55,7 @@ FRAME = struct.Struct("<IIQ")
 SNAPSHOT, FLUSH = 1, 2
 SNAP_HEAD = struct.Struct("<4sHHIIIIQQ")
 PART_HEAD = struct.Struct("<QQQQQII")
-FLUSH_HEAD = struct.Struct("<IIIIQQQQQI")
+FLUSH_HEAD = struct.Struct("<IIIIQQQQQQI")
 ZONE = struct.Struct("<QQ")
 
 
@@ -86,13 +88,15 @@ class Grow:
 class PageTable:
     """Per page: offset, length, entries; per zone: page, low and high prefix8."""
 
-    __slots__ = ("counts", "lengths", "offsets", "zone_high", "zone_low", "zone_page")
+    __slots__ = ("counts", "lengths", "offsets", "slab_sums", "zone_high", "zone_low",
+                 "zone_page")
 
     def __init__(self) -> None:
         self.offsets, self.lengths, self.counts = Grow(np.uint64), Grow(np.uint64), Grow(
             np.uint32)
         self.zone_page, self.zone_low, self.zone_high = Grow(np.uint32), Grow(
             np.uint64), Grow(np.uint64)
+        self.slab_sums = Grow(np.uint64)
 
     def __len__(self) -> int:
         return self.offsets.n
@@ -106,6 +110,17 @@ class PageTable:
             self.zone_page.append(page)
             self.zone_low.append(low)
             self.zone_high.append(high)
+
+    def set_slab_sum(self, page: int, checksum: int) -> None:
+        """The chain slab holding page `page`'s filter now has `checksum`."""
+        slab = page // SLAB_FILTERS
+        if slab == self.slab_sums.n:
+            self.slab_sums.append(checksum)
+        else:
+            self.slab_sums.data[slab] = checksum
+
+    def slab_sum(self, slab: int) -> int:
+        return int(self.slab_sums.data[slab])
 
     def location(self, page: int) -> tuple[int, int]:
         return int(self.offsets.data[page]), int(self.lengths.data[page])
@@ -126,7 +141,8 @@ class PageTable:
     @property
     def nbytes(self) -> int:
         return sum(g.nbytes for g in (self.offsets, self.lengths, self.counts,
-                                      self.zone_page, self.zone_low, self.zone_high))
+                                      self.zone_page, self.zone_low, self.zone_high,
+                                      self.slab_sums))
 
 
 @dataclass(slots=True)
@@ -148,6 +164,7 @@ class FlushEdit:
     flushed_lsn: int
     dead: int
     tombstones: int
+    slab_sum: int
 
 
 @dataclass(slots=True)
@@ -172,7 +189,8 @@ def encode_snapshot(state: StoreState) -> bytes:
         parts.append(PART_HEAD.pack(p.gen, p.flushed_lsn, p.entries, p.dead, p.tombstones,
                                     len(t), t.zone_page.n))
         for arr, dtype in ((t.offsets, "<u8"), (t.lengths, "<u8"), (t.counts, "<u4"),
-                           (t.zone_page, "<u4"), (t.zone_low, "<u8"), (t.zone_high, "<u8")):
+                           (t.zone_page, "<u4"), (t.zone_low, "<u8"), (t.zone_high, "<u8"),
+                           (t.slab_sums, "<u8")):
             parts.append(arr.view.astype(dtype).tobytes())
     return _frame(SNAPSHOT, b"".join(parts))
 
@@ -180,7 +198,8 @@ def encode_snapshot(state: StoreState) -> bytes:
 def encode_flush(edit: FlushEdit) -> bytes:
     s = edit.spec
     body = FLUSH_HEAD.pack(edit.partition, edit.gen, edit.page, s.count, s.offset, s.length,
-                           edit.flushed_lsn, edit.dead, edit.tombstones, len(s.zones))
+                           edit.flushed_lsn, edit.dead, edit.tombstones, edit.slab_sum,
+                           len(s.zones))
     body += b"".join(ZONE.pack(low, high) for low, high in s.zones)
     return _frame(FLUSH, body)
 
@@ -223,6 +242,7 @@ def decode_snapshot(body: memoryview, where: str) -> StoreState:
         t.zone_page = Grow(np.uint32, r.array("<u4", nzones))
         t.zone_low, t.zone_high = Grow(np.uint64, r.array("<u8", nzones)), Grow(
             np.uint64, r.array("<u8", nzones))
+        t.slab_sums = Grow(np.uint64, r.array("<u8", -(-npages // SLAB_FILTERS)))
         parts.append(p)
     if r.pos != len(body):
         raise CorruptionError(f"{where}: {len(body) - r.pos} stray bytes in the snapshot")
@@ -231,10 +251,11 @@ def decode_snapshot(body: memoryview, where: str) -> StoreState:
 
 def decode_flush(body: memoryview, where: str) -> FlushEdit:
     r = _Reader(body, where)
-    part, gen, page, count, offset, length, flushed, dead, tombs, nzones = r.unpack(FLUSH_HEAD)
+    (part, gen, page, count, offset, length, flushed, dead, tombs, slab_sum,
+     nzones) = r.unpack(FLUSH_HEAD)
     zones = tuple((int(a), int(b)) for a, b in (r.unpack(ZONE) for _ in range(nzones)))
     return FlushEdit(part, gen, page, PageSpec(offset, length, count, zones), flushed, dead,
-                     tombs)
+                     tombs, slab_sum)
 
 
 def apply_flush(p: PartitionState, edit: FlushEdit) -> None:
@@ -246,6 +267,7 @@ def apply_flush(p: PartitionState, edit: FlushEdit) -> None:
         raise ValueError(f"page offset {edit.spec.offset} is not the file end {p.table.end()}")
     p.gen = edit.gen
     p.table.append(edit.spec)
+    p.table.set_slab_sum(edit.page, edit.slab_sum)
     p.flushed_lsn = edit.flushed_lsn
     p.entries += edit.spec.count
     p.dead += edit.dead

@@ -10,7 +10,7 @@ the manifest records each page's offset and length:
     8     4         n, entries
     12    4         K, key heap bytes
     16    8         V, value heap bytes
-    24    8         xxh3-64 of bytes [32, end)
+    24    8         xxh3-64 of bytes [0, 24) followed by [32, end)
     32    8n        hash index: the `lo` key hashes (bloomstore.filter), ascending
     ..    8(n+1)    value offsets into the value heap (u64)
     ..    4n        hash index order: entry number of each hash slot (u32)
@@ -88,9 +88,10 @@ def encode(partition: int, keys: Sequence[bytes], values: Sequence[bytes | None]
         kofs.astype("<u4").tobytes(), flags.tobytes(), b"\0" * pad, key_heap,
         *heap_values,
     ])
-    head = HEADER.pack(MAGIC, VERSION, partition, n, len(key_heap), int(vofs[-1]),
-                       xxhash.xxh3_64_intdigest(body))
-    return head + body
+    head = HEADER.pack(MAGIC, VERSION, partition, n, len(key_heap), int(vofs[-1]), 0)[:24]
+    digest = xxhash.xxh3_64(head)
+    digest.update(body)
+    return head + digest.intdigest().to_bytes(8, "little") + body
 
 
 def zones(keys: Sequence[bytes]) -> tuple[tuple[int, int], ...]:
@@ -115,17 +116,21 @@ class Page:
     __slots__ = ("_flags", "_hashes", "_kofs", "_order", "_vofs", "data", "key_base", "n",
                  "value_base")
 
-    def __init__(self, data: bytes, where: str) -> None:
+    def __init__(self, data: bytes, where: str, partition: int | None = None) -> None:
         if len(data) < HEADER.size:
             raise CorruptionError(f"{where}: {len(data)} bytes, shorter than a page header")
-        magic, version, _, n, kbytes, vbytes, checksum = HEADER.unpack_from(data)
+        magic, version, part, n, kbytes, vbytes, checksum = HEADER.unpack_from(data)
         if magic != MAGIC or version != VERSION:
             raise CorruptionError(f"{where}: bad magic {magic!r} or version {version}")
+        if partition is not None and part != partition:
+            raise CorruptionError(f"{where}: a page of partition {part}, not {partition}")
         voff, order, koff, flags, keys, values = _sections(n, kbytes)
         if values + vbytes != len(data):
             raise CorruptionError(
                 f"{where}: {len(data)} bytes, layout of {n} entries needs {values + vbytes}")
-        if xxhash.xxh3_64_intdigest(memoryview(data)[HEADER.size :]) != checksum:
+        digest = xxhash.xxh3_64(memoryview(data)[:24])
+        digest.update(memoryview(data)[HEADER.size :])
+        if digest.intdigest() != checksum:
             raise CorruptionError(f"{where}: checksum mismatch")
         self.data = data
         self.n = n

@@ -57,8 +57,11 @@ class Partition:
                                   f"{len(self.state.table)} pages in it)")
         self.pages = DataFile(pages_path, create=create, truncate=create)
         self.chain = Chain(self.dirpath / chain_name, self.geometry.filter_bits,
-                           len(self.state.table), create=create)
+                           len(self.state.table), create, self.slab_sum)
         self.file_gen = gen
+
+    def slab_sum(self, slab: int) -> int:
+        return self.state.table.slab_sum(slab)
 
     def close(self) -> None:
         if self.pages is not None:
@@ -84,7 +87,7 @@ class Partition:
             data = self.pages.read(length, offset)
         except EOFError as exc:
             raise CorruptionError(f"{self.where(page)}: {exc}") from exc
-        return Page(data, self.where(page))
+        return Page(data, self.where(page), self.index)
 
     # -- buffer ----------------------------------------------------------------------
     def put(self, key: bytes, value: bytes | None) -> None:
@@ -122,7 +125,7 @@ class Partition:
         for a, b in bounds:
             data = encode(self.index, keys[a:b], values[a:b], lo[a:b])
             self.pages.write(data, offset)
-            self.chain.write_filter(page, pos[a:b])
+            slab_sum = self.chain.write_filter(page, pos[a:b])
             tombs = sum(v is None for v in values[a:b])
             overwrites = max(0, round(int(older[a:b].sum()) - (b - a) * chance))
             spec = PageSpec(offset, len(data), b - a, zones(keys[a:b]))
@@ -130,7 +133,7 @@ class Partition:
             # only some of these edits, the log replays the whole buffer again
             done = lsn if b == len(keys) else self.state.flushed_lsn
             edits.append(FlushEdit(self.index, self.file_gen, page, spec, done,
-                                   overwrites + tombs, tombs))
+                                   overwrites + tombs, tombs, slab_sum))
             offset, page = offset + len(data), page + 1
         return edits
 
