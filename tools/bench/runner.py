@@ -64,6 +64,12 @@ class BenchResult:
                 "cache_bytes": self.cache_bytes,
                 "results": [r.public() for r in self.results]}
 
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> BenchResult:
+        return BenchResult(doc["workload"], doc.get("description", ""), doc["requests"],
+                           doc["blocks"], doc.get("cache_bytes", 0),
+                           [IndexResult(**r) for r in doc["results"]])
+
     def by_name(self) -> dict[str, IndexResult]:
         return {r.index: r for r in self.results}
 
