@@ -22,7 +22,6 @@ so that the directory can be reopened at once.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -31,6 +30,7 @@ from typing import Any, cast
 
 import rocksdict
 
+from backends._files import OpenPaths, dir_bytes
 from backends.base import WriteBatch
 from sarpd.errors import BadRequest, StorageError
 
@@ -64,25 +64,7 @@ _TICKERS = {
     "bytes_written": "rocksdb.bytes.written",
 }
 
-# Directories opened by this process (resolved path). RocksDB's own LOCK error for a
-# second open in one process is "No locks available", which explains nothing.
-_open_lock = threading.Lock()
-_open_paths: set[str] = set()
-
-
-def _claim_path(key: str) -> None:
-    with _open_lock:
-        if key in _open_paths:
-            raise StorageError(
-                f"rocksdb {key}: already open in this process (close the other "
-                "RocksDBBackend on it first)"
-            )
-        _open_paths.add(key)
-
-
-def _release_path(key: str) -> None:
-    with _open_lock:
-        _open_paths.discard(key)
+_OPEN = OpenPaths("rocksdb", "RocksDBBackend")
 
 
 def build_options(cache_bytes: int, statistics: bool = False) -> rocksdict.Options:
@@ -122,21 +104,6 @@ def read_table_options(path: Path) -> dict[str, str]:
             key, _, value = line.partition("=")
             out[key] = value
     return out
-
-
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return 0
-    for entry in entries:
-        try:
-            if entry.is_file(follow_symlinks=False):
-                total += entry.stat(follow_symlinks=False).st_size
-        except FileNotFoundError:  # removed by a compaction meanwhile
-            continue
-    return total
 
 
 def _check_raw_mode(path: Path) -> None:
@@ -179,8 +146,8 @@ class RocksDBBackend:
         self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
         self._closed = False
         key = str(self.path.resolve())
-        _claim_path(key)
-        self._release = weakref.finalize(self, _release_path, key)
+        _OPEN.claim(key)
+        self._release = weakref.finalize(self, _OPEN.release, key)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             _check_raw_mode(self.path)
@@ -315,7 +282,7 @@ class RocksDBBackend:
         out: dict[str, int | float | str] = {
             "backend": self.name,
             "path": str(self.path),
-            "disk_bytes": _dir_bytes(self.path),
+            "disk_bytes": dir_bytes(self.path),
             "open": int(not self._closed),
         }
         if self._closed:

@@ -36,7 +36,6 @@ recovery brings back every committed batch and nothing of the failed one.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -45,6 +44,7 @@ from typing import Any
 
 import wiredtiger
 
+from backends._files import OpenPaths, dir_bytes
 from backends.base import WriteBatch
 from sarpd.errors import BadRequest, StorageError
 
@@ -78,25 +78,7 @@ _STATISTICS = {
     "txn_rollbacks": "transaction: transactions rolled back",
 }
 
-# Directories opened by this process (resolved path): WiredTiger's own refusal of a
-# second open names neither the directory nor the other open.
-_open_lock = threading.Lock()
-_open_paths: set[str] = set()
-
-
-def _claim_path(key: str) -> None:
-    with _open_lock:
-        if key in _open_paths:
-            raise StorageError(
-                f"wiredtiger {key}: already open in this process (close the other "
-                "WiredTigerBackend on it first)"
-            )
-        _open_paths.add(key)
-
-
-def _release_path(key: str) -> None:
-    with _open_lock:
-        _open_paths.discard(key)
+_OPEN = OpenPaths("wiredtiger", "WiredTigerBackend")
 
 
 def connection_config(cache_bytes: int, checkpoint_wait_s: int, checkpoint_log_bytes: int) -> str:
@@ -108,21 +90,6 @@ def connection_config(cache_bytes: int, checkpoint_wait_s: int, checkpoint_log_b
         f"checkpoint=(wait={checkpoint_wait_s},log_size={checkpoint_log_bytes}),"
         "statistics=(fast)"
     )
-
-
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return 0
-    for entry in entries:
-        try:
-            if entry.is_file(follow_symlinks=False):
-                total += entry.stat(follow_symlinks=False).st_size
-        except FileNotFoundError:  # a log file removed meanwhile
-            continue
-    return total
 
 
 def _is_panic(exc: BaseException) -> bool:
@@ -189,8 +156,8 @@ class WiredTigerBackend:
         self._pool: list[_Handle] = []
         self.reopens = 0
         key = str(self.path.resolve())
-        _claim_path(key)
-        self._release = weakref.finalize(self, _release_path, key)
+        _OPEN.claim(key)
+        self._release = weakref.finalize(self, _OPEN.release, key)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._conn = self._open_connection()
@@ -506,7 +473,7 @@ class WiredTigerBackend:
         out: dict[str, int | float | str] = {
             "backend": self.name,
             "path": str(self.path),
-            "disk_bytes": _dir_bytes(self.path),
+            "disk_bytes": dir_bytes(self.path),
             "log_files": len(list(self.path.glob("WiredTigerLog.*"))),
             "open": int(not self._closed),
         }
