@@ -5,7 +5,9 @@ Configuration:
 - one table, `key_format=u,value_format=u` (raw bytes), no block compressor (the PyPI
   build has none), 8 KB leaf pages instead of 32 KB: a cache miss reads 8 KB, which made
   multi-gets of 1.6 KB segments ~1.5x faster when the data outgrows the cache.
-- `cache_size` = `cache_bytes` (WiredTiger's minimum, 1 MiB, if it is smaller).
+- `cache_size` = `cache_bytes`, at least 32 MiB: a batch's transaction must fit in
+  WiredTiger's cache (with a few MiB, a batch of a few hundred segments is rolled
+  back with WT_ROLLBACK because eviction cannot free its pinned pages).
 - write-ahead log on, in 2 MB files, each removed once a checkpoint no longer needs it;
   a checkpoint every `checkpoint_wait_s` seconds or `checkpoint_log_bytes` of log,
   whichever comes first: recovery after a crash replays at most that much log.
@@ -49,7 +51,7 @@ from backends.base import WriteBatch
 from sarpd.errors import BadRequest, StorageError
 
 MiB = 1024 * 1024
-MIN_CACHE_BYTES = 1 * MiB  # WiredTiger refuses a smaller cache_size
+MIN_CACHE_BYTES = 32 * MiB  # room for one write batch's transaction (see the docstring)
 TABLE = "table:sarp"
 TABLE_CONFIG = "key_format=u,value_format=u,leaf_page_max=8KB"
 LOG_FILE_MAX = "2MB"
