@@ -62,7 +62,9 @@ class WriteTxn:
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
         self.routes: dict[tuple[int, int], list[int]] = {}  # (id(SeqSpec), window) -> cands
-        self.touched: set[tuple[int, int]] = set()  # (window, head key) changed in this txn
+        # segments created or grown in this txn, by (window, head key): the only
+        # candidates a prefetched route can be missing
+        self.touched: dict[tuple[int, int], list[int]] = {}
         c = index.counters
         self.next_seg = c.next_seg
         self.blocks = c.blocks
@@ -108,7 +110,7 @@ class WriteTxn:
         self.logged.append(sid)
         seg = self.cache[sid]
         assert seg is not None
-        self.touched.add((seg.window, int(seg.ids[0, 0])))
+        self.touched.setdefault((seg.window, int(seg.ids[0, 0])), []).append(sid)
 
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
         n = len(ids)
@@ -152,8 +154,8 @@ class WriteTxn:
 
     def prefetch(self, ops: Sequence[Insert | Remove | Clear]) -> None:
         """Route every insert of the batch at once (one vectorised directory probe) and
-        read all their candidates in ONE multi-get. An operation whose window was
-        changed by an earlier operation of the batch routes that window again."""
+        read all their candidates in ONE multi-get. Segments that earlier operations of
+        the batch create or grow are added to the candidates of their window."""
         ix, sb = self.ix, self.ix.geo.sb
         seqs, qs = [], []
         for op in ops:
@@ -235,9 +237,10 @@ class WriteTxn:
 
     def _best(self, w: int, qw: IdArray, extra: Segment | None,
               routed: list[int] | None) -> tuple[Segment | None, int]:
-        if routed is None or (w, int(qw[0, 0])) in self.touched:
-            routed = self.ix.route_window(qw, w)
-        cands = routed
+        if routed is None:
+            cands = self.ix.route_window(qw, w)
+        else:
+            cands = list(dict.fromkeys(routed + self.touched.get((w, int(qw[0, 0])), [])))
         self.load(cands)
         best, run = extra, (first_mismatch(extra.ids, qw) if extra is not None else 0)
         for sid in cands:
