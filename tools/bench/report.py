@@ -79,12 +79,13 @@ def write_report(res: BenchResult, directory: Path) -> list[Path]:
     md.write_text(markdown_table(res))
     paths = [md]
     names = [r.index for r in res.results]
+    short = res.workload.split("/")[-1]
 
     def bar(values: list[float], ylabel: str, fname: str, log: bool = False) -> None:
         fig, ax = plt.subplots(figsize=(7, 3.6))
         ax.bar(names, values, color=["#d62728" if n == "sarp" else "#1f77b4" for n in names])
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{res.workload}: {ylabel}")
+        ax.set_title(f"{short}: {ylabel}", fontsize=10)
         if log:
             ax.set_yscale("log")
         ax.tick_params(axis="x", rotation=20)
@@ -106,7 +107,7 @@ def write_report(res: BenchResult, directory: Path) -> list[Path]:
     ax.set_xscale("log")
     ax.set_xlabel("match latency per request (us)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title(f"{res.workload}: match latency CDF")
+    ax.set_title(f"{short}: match latency CDF", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     p = directory / f"{slug}-latency-cdf.png"
