@@ -150,6 +150,17 @@ def run_length(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> int:
     return i if bool(ne[i]) else n
 
 
+def check_insert_args(seqs: Sequence[Ids], ns: Sequence[str],
+                      metas: Sequence[npt.NDArray[np.uint64]], name: str) -> None:
+    """The argument lengths of an insert_many call agree, per sequence too."""
+    if not len(seqs) == len(ns) == len(metas):
+        raise ValueError(f"{name}: insert_many got {len(seqs)} sequences, {len(ns)} "
+                         f"namespaces and {len(metas)} meta arrays")
+    for i, (s, m) in enumerate(zip(seqs, metas, strict=True)):
+        if len(s) != len(m):
+            raise ValueError(f"{name}: sequence {i}: {len(s)} ids but {len(m)} metas")
+
+
 def metas_array(parts: Sequence[npt.NDArray[Any]]) -> U64:
     if not parts:
         return np.zeros(0, dtype=np.uint64)

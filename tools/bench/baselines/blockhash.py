@@ -20,6 +20,7 @@ from tools.bench.baselines._common import (
     U64,
     BackendBaseline,
     be_keys,
+    check_insert_args,
     first_absent,
     first_miss,
     le_values,
@@ -28,16 +29,6 @@ from tools.bench.baselines._common import (
 
 _SCAN_END = b"\xff" * 9  # past every 8-byte key
 _SMALL_INTS = range(-5, 257)  # CPython's shared int objects
-
-
-def _check(seqs: Sequence[Ids], ns: Sequence[str], metas: Sequence[npt.NDArray[np.uint64]],
-           name: str) -> None:
-    if not len(seqs) == len(ns) == len(metas):
-        raise ValueError(f"{name}: insert_many got {len(seqs)} sequences, {len(ns)} "
-                         f"namespaces and {len(metas)} meta arrays")
-    for i, (s, m) in enumerate(zip(seqs, metas, strict=True)):
-        if len(s) != len(m):
-            raise ValueError(f"{name}: sequence {i}: {len(s)} ids but {len(m)} metas")
 
 
 class SsdBlockHash(BackendBaseline):
@@ -74,7 +65,7 @@ class SsdBlockHash(BackendBaseline):
 
     def insert_many(self, seqs: Sequence[Ids], ns: Sequence[str],
                     metas: Sequence[npt.NDArray[np.uint64]]) -> None:
-        _check(seqs, ns, metas, self.name)
+        check_insert_args(seqs, ns, metas, self.name)
         qs = [salted(s, n) for s, n in zip(seqs, ns, strict=True)]
         get = self.backend.get_many
         firsts = first_absent(qs, lambda ids: [v is not None for v in get(be_keys(ids))])
@@ -135,7 +126,7 @@ class DramBlockHash(BackendBaseline):
 
     def insert_many(self, seqs: Sequence[Ids], ns: Sequence[str],
                     metas: Sequence[npt.NDArray[np.uint64]]) -> None:
-        _check(seqs, ns, metas, self.name)
+        check_insert_args(seqs, ns, metas, self.name)
         d = self._dict
         new_ids: list[U64] = []
         new_metas: list[U64] = []

@@ -26,6 +26,7 @@ from tools.bench.baselines._common import (
     BaselineError,
     be_key,
     be_keys,
+    check_insert_args,
     first_miss,
     metas_array,
     pack_u64,
@@ -39,16 +40,6 @@ LOC = b"L"  # L + block id -> id of the last block of the segment that first hel
 HEAD = b"H"  # H + head id + last id -> ids + metas (segment-hash-head)
 
 Getter = Callable[[list[bytes]], list[bytes | None]]
-
-
-def _check(seqs: Sequence[Ids], ns: Sequence[str], metas: Sequence[npt.NDArray[np.uint64]],
-           name: str) -> None:
-    if not len(seqs) == len(ns) == len(metas):
-        raise ValueError(f"{name}: insert_many got {len(seqs)} sequences, {len(ns)} "
-                         f"namespaces and {len(metas)} meta arrays")
-    for i, (s, m) in enumerate(zip(seqs, metas, strict=True)):
-        if len(s) != len(m):
-            raise ValueError(f"{name}: sequence {i}: {len(s)} ids but {len(m)} metas")
 
 
 def _all_metas(matched: U64, new: npt.NDArray[np.uint64]) -> U64:
@@ -212,7 +203,7 @@ class SegmentHash(BackendBaseline):
 
     def insert_many(self, seqs: Sequence[Ids], ns: Sequence[str],
                     metas: Sequence[npt.NDArray[np.uint64]]) -> None:
-        _check(seqs, ns, metas, self.name)
+        check_insert_args(seqs, ns, metas, self.name)
         qs = [salted(s, n) for s, n in zip(seqs, ns, strict=True)]
         found = self._match(qs, self.backend.get_many)
         puts: dict[bytes, bytes] = {}
@@ -340,7 +331,7 @@ class SegmentHashHead(BackendBaseline):
 
     def insert_many(self, seqs: Sequence[Ids], ns: Sequence[str],
                     metas: Sequence[npt.NDArray[np.uint64]]) -> None:
-        _check(seqs, ns, metas, self.name)
+        check_insert_args(seqs, ns, metas, self.name)
         wb = WriteBatch()
         by_head: dict[bytes, set[bytes]] = {}
 
