@@ -35,3 +35,22 @@ def sarpd_proc(request: pytest.FixtureRequest, sarpd_factory: Launcher) -> Sarpd
 def shared_sarpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SarpdProc]:
     with launcher(tmp_path_factory.mktemp("shared")) as lau:
         yield lau()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Guard: with a C compiler and without SARPD_NO_EXTENSIONS=1 the install builds
+    the C verifier, so the suite must be running it (not silently numpy)."""
+    import os
+    import shutil
+    import sysconfig
+
+    import sarpd.verify
+
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    expected = os.environ.get("SARPD_NO_EXTENSIONS") != "1" and shutil.which(cc) is not None
+    if expected and sarpd.verify.IMPLEMENTATION != "c":
+        raise pytest.UsageError(
+            f"sarpd.verify.IMPLEMENTATION is {sarpd.verify.IMPLEMENTATION!r}, expected 'c': "
+            f"a C compiler ({cc}) is here but sarpd.verify._cverify did not load; rebuild "
+            "it with `pip install -e .` (or set SARPD_NO_EXTENSIONS=1 to test numpy only)"
+        )

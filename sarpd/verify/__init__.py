@@ -10,21 +10,28 @@ place picks: this module). `SARPD_NO_EXTENSIONS=1` forces numpy.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 
+from sarpd.model import IdArray
 from sarpd.verify._numpy import first_mismatch as _np_first_mismatch
 from sarpd.verify._numpy import first_mismatch_many as _np_first_mismatch_many
 
 IMPLEMENTATION = "numpy"
-first_mismatch = _np_first_mismatch
-first_mismatch_many = _np_first_mismatch_many
+# positional arguments only: the C functions take no keywords
+first_mismatch: Callable[[IdArray, IdArray], int] = _np_first_mismatch
+first_mismatch_many: Callable[[Sequence[IdArray], Sequence[IdArray]], list[int]] = (
+    _np_first_mismatch_many
+)
 
 if os.environ.get("SARPD_NO_EXTENSIONS") != "1":  # pragma: no branch
-    try:  # the C extension arrives with the performance work
-        from sarpd.verify._cverify import first_mismatch as _c_first_mismatch  # type: ignore[import-not-found]
+    try:  # built by the install when a C compiler is there (setup.py, optional)
+        from sarpd.verify._cverify import first_mismatch as _c_first_mismatch
+        from sarpd.verify._cverify import first_mismatch_many as _c_first_mismatch_many
     except ImportError:
         pass
     else:
         first_mismatch = _c_first_mismatch
+        first_mismatch_many = _c_first_mismatch_many
         IMPLEMENTATION = "c"
 
 __all__ = ["IMPLEMENTATION", "first_mismatch", "first_mismatch_many"]

@@ -1,0 +1,9 @@
+from collections.abc import Sequence
+
+from sarpd.model import IdArray
+
+HAVE_AVX2: bool
+
+def first_mismatch(cand: IdArray, query: IdArray, /) -> int: ...
+def first_mismatch_many(cands: Sequence[IdArray], queries: Sequence[IdArray], /) -> list[int]: ...
+def _set_simd(enabled: bool, /) -> bool: ...
