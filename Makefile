@@ -11,9 +11,9 @@ DATA   ?= ./var
 
 setup: $(STAMP)
 
-# Re-installs only when pyproject.toml changes (the install is editable, so code
-# changes need nothing).
-$(STAMP): pyproject.toml
+# Re-installs only when pyproject.toml, setup.py or the C extension change (the
+# install is editable, so Python changes need nothing).
+$(STAMP): pyproject.toml setup.py sarpd/verify/_cverify.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)

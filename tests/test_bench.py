@@ -121,3 +121,12 @@ def test_recovery_only_at_scale(tmp_path: Path) -> None:
     for r in got.values():
         assert r["recovery_s"] > 0 and r["build_s"] > 0 and r["disk_bytes"] > 0
     assert got["sarp"]["memory_bytes"] < got["dram-blockhash"]["memory_bytes"]
+
+
+def test_json_names_the_verifier(bench_json: dict[str, object]) -> None:
+    results = bench_json["results"]
+    assert isinstance(results, list)
+    sarp = next(r for r in results if r["index"] == "sarp")
+    from sarpd import verify
+
+    assert sarp["verifier"] == verify.IMPLEMENTATION

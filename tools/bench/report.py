@@ -52,8 +52,10 @@ def text_table(res: BenchResult) -> str:
     def line(cells: tuple[str, ...] | list[str]) -> str:
         return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
+    sarp = res.by_name().get("sarp")
+    verifier = f", sarp verifier: {sarp.verifier}" if sarp and sarp.verifier else ""
     head = (f"workload {res.workload}: {res.requests:,} requests, {res.blocks:,} unique blocks, "
-            f"cache budget {_size(res.cache_bytes)}\n{res.description}")
+            f"cache budget {_size(res.cache_bytes)}{verifier}\n{res.description}")
     return "\n".join([head, line(COLUMNS), *(line(r) for r in body)]) + (
         "\n'x sarp': sarp's throughput / this index's; 'rec x sarp': this index's recovery "
         "time / sarp's; loss: tokens reused below the exact dram-blockhash")

@@ -41,6 +41,7 @@ class IndexResult:
     disk_bytes: int
     insert_us_mean: float = 0.0
     recovery_detail: str = ""
+    verifier: str = ""  # sarp: which first-mismatch implementation ran (c or numpy)
     match_us: list[float] = field(default_factory=list, repr=False)
 
     def public(self) -> dict[str, Any]:
@@ -143,6 +144,8 @@ def run_index(name: str, index: BenchIndex, turns: Sequence[Turn], data_dir: Pat
     try:
         match_us, total, inserting, reused, queried = replay(index, turns, batch, progress)
         index.flush()
+        stats = getattr(index, "stats", None)
+        verifier = str(stats().get("verifier", "")) if callable(stats) else ""
         memory, disk = index.memory_bytes(), index.disk_bytes()
         rec = index.recover()
         memory = max(memory, index.memory_bytes())
@@ -157,7 +160,7 @@ def run_index(name: str, index: BenchIndex, turns: Sequence[Turn], data_dir: Pat
         tokens_reused=reused * BLOCK_TOKENS, tokens_queried=queried * BLOCK_TOKENS,
         recovery_s=rec.seconds, memory_bytes=memory, disk_bytes=disk,
         insert_us_mean=inserting * 1e6 / n if n else 0.0, recovery_detail=rec.detail,
-        match_us=match_us,
+        verifier=verifier, match_us=match_us,
     )
 
 
