@@ -59,11 +59,12 @@ async def _drive(sock: Path, turns: list[Turn], clients: int, depth: int) -> flo
     return len(turns) / seconds
 
 
-def _daemon(root: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def _daemon(root: Path, window_ms: float, batch_max: int) -> tuple[subprocess.Popen[bytes], Path]:
     sock = Path(tempfile.mkdtemp(prefix="sarp-load-", dir="/tmp")) / "sarpd.sock"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "sarpd.daemon", "--data-dir", str(root),
                              "--socket", str(sock), "--backend", "rocksdb", "--sync", "none",
+                             "--batch-window-ms", str(window_ms), "--batch-max", str(batch_max),
                              "--log-level", "WARNING"], env=env, cwd=REPO)
     deadline = time.monotonic() + 60
     while not sock.exists():
@@ -73,12 +74,30 @@ def _daemon(root: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return proc, sock
 
 
+def daemon_rps(turns: list[Turn], root: Path, clients: int, depth: int, window_ms: float,
+               batch_max: int) -> float:
+    proc, sock = _daemon(root, window_ms, batch_max)
+    try:
+        time.sleep(0.5)
+        return asyncio.run(_drive(sock, turns, clients, depth))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @click.command()
 @click.option("--workload", "-w", default="ultrachat", show_default=True)
 @click.option("--scale", default=1, show_default=True)
 @click.option("--clients", default=16, show_default=True, help="Connections.")
 @click.option("--depth", default=4, show_default=True, help="Sessions in flight per connection.")
-def main(workload: str, scale: int, clients: int, depth: int) -> None:
+@click.option("--batch-window-ms", default=0.5, show_default=True)
+@click.option("--batch-max", default=256, show_default=True)
+@click.option("--sweep", is_flag=True,
+              help="Measure every combination of batch windows 0-2 ms and batch sizes 16-256 "
+                   "(the batching curve) instead of one setting.")
+def main(workload: str, scale: int, clients: int, depth: int, batch_window_ms: float,
+         batch_max: int, sweep: bool) -> None:
     """Throughput of sarpd over its socket vs sarp in-process, same turns."""
     from tools.bench.workloads import get_workload
 
@@ -91,18 +110,16 @@ def main(workload: str, scale: int, clients: int, depth: int) -> None:
         _, total, _, _, _ = replay(index, turns, 16)
         index.close()
         inproc = len(turns) / total
-        proc, sock = _daemon(root / "daemon")
-        try:
-            time.sleep(0.5)
-            daemon = asyncio.run(_drive(sock, turns, clients, depth))
-        finally:
-            proc.terminate()
-            proc.wait(60)
+        click.echo(f"{workload}: {len(turns):,} turns; in-process {inproc:,.0f} turns/s")
+        grid = ([(w, m) for w in (0.0, 0.25, 0.5, 1.0, 2.0) for m in (16, 64, 256)] if sweep
+                else [(batch_window_ms, batch_max)])
+        for i, (w, m) in enumerate(grid):
+            rps = daemon_rps(turns, root / f"d{i}", clients, depth, w, m)
+            click.echo(f"daemon ({clients} clients x {depth} in flight), window {w} ms, "
+                       f"batch max {m}: {rps:,.0f} turns/s = {rps / inproc * 100:.0f} % of "
+                       "in-process")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    click.echo(f"{workload}: {len(turns):,} turns; in-process {inproc:,.0f} turns/s; daemon "
-               f"({clients} clients x {depth} in flight) {daemon:,.0f} turns/s = "
-               f"{daemon / inproc * 100:.0f} % of in-process")
 
 
 if __name__ == "__main__":
