@@ -72,6 +72,7 @@ def run_check(ix: SarpIndex, fix: bool) -> CheckReport:
 def _repair(ix: SarpIndex, corrupt: list[bytes], unrouted: list[Segment],
             bad_entries: list[tuple[int, int]], segments: int, max_sid: int) -> int:
     fixed = 0
+    ix._seg_cache.clear()
     for rkey, sid in bad_entries:
         fixed += ix.dir.drop(rkey, sid)
     txn = WriteTxn(ix)

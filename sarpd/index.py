@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 
 WriteOp = Insert | Remove | Clear
 FORMAT_VERSION = 1  # on-disk format of the whole data set (manifest)
+SEGMENT_CACHE = 4096  # decoded segments kept in memory between batches (~7 MB)
 ProgressFn = Callable[[int, int], None]
 
 
@@ -99,6 +101,7 @@ class SarpIndex:
         self.segment_reads = 0
         self.corrupt_segments = 0
         self.writes = 0
+        self._seg_cache: OrderedDict[int, Segment] = OrderedDict()
 
     # -- opening -------------------------------------------------------------------
     def _manifest(self) -> dict[str, object]:
@@ -311,16 +314,38 @@ class SarpIndex:
         return MatchResult(total, meta.astype(np.uint64), ids)
 
     def _read(self, sids: list[int]) -> dict[int, Segment]:
-        if not sids:
-            return {}
-        values = self.backend.get_many([seg_key(s) for s in sids])
-        self.segment_reads += len(sids)
-        out: dict[int, Segment] = {}
-        for sid, value in zip(sids, values, strict=True):
-            seg = self.decode_or_none(sid, value)
-            if seg is not None:
+        return {sid: seg for sid, seg in self.fetch(sids).items() if seg is not None}
+
+    def fetch(self, sids: list[int]) -> dict[int, Segment | None]:
+        """Decoded segments (None: missing or corrupt): recently used ones from memory,
+        the rest in ONE backend multi-get. The cache holds committed segments only
+        (a write batch's working copies enter it when the batch is durable), so a
+        turn's insert finds the segments its match just read."""
+        out: dict[int, Segment | None] = {}
+        missing = []
+        cache = self._seg_cache
+        for sid in sids:
+            seg = cache.get(sid)
+            if seg is None:
+                missing.append(sid)
+            else:
+                cache.move_to_end(sid)
                 out[sid] = seg
+        if missing:
+            values = self.backend.get_many([seg_key(s) for s in missing])
+            self.segment_reads += len(missing)
+            for sid, value in zip(missing, values, strict=True):
+                seg = out[sid] = self.decode_or_none(sid, value)
+                if seg is not None:
+                    self.remember(sid, seg)
         return out
+
+    def remember(self, sid: int, seg: Segment) -> None:
+        cache = self._seg_cache
+        cache[sid] = seg
+        cache.move_to_end(sid)
+        if len(cache) > SEGMENT_CACHE:
+            cache.popitem(last=False)
 
     # -- directory maintenance -------------------------------------------------------
     def register(self, seg: Segment, txn: WriteTxn, old_n: int | None = None,
@@ -428,8 +453,13 @@ class SarpIndex:
             self.counters = txn.commit(self.sync)
         except StorageError:
             log.error("write batch failed; reloading the directory from disk")
+            self._seg_cache.clear()
             self.recover()
             raise
+        for sid in txn.dirty:
+            seg = txn.cache[sid]
+            if seg is not None:
+                self.remember(sid, seg)
         self.writes += 1
         if self.dir.needs_merge():
             self.dir.merge()
@@ -495,4 +525,5 @@ class SarpIndex:
         return out
 
     def close(self) -> None:
+        self._seg_cache.clear()
         self.backend.close()

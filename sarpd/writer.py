@@ -73,12 +73,8 @@ class WriteTxn:
     # -- segment cache -------------------------------------------------------------
     def load(self, seg_ids: Iterable[int]) -> None:
         missing = [s for s in dict.fromkeys(seg_ids) if s not in self.cache]
-        if not missing:
-            return
-        values = self.ix.backend.get_many([seg_key(s) for s in missing])
-        self.ix.segment_reads += len(missing)
-        for sid, value in zip(missing, values, strict=True):
-            self.cache[sid] = self.ix.decode_or_none(sid, value)
+        if missing:
+            self.cache.update(self.ix.fetch(missing))
 
     def seg(self, sid: int) -> Segment | None:
         if sid not in self.cache:

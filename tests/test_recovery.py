@@ -149,6 +149,9 @@ def test_corrupt_segment_is_never_served_and_check_reports_it(tmp_path: Path) ->
     wb = WriteBatch()
     wb.put(key, bytes(bad))
     ix.backend.write(wb, True)
+    ix.close()  # the damage is on disk: a fresh process reads it from there
+    ix = open_index(tmp_path)
+    ix.recover()
     res = ix.match_many([Match(0, SeqSpec("", tokens=np.array(t, np.uint32))) for t in seqs])
     for t, r in zip(seqs, res, strict=True):
         want = oracle.match("", t)
