@@ -95,10 +95,6 @@ class Clear(Request):
     value: int = 0
 
 
-READ_OPS = (Hello, Ping, Stats, Match)
-WRITE_OPS = (Insert, Remove, Clear, Snapshot)
-
-
 @dataclass(frozen=True, slots=True, eq=False)
 class MatchResult:
     blocks: int

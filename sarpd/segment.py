@@ -105,9 +105,6 @@ class Segment:
     def is_present(self, i: int) -> bool:
         return bool((self.presence >> i) & 1)
 
-    def present_count(self) -> int:
-        return int(self.presence.bit_count())
-
     def writable(self) -> Segment:
         """A copy whose arrays may be modified."""
         return Segment(
