@@ -1,0 +1,1 @@
+"""Bridges that feed sarpd from serving engines' KV-event streams (vLLM, SGLang)."""
