@@ -9,14 +9,15 @@ far that candidate can match a query without reading it.
 Storage is numpy, never a Python object per entry at scale:
 - base: three parallel sorted arrays (keys, segs, filters); removing an entry marks
   its seg 0 (dead) in place; a posting list is a contiguous slice.
-- delta: a bounded dict key -> growable arrays (amortised append), merged into a new
-  base (linear merge of two sorted runs, dead entries dropped) past
-  `delta_max_entries`.
+- delta: bounded flat growable arrays in insertion order plus, per key, the rows
+  holding it; merged into a new base (sort the delta, insert it into the base,
+  dead entries dropped, all vectorised) past `delta_max_entries`.
 Not thread-safe: the index runs its batches on one thread.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,30 +27,54 @@ from sarpd.model import U64Array
 DEAD = 0  # seg id 0 is never assigned
 
 
-class _Posting:
-    """A growable posting list (the delta's unit)."""
+class _Delta:
+    """The delta: flat growable arrays (amortised append) in insertion order, and per
+    key the rows that hold it. Folding it into the base is vectorised (no per-key work
+    during a merge, which pauses every request queued behind it)."""
 
-    __slots__ = ("filts", "n", "segs")
+    __slots__ = ("filts", "keys", "n", "rows", "segs")
 
-    def __init__(self) -> None:
-        self.segs = np.empty(4, dtype=np.uint64)
-        self.filts = np.empty(4, dtype=np.uint64)
+    def __init__(self, capacity: int = 1024) -> None:
+        self.keys = np.empty(capacity, dtype=np.uint64)
+        self.segs = np.empty(capacity, dtype=np.uint64)
+        self.filts = np.empty(capacity, dtype=np.uint64)
         self.n = 0
+        self.rows: dict[int, list[int]] = {}
 
-    def append(self, seg: int, filt: int) -> None:
-        if self.n == len(self.segs):
+    def append(self, key: int, seg: int, filt: int) -> None:
+        n = self.n
+        if n == len(self.keys):
+            self.keys = np.concatenate([self.keys, np.empty_like(self.keys)])
             self.segs = np.concatenate([self.segs, np.empty_like(self.segs)])
             self.filts = np.concatenate([self.filts, np.empty_like(self.filts)])
-        self.segs[self.n] = seg
-        self.filts[self.n] = filt
-        self.n += 1
+        self.keys[n] = key
+        self.segs[n] = seg
+        self.filts[n] = filt
+        self.n = n + 1
+        rows = self.rows.get(key)
+        if rows is None:
+            self.rows[key] = [n]
+        else:
+            rows.append(n)
 
-    def live(self) -> tuple[U64Array, U64Array]:
-        segs, filts = self.segs[: self.n], self.filts[: self.n]
+    def posting(self, rows: list[int]) -> tuple[U64Array, U64Array]:
+        if len(rows) == 1:
+            r = rows[0]
+            return self.segs[r : r + 1], self.filts[r : r + 1]
+        return self.segs[rows], self.filts[rows]
+
+    def live(self) -> tuple[U64Array, U64Array, U64Array]:
+        n = self.n
+        keys, segs, filts = self.keys[:n], self.segs[:n], self.filts[:n]
         mask = segs != DEAD
         if mask.all():
-            return segs, filts
-        return segs[mask], filts[mask]
+            return keys, segs, filts
+        return keys[mask], segs[mask], filts[mask]
+
+    @property
+    def nbytes(self) -> int:
+        # the arrays plus a conservative per-key overhead (dict slot, list, ints)
+        return self.keys.nbytes + self.segs.nbytes + self.filts.nbytes + 120 * len(self.rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +95,12 @@ class Directory:
         self._keys: U64Array = _EMPTY
         self._segs: U64Array = _EMPTY
         self._filts: U64Array = _EMPTY
-        self._delta: dict[int, _Posting] = {}
-        self._delta_entries = 0
+        self._delta = _Delta()
+        self._base_dead = False
         self._rcache: dict[int, tuple[int, int]] = {}
         self.merges = 0
+        self.merge_s_max = 0.0  # the longest merge so far: a pause for every request
+        self.merge_s_total = 0.0
 
     # -- reading ----------------------------------------------------------------
     # The base never holds dead entries for long: `drop` marks them and merges at
@@ -95,8 +122,8 @@ class Directory:
         lo = np.searchsorted(self._keys, keys, "left")
         hi = np.searchsorted(self._keys, keys, "right")
         hit: list[bool] = (hi > lo).tolist()
-        if self._delta:
-            delta = self._delta
+        if self._delta.n:
+            delta = self._delta.rows
             for i, key in enumerate(keys.tolist()):
                 if not hit[i] and key in delta:
                     hit[i] = True
@@ -105,29 +132,26 @@ class Directory:
     def posting(self, key: int) -> tuple[U64Array, U64Array]:
         """(segs, filters) of `key`: base slice plus delta."""
         a, b = self._range(key)
-        p = self._delta.get(key)
-        if p is None:
+        rows = self._delta.rows.get(key)
+        if rows is None:
             return self._segs[a:b], self._filts[a:b]
+        ds, df = self._delta.posting(rows)
         if a == b:
-            return p.segs[: p.n], p.filts[: p.n]
-        return (np.concatenate([self._segs[a:b], p.segs[: p.n]]),
-                np.concatenate([self._filts[a:b], p.filts[: p.n]]))
+            return ds, df
+        return (np.concatenate([self._segs[a:b], ds]),
+                np.concatenate([self._filts[a:b], df]))
 
     def count(self, key: int) -> int:
         a, b = self._range(key)
-        p = self._delta.get(key)
-        return b - a + (p.n if p is not None else 0)
+        rows = self._delta.rows.get(key)
+        return b - a + (len(rows) if rows is not None else 0)
 
     def has(self, key: int, seg: int) -> bool:
         return bool((self.posting(key)[0] == np.uint64(seg)).any())
 
     # -- writing ----------------------------------------------------------------
     def add(self, key: int, seg: int, filt: int) -> None:
-        p = self._delta.get(key)
-        if p is None:
-            p = self._delta[key] = _Posting()
-        p.append(seg, filt)
-        self._delta_entries += 1
+        self._delta.append(key, seg, filt)
 
     def _locate(self, key: int, seg: int) -> tuple[U64Array, int] | None:
         """The array (base slice or delta posting) and index holding (key, seg)."""
@@ -137,28 +161,26 @@ class Directory:
             hit = np.flatnonzero(self._segs[a:b] == s)
             if hit.size:
                 return self._segs, a + int(hit[0])
-        p = self._delta.get(key)
-        if p is not None:
-            hit = np.flatnonzero(p.segs[: p.n] == s)
-            if hit.size:
-                return p.segs, int(hit[0])
+        for r in self._delta.rows.get(key, ()):
+            if self._delta.segs[r] == s:
+                return self._delta.segs, r
         return None
 
     def set_filter(self, key: int, seg: int, filt: int) -> bool:
+        """Set the filter of every (key, seg) entry; False if there is none."""
         s = np.uint64(seg)
         a, b = self._range(key)
+        found = False
         if b > a:
             hit = np.flatnonzero(self._segs[a:b] == s)
             if hit.size:
                 self._filts[a + hit] = np.uint64(filt)
-                return True
-        p = self._delta.get(key)
-        if p is not None:
-            hit = np.flatnonzero(p.segs[: p.n] == s)
-            if hit.size:
-                p.filts[hit] = np.uint64(filt)
-                return True
-        return False
+                found = True
+        for r in self._delta.rows.get(key, ()):
+            if self._delta.segs[r] == s:
+                self._delta.filts[r] = filt
+                found = True
+        return found
 
     def drop(self, key: int, seg: int) -> bool:
         """Mark (key, seg) dead. True if it was there."""
@@ -166,48 +188,50 @@ class Directory:
         while (loc := self._locate(key, seg)) is not None:
             arr, i = loc
             arr[i] = DEAD
+            self._base_dead |= arr is self._segs
             found = True
         if found:
             self.merge()
         return found
 
     def needs_merge(self) -> bool:
-        return self._delta_entries > self.delta_max_entries
+        return self._delta.n > self.delta_max_entries
 
     def merge(self) -> None:
-        """Fold the delta into a new sorted base, dropping dead entries."""
-        self._rcache.clear()
-        if not self._delta:
-            live = self._segs != DEAD
-            if not live.all():
-                self._keys, self._segs, self._filts = (
-                    self._keys[live], self._segs[live], self._filts[live],
-                )
-            return
-        dk, ds, df = self._delta_arrays()
-        order = np.argsort(dk, kind="stable")
-        dk, ds, df = dk[order], ds[order], df[order]
-        live = self._segs != DEAD
-        bk, bs, bf = self._keys[live], self._segs[live], self._filts[live]
-        pos = np.searchsorted(bk, dk, "right")
-        self._keys = np.insert(bk, pos, dk)
-        self._segs = np.insert(bs, pos, ds)
-        self._filts = np.insert(bf, pos, df)
-        self._delta = {}
-        self._delta_entries = 0
-        self.merges += 1
+        """Fold the delta into a new sorted base, dropping dead entries (timed: a merge
+        runs between batches and delays every request queued behind it)."""
+        t0 = time.perf_counter()
+        self._merge()
+        took = time.perf_counter() - t0
+        self.merge_s_total += took
+        self.merge_s_max = max(self.merge_s_max, took)
 
-    def _delta_arrays(self) -> tuple[U64Array, U64Array, U64Array]:
-        keys, segs, filts = [], [], []
-        for key, p in self._delta.items():
-            s, f = p.live()
-            if s.size:
-                keys.append(np.full(s.size, key, dtype=np.uint64))
-                segs.append(s)
-                filts.append(f)
-        if not keys:
-            return _EMPTY, _EMPTY, _EMPTY
-        return np.concatenate(keys), np.concatenate(segs), np.concatenate(filts)
+    def _merge(self) -> None:
+        self._rcache.clear()
+        if self._base_dead:  # only `drop` marks base entries dead, and merges at once
+            live = self._segs != DEAD
+            self._keys, self._segs, self._filts = (
+                self._keys[live], self._segs[live], self._filts[live])
+            self._base_dead = False
+        if not self._delta.n:
+            return
+        dk, ds, df = self._delta.live()
+        order = np.argsort(dk, kind="stable")
+        n, m = self._keys.size, dk.size
+        # each delta entry goes after the base entries with keys <= its own (a stable
+        # merge); the base fills every other slot, in order
+        dest = np.searchsorted(self._keys, dk[order], "right") + np.arange(m)
+        from_base = np.ones(n + m, dtype=bool)
+        from_base[dest] = False
+        merged = []
+        for base, delta in ((self._keys, dk), (self._segs, ds), (self._filts, df)):
+            out = np.empty(n + m, dtype=np.uint64)
+            out[dest] = delta[order]
+            out[from_base] = base
+            merged.append(out)
+        self._keys, self._segs, self._filts = merged
+        self._delta = _Delta()
+        self.merges += 1
 
     # -- whole-directory views ---------------------------------------------------
     def to_arrays(self) -> DirectoryArrays:
@@ -218,8 +242,7 @@ class Directory:
         self._keys = np.array(arrays.keys, dtype=np.uint64)
         self._segs = np.array(arrays.segs, dtype=np.uint64)
         self._filts = np.array(arrays.filts, dtype=np.uint64)
-        self._delta = {}
-        self._delta_entries = 0
+        self._delta = _Delta()
         self._rcache = {}
         self.merge()  # a snapshot holds no dead entries; this keeps the invariant anyway
 
@@ -228,19 +251,18 @@ class Directory:
 
     @property
     def entries(self) -> int:
-        return int(np.count_nonzero(self._segs)) + self._delta_entries
+        return int(np.count_nonzero(self._segs)) + self._delta.n
 
     @property
     def keys_count(self) -> int:
         keys = self._keys[self._segs != DEAD]
-        return (int(np.count_nonzero(np.diff(keys))) + 1 if keys.size else 0) + len(self._delta)
+        base = int(np.count_nonzero(np.diff(keys))) + 1 if keys.size else 0
+        return base + len(self._delta.rows)
 
     @property
     def nbytes(self) -> int:
         base = self._keys.nbytes + self._segs.nbytes + self._filts.nbytes
-        # delta: arrays plus a conservative per-key object overhead
-        delta = sum(p.segs.nbytes + p.filts.nbytes + 200 for p in self._delta.values())
-        return base + delta
+        return base + self._delta.nbytes
 
     def iter_entries(self) -> list[tuple[int, int, int]]:
         """Every live entry (for `check`); not for the hot path."""

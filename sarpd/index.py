@@ -508,6 +508,8 @@ class SarpIndex:
             "directory_bytes": dbytes,
             "directory_bytes_per_block": round(dbytes / blocks, 4) if blocks else 0.0,
             "directory_merges": self.dir.merges,
+            "directory_merge_s_max": round(self.dir.merge_s_max, 6),
+            "directory_merge_s_total": round(self.dir.merge_s_total, 6),
             "hash": HASH_NAME,
             "verifier": verify.IMPLEMENTATION,
             "index_matches": self.matches,

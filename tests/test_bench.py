@@ -130,3 +130,21 @@ def test_json_names_the_verifier(bench_json: dict[str, object]) -> None:
     from sarpd import verify
 
     assert sarp["verifier"] == verify.IMPLEMENTATION
+
+
+def test_growth_measures_each_size(tmp_path: Path) -> None:
+    from tools.bench.growth import main as growth
+
+    out, png = tmp_path / "g.json", tmp_path / "g.png"
+    res = CliRunner().invoke(growth, ["--sizes", "3000,6000", "--probe", "codeact",
+                                      "--data-dir", str(tmp_path / "d"), "--json", str(out),
+                                      "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    points = json.loads(out.read_text())
+    assert [p["blocks"] for p in points] == [3000, 6000]
+    for p in points:
+        assert p["index"] == "sarp" and p["probe_turns"] > 100
+        assert p["throughput_rps"] > 0 and p["recovery_s"] > 0
+        assert p["match_us_max"] >= p["match_us_p99"] >= 0 and p["disk_bytes"] > 0
+        assert 0 < p["directory_bytes_per_block"] < 2
+    assert png.stat().st_size > 0

@@ -71,7 +71,7 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     root = data_dir or tmp
     assert root is not None
     try:
-        res = run_bench(wl, names, backend, root, batch=batch, progress=_bars(quiet),
+        res = run_bench(wl, names, backend, root, batch=batch, progress=progress_bars(quiet),
                         sync=sync == "always")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--index") from exc
@@ -96,7 +96,8 @@ def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Pat
     names = indexes.split(",") if indexes else ["sarp", "dram-blockhash", "redis"]
     root = data_dir or Path(tempfile.mkdtemp(prefix="sarp-scale-"))
     try:
-        res = recovery_at_scale(names, blocks, backend, root, progress=_bars(json_out == "-"))
+        res = recovery_at_scale(names, blocks, backend, root,
+                                progress=progress_bars(json_out == "-"))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--index") from exc
     finally:
@@ -119,7 +120,7 @@ def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Pat
         Path(json_out).write_text(json.dumps(doc, indent=2))
 
 
-def _bars(quiet: bool) -> Callable[[str, int], Callable[[int], None]]:
+def progress_bars(quiet: bool) -> Callable[[str, int], Callable[[int], None]]:
     def make(name: str, total: int) -> Callable[[int], None]:
         bar = click.progressbar(length=total, label=f"{name:>18}", file=sys.stderr)
         bar.__enter__()

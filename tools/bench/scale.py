@@ -48,9 +48,10 @@ def sequences(blocks: int, seed: int = 0) -> Iterator[Ids]:
         yield seq
 
 
-def fill(index: BenchIndex, blocks: int, progress: Callable[[int], None] | None) -> None:
+def fill(index: BenchIndex, blocks: int, progress: Callable[[int], None] | None,
+         seed: int = 0) -> None:
     batch: list[Ids] = []
-    for seq in sequences(blocks):
+    for seq in sequences(blocks, seed):
         batch.append(seq)
         if len(batch) == BATCH:
             _insert(index, batch, progress)

@@ -1,0 +1,221 @@
+"""Cost growth: throughput, match latency, merge pauses and recovery against index size.
+
+    python -m tools.bench.growth --sizes 1000000,10000000,100000000 --json growth.json
+
+Grows ONE index step by step (the fill of `--recovery-only`: 1,024-block sessions, a
+quarter opening with a shared prompt) and, at each size, measures on the index as it
+stands:
+- throughput: a probe workload (`--probe`, default ultrachat, fresh content at every
+  step) replayed in batches of 16 turns (match the prompt, insert the sequence), as
+  the benchmark does; turns per second and mean / p99 / max match latency;
+- merge pauses: the directory folds its delta into the sorted base between batches;
+  the longest merge while filling up to this size, and the worst latency a match
+  queued behind a merging write batch would see (that batch's insert time + the
+  next match batch's time);
+- recovery: a cold restart in a fresh process to the first answered match, the
+  directory's bytes per indexed block, and the disk footprint.
+Every figure is a ratio or a curve taken in one run; nothing here asserts on speed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+
+from tools.bench.api import BenchIndex, Turn
+from tools.bench.cli import progress_bars
+from tools.bench.runner import batches, index_factories
+from tools.bench.scale import fill
+from tools.bench.workloads import get_workload
+
+
+@dataclass(frozen=True, slots=True)
+class GrowthPoint:
+    index: str
+    blocks: int  # indexed blocks when the probe started
+    fill_s: float  # time to grow from the previous size to this one
+    probe_turns: int
+    throughput_rps: float
+    match_us_mean: float
+    match_us_p99: float
+    match_us_max: float
+    merges: int  # directory merges while filling to this size and probing it
+    merge_ms_max: float  # the longest of them
+    queued_behind_merge_ms: float  # worst match latency behind a merging write batch
+    queued_behind_write_ms_p99: float  # the same behind any write batch (p99)
+    recovery_s: float
+    directory_bytes_per_block: float
+    disk_bytes: int
+
+
+def _stat(index: BenchIndex, key: str) -> float:
+    stats = getattr(index, "stats", None)
+    return float(stats().get(key, 0.0)) if callable(stats) else 0.0
+
+
+def probe(index: BenchIndex, turns: Sequence[Turn]) -> dict[str, float]:
+    """Replay `turns` in batches of 16; per batch, time the match and the insert and
+    note whether the insert merged the directory."""
+    match_us: list[float] = []
+    behind: list[float] = []
+    behind_merge = 0.0
+    last_insert: float | None = None
+    merged = False
+    total = 0.0
+    for b, chunk in batches(turns, 16):
+        ns = [t.ns for t in chunk]
+        t0 = time.perf_counter()
+        index.match_many([t.prompt for t in chunk], ns)
+        t1 = time.perf_counter()
+        if last_insert is not None:
+            behind.append(last_insert + (t1 - t0))
+            if merged:
+                behind_merge = max(behind_merge, behind[-1])
+        merges = _stat(index, "directory_merges")
+        index.insert_many([t.sequence for t in chunk], ns,
+                          [np.full(len(t.sequence), b + i + 1, dtype=np.uint64)
+                           for i, t in enumerate(chunk)])
+        t2 = time.perf_counter()
+        last_insert, merged = t2 - t1, _stat(index, "directory_merges") > merges
+        match_us.extend([(t1 - t0) * 1e6 / len(chunk)] * len(chunk))
+        total += t2 - t0
+    arr = np.array(match_us or [0.0])
+    return {"throughput_rps": len(turns) / total if total else 0.0,
+            "match_us_mean": float(arr.mean()), "match_us_p99": float(np.percentile(arr, 99)),
+            "match_us_max": float(arr.max()), "queued_behind_merge_ms": behind_merge * 1e3,
+            "queued_behind_write_ms_p99": float(np.percentile(behind or [0.0], 99)) * 1e3}
+
+
+def grow(name: str, sizes: Sequence[int], data_dir: Path, backend: str, probe_spec: str,
+         ) -> list[GrowthPoint]:
+    index = index_factories()[name]()
+    cache = max(1 << 20, max(sizes) * 16 // 10)
+    index.open(data_dir / name, backend, cache)
+    out: list[GrowthPoint] = []
+    have = 0
+    try:
+        for step, size in enumerate(sorted(sizes)):
+            merges0 = _stat(index, "directory_merges")
+            t0 = time.perf_counter()
+            bar = progress_bars(False)(f"{name}: fill to {size:,}", size - have)
+            fill(index, size - have, bar, seed=1000 + step)
+            fill_s = time.perf_counter() - t0
+            have = size
+            turns = list(get_workload(probe_spec, seed=100 + step).turns())
+            res = probe(index, turns)
+            merges = int(_stat(index, "directory_merges") - merges0)
+            merge_ms = _stat(index, "directory_merge_s_max") * 1e3
+            index.flush()
+            dbpb = _stat(index, "directory_bytes_per_block")
+            rec = index.recover()  # a fresh process; this one reopens (counters restart)
+            out.append(GrowthPoint(
+                index=name, blocks=size, fill_s=fill_s, probe_turns=len(turns),
+                merges=merges, merge_ms_max=merge_ms, recovery_s=rec.seconds,
+                directory_bytes_per_block=dbpb, disk_bytes=index.disk_bytes(), **res))
+            click.echo(_row(out[-1]), err=True)
+    finally:
+        index.close()
+    return out
+
+
+HEADER = ("index", "blocks", "req/s", "match us", "p99 us", "max us", "merges",
+          "merge ms max", "behind write ms p99", "behind merge ms max", "recover s",
+          "dir B/block", "disk")
+
+
+def _row(p: GrowthPoint) -> str:
+    cells = (p.index, f"{p.blocks:,}", f"{p.throughput_rps:,.0f}", f"{p.match_us_mean:,.1f}",
+             f"{p.match_us_p99:,.1f}", f"{p.match_us_max:,.1f}", str(p.merges),
+             f"{p.merge_ms_max:.2f}", f"{p.queued_behind_write_ms_p99:.2f}",
+             f"{p.queued_behind_merge_ms:.2f}",
+             f"{p.recovery_s:.3f}", f"{p.directory_bytes_per_block:.3f}",
+             f"{p.disk_bytes / 2**20:,.0f} MiB")
+    return " | ".join(cells)
+
+
+def table(points: Sequence[GrowthPoint]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + _row(p) + " |" for p in points]
+    return "\n".join(lines)
+
+
+def plot(points: Sequence[GrowthPoint], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for name in dict.fromkeys(p.index for p in points):
+        mine = [p for p in points if p.index == name]
+        x = [p.blocks for p in mine]
+        axes[0].plot(x, [p.throughput_rps for p in mine], "o-", label=name)
+        axes[1].plot(x, [p.match_us_mean for p in mine], "o-", label=f"{name} mean")
+        axes[1].plot(x, [p.match_us_p99 for p in mine], "s--", label=f"{name} p99")
+        axes[2].plot(x, [p.recovery_s for p in mine], "o-", label=name)
+    for ax, title in zip(axes, ("throughput (turns/s)", "match latency (us)",
+                                "cold recovery (s)"), strict=True):
+        ax.set_xscale("log")
+        ax.set_xlabel("indexed blocks")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(float(s)) for s in text.split(",") if s.strip()})
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: comma-separated block counts") from exc
+    if not sizes or sizes[0] < 1:
+        raise click.BadParameter(f"{text!r}: need at least one size >= 1")
+    return sizes
+
+
+@click.command()
+@click.option("--sizes", default="1000000,10000000", show_default=True,
+              help="Index sizes (indexed blocks) to measure at, comma-separated; 1e8 works.")
+@click.option("--index", "names", default="sarp", show_default=True,
+              help="Comma-separated indexes to grow (any the benchmark knows).")
+@click.option("--probe", "probe_spec", default="ultrachat", show_default=True,
+              help="Workload replayed at each size to measure throughput and latency.")
+@click.option("--backend", default="rocksdb", show_default=True)
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Where to build (default: a temporary directory, removed).")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
+              help="Write every point as JSON here.")
+@click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
+              help="Write a PNG (throughput, latency, recovery against size) here.")
+def main(sizes: str, names: str, probe_spec: str, backend: str, data_dir: Path | None,
+         json_out: Path | None, plot_out: Path | None) -> None:
+    """Measure how throughput, match latency, merge pauses and recovery grow with the
+    number of indexed blocks (one index grown step by step, each size measured)."""
+    wanted = _sizes(sizes)
+    root = data_dir or Path(tempfile.mkdtemp(prefix="sarp-growth-"))
+    points: list[GrowthPoint] = []
+    try:
+        for name in (n.strip() for n in names.split(",") if n.strip()):
+            points += grow(name, wanted, root, backend, probe_spec)
+    finally:
+        if data_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    click.echo(table(points))
+    if json_out is not None:
+        json_out.write_text(json.dumps([asdict(p) for p in points], indent=2) + "\n")
+    if plot_out is not None:
+        plot(points, plot_out)
+
+
+if __name__ == "__main__":
+    main()
