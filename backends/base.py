@@ -30,6 +30,12 @@ class WriteBatch:
         self.deletes.discard(key)
         self.puts[key] = value
 
+    def put_many(self, items: dict[bytes, bytes]) -> None:
+        """Many puts at once (one C-level update, no per-key Python work)."""
+        if self.deletes:
+            self.deletes.difference_update(items)
+        self.puts.update(items)
+
     def delete(self, key: bytes) -> None:
         self.puts.pop(key, None)
         self.deletes.add(key)

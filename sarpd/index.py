@@ -357,6 +357,11 @@ class SarpIndex:
         this offset on are new content that no other segment holds, so a key there
         that is not in the directory yet has no siblings to list."""
         geo, d, sid = self.geo, self.dir, seg.seg_id
+        if old_n == 0 and fresh_from == 0 and self.cfg.prune_max_pred >= 1:
+            # all new content: only the head is listed (every later base point has a
+            # predecessor listed once at most: pruned; refinement needs a long list)
+            d.add(int(seg.ids[0, 0]), sid, filter_at(fingerprints(seg.ids[:17], 0), 0))
+            return
         n = seg.nblocks
         offs = [o for o in geo.offsets if o < n]
         if old_n is not None:  # points whose filter cannot have changed are left alone
@@ -378,6 +383,8 @@ class SarpIndex:
             if o and count == 0:
                 if not geo.is_base(o):
                     continue  # refinement points exist only where a posting list grew
+                if o - geo.spacing >= fresh and self.cfg.prune_max_pred >= 1:
+                    continue  # pruned: the predecessor is new content, listed once at most
                 pred_key = int(seg.ids[o - geo.spacing, 0])
                 if d.count(pred_key) <= self.cfg.prune_max_pred:
                     continue  # pruned: the predecessor's few candidates are read instead

@@ -52,13 +52,20 @@ log = logging.getLogger(__name__)
 
 Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
 
+# a locator's key (the block_key layout: prefix + id as two little-endian u64) and
+# value as packed numpy records; the raw views turn into bytes objects in one call
+_LOCATOR_KEY = np.dtype([("prefix", "S1"), ("id", "<u8", (2,))])
+_LOCATOR_KEY_RAW = np.dtype(f"V{_LOCATOR_KEY.itemsize}")
+_LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
+
 
 class WriteTxn:
     def __init__(self, index: SarpIndex) -> None:
         self.ix = index
         self.cache: dict[int, Segment | None] = {}
         self.dirty: set[int] = set()
-        self.locators: dict[bytes, bytes] = {}
+        self._locators: dict[bytes, bytes] = {}
+        self._pending_locators: list[tuple[IdArray, int, int]] = []
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
         self.routes: dict[tuple[int, int], list[int]] = {}  # (id(SeqSpec), window) -> cands
@@ -109,15 +116,30 @@ class WriteTxn:
         self.touched.setdefault((seg.window, int(seg.ids[0, 0])), []).append(sid)
 
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
-        n = len(ids)
-        raw = np.ascontiguousarray(ids, dtype="<u8").tobytes()
-        vals = np.zeros(n, dtype=LOCATOR_DTYPE)
-        vals["head"] = head_key
-        vals["pos"] = np.arange(first_pos, first_pos + n)
-        vb = vals.tobytes()
-        w = LOCATOR.size
-        for i in range(n):
-            self.locators[BLOCK_PREFIX + raw[16 * i : 16 * i + 16]] = vb[w * i : w * i + w]
+        """Locators of blocks ids[0..] at positions first_pos.. of the window whose head
+        key is `head_key` (built in bulk when `locators` is first read)."""
+        if len(ids):
+            self._pending_locators.append((ids, head_key, first_pos))
+
+    @property
+    def locators(self) -> dict[bytes, bytes]:
+        """Every locator record of the txn (a later one for the same block wins), built
+        as packed numpy records in one pass: no per-block Python work."""
+        pending = self._pending_locators
+        if pending:
+            lens = np.array([len(ids) for ids, _, _ in pending])
+            starts = np.repeat(np.cumsum(lens) - lens, lens)
+            keys = np.empty(int(lens.sum()), dtype=_LOCATOR_KEY)
+            keys["prefix"] = BLOCK_PREFIX
+            keys["id"] = np.concatenate([ids for ids, _, _ in pending])
+            vals = np.empty(keys.size, dtype=LOCATOR_DTYPE)
+            vals["head"] = np.repeat(np.array([h for _, h, _ in pending], np.uint64), lens)
+            first = np.repeat(np.array([p for _, _, p in pending], np.int64), lens)
+            vals["pos"] = np.arange(keys.size) - starts + first
+            self._locators.update(zip(keys.view(_LOCATOR_KEY_RAW).tolist(),
+                                      vals.view(_LOCATOR_RAW).tolist(), strict=True))
+            pending.clear()
+        return self._locators
 
     # -- commit --------------------------------------------------------------------
     def commit(self, sync: bool) -> Counters:
@@ -127,8 +149,7 @@ class WriteTxn:
             seg = self.cache[sid]
             assert seg is not None
             wb.put(seg_key(sid), encode_segment(seg))
-        for k, v in self.locators.items():
-            wb.put(k, v)
+        wb.put_many(self.locators)
         version = ix.counters.next_version
         for sid in dict.fromkeys(self.logged):
             wb.put(log_key(version), sid.to_bytes(8, "big"))
