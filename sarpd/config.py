@@ -27,6 +27,11 @@ class IndexConfig:
     refine_min_gap: int = 4  # refinement stops at points this many blocks apart
     prune_max_pred: int = 3  # drop a point whose predecessor has <= this many candidates
     window_cap: int = 4  # candidate segments read per 64-block window at most
+    # one locator record per block (block id -> window head, position) on the backend:
+    # what `remove` by bare ids and `insert` with a `parent` (serving-engine events)
+    # need. Off: inserts write one record per segment instead of one per block, and
+    # those two forms answer bad_request. Recorded in the data directory.
+    block_locators: bool = True
     delta_max_entries: int = 8192  # directory delta merged into the base past this
     snapshot_interval_s: float = 60.0  # periodic snapshot (0 = only on demand/shutdown)
     max_sequence_tokens: int = 1_048_576

@@ -106,7 +106,8 @@ class SarpIndex:
     # -- opening -------------------------------------------------------------------
     def _manifest(self) -> dict[str, object]:
         return {"format": FORMAT_VERSION, "segment_format": SEGMENT_FORMAT, "hash": HASH_NAME,
-                "block_tokens": self.cfg.block_tokens, "segment_blocks": self.cfg.segment_blocks}
+                "block_tokens": self.cfg.block_tokens, "segment_blocks": self.cfg.segment_blocks,
+                "block_locators": self.cfg.block_locators}
 
     def _check_manifest(self) -> None:
         raw = self.backend.get_many([MANIFEST_KEY])[0]
@@ -128,6 +129,12 @@ class SarpIndex:
             if have.get(k) != want[k]:
                 raise FormatVersionError(f"data was written with {k}={have.get(k)!r}; "
                                          f"this configuration has {want[k]!r}")
+        # data written before the setting existed has every block's locator
+        if have.get("block_locators", True) != self.cfg.block_locators:
+            raise FormatVersionError(
+                f"data was written with block_locators={have.get('block_locators', True)}; "
+                f"this configuration has {self.cfg.block_locators} (blocks indexed without "
+                "locators cannot be found by bare id: rebuild the index to change it)")
 
     def decode_or_none(self, sid: int, value: bytes | None) -> Segment | None:
         if value is None:

@@ -118,7 +118,7 @@ class WriteTxn:
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
         """Locators of blocks ids[0..] at positions first_pos.. of the window whose head
         key is `head_key` (built in bulk when `locators` is first read)."""
-        if len(ids):
+        if len(ids) and self.ix.cfg.block_locators:
             self._pending_locators.append((ids, head_key, first_pos))
 
     @property
@@ -332,8 +332,11 @@ class WriteTxn:
                     changed.add(o)
         return len(changed)
 
-    def locate(self, ids: IdArray) -> list[tuple[int, int] | None]:
+    def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
         """Block locators (head key, position) for internal ids; one multi-get."""
+        if not self.ix.cfg.block_locators:
+            raise BadRequest(f"{what}: this index keeps no block locators "
+                             "(index setting block_locators = false)")
         keys = [block_key(id_bytes(r)) for r in ids]
         values = self.ix.backend.get_many([k for k in keys if k not in self.locators])
         it = iter(values)
@@ -345,7 +348,7 @@ class WriteTxn:
 
     def find_present(self, idv: IdArray) -> tuple[Segment, int] | None:
         """A segment in which block `idv` is present, and the block's position."""
-        loc = self.locate(idv.reshape(1, 2))[0]
+        loc = self.locate(idv.reshape(1, 2), "parent")[0]
         if loc is None:
             return None
         head_key, pos = loc
@@ -373,7 +376,7 @@ class WriteTxn:
         elif op.ids is not None and len(op.ids):
             ids = salt_ids(op.ns, op.ids)
             groups: dict[tuple[int, int], list[Target]] = {}
-            for i, loc in enumerate(self.locate(ids)):
+            for i, loc in enumerate(self.locate(ids, "ids")):
                 if loc is not None:
                     w, o = divmod(loc[1], sb)
                     groups.setdefault((w, loc[0]), []).append((o, ids[i], 0))

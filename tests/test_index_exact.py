@@ -17,7 +17,7 @@ from oracle import BT, Oracle
 from backends.base import Backend
 from backends.registry import backend_names, is_persistent, open_backend
 from sarpd.config import IndexConfig
-from sarpd.errors import UnknownParent
+from sarpd.errors import BadRequest, FormatVersionError, UnknownParent
 from sarpd.ids import salt_ids, token_ids
 from sarpd.index import SarpIndex
 from sarpd.model import Clear, Insert, Match, Remove, SeqSpec
@@ -152,6 +152,13 @@ def run_script(h: Harness, ops: list[tuple[str, object]]) -> None:
                                           meta=np.array(metas, dtype=np.uint64))])
             got = (res.blocks, res.new_blocks, res.matched_blocks)
             assert got == oracle.insert(ns, toks, metas)
+        elif kind in ("parent", "remove_ids") and not h.cfg.block_locators:
+            ns, toks = arg[:2]  # type: ignore[index]
+            bare = ext_ids(ns, toks, [0])  # both need a block found by its bare id
+            op = (Insert(0, spec(ns, toks, 1), meta=0, parent=bare) if kind == "parent"
+                  else Remove(0, ns=ns, ids=bare))
+            [res] = ix.write_many([op])
+            assert isinstance(res, BadRequest) and "block_locators" in str(res), res
         elif kind == "parent":
             ns, toks, p, meta = arg  # type: ignore[misc]
             seen.append((ns, toks))
@@ -250,3 +257,31 @@ def test_engine_hashes_match_oracle(backend_name: str, geometry: str,
                                     ops: list[tuple[str, object]]) -> None:
     """The same sessions sent as 64-bit engine hashes (`hashes`, `parent`, `ids`)."""
     _run(backend_name, geometry, ops, hashes=True)
+
+
+NO_LOCATORS = {"tiny-no-locators": IndexConfig(
+    segment_blocks=8, routing_points=2, refine_min_gap=1, refine_threshold=2, prune_max_pred=1,
+    window_cap=64, delta_max_entries=16, block_locators=False)}
+GEOMETRIES.update(NO_LOCATORS)
+
+
+@BACKENDS
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(ops=sessions(max_blocks=40))
+def test_without_block_locators_matches_oracle(backend_name: str,
+                                               ops: list[tuple[str, object]]) -> None:
+    """Without per-block locators every match, insert, remove by sequence and clear
+    stays exact; bare-id removal and parent inserts are refused with a clear error."""
+    _run(backend_name, "tiny-no-locators", ops)
+
+
+def test_block_locators_setting_cannot_change_under_data(tmp_path: Path) -> None:
+    be = open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22)
+    SarpIndex(be, IndexConfig(), tmp_path / "snap").close()
+    be = open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22)
+    try:
+        with pytest.raises(FormatVersionError, match="block_locators=True"):
+            SarpIndex(be, IndexConfig(block_locators=False), tmp_path / "snap")
+    finally:
+        be.close()

@@ -82,6 +82,8 @@ class SarpBench:
         self.close()
         cmd = [sys.executable, "-m", "tools.bench.sarp_index", "--data-dir", str(self.data_dir),
                "--backend", self.backend_name, "--cache-bytes", str(self.cache_bytes)]
+        if not self.config.block_locators:
+            cmd.append("--no-block-locators")
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None
@@ -112,6 +114,12 @@ class SarpBench:
             self.ix = None
 
 
+def no_locators(sync: bool = False) -> SarpBench:
+    """sarp without per-block locator records (`block_locators = false`): no bare-id
+    removal or parent inserts; inserts write one record per segment, not per block."""
+    return SarpBench(IndexConfig(block_locators=False), sync=sync)
+
+
 def _open(data_dir: Path, backend: str, cache_bytes: int, config: IndexConfig,
           sync: bool) -> SarpIndex:
     be = open_backend(backend, data_dir / backend, cache_bytes=cache_bytes)
@@ -124,9 +132,11 @@ def _cold_recovery() -> None:
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--backend", default="rocksdb")
     p.add_argument("--cache-bytes", type=int, default=8 << 20)
+    p.add_argument("--no-block-locators", action="store_true")
     a = p.parse_args()
     t0 = time.perf_counter()
-    ix = _open(a.data_dir, a.backend, a.cache_bytes, IndexConfig(), False)
+    config = IndexConfig(block_locators=not a.no_block_locators)
+    ix = _open(a.data_dir, a.backend, a.cache_bytes, config, False)
     rep = ix.recover()
     ix.match_many([Match(0, SeqSpec("", hashes=as_hashes(np.arange(1, 5, dtype=np.uint64))))])
     seconds = time.perf_counter() - t0
