@@ -102,6 +102,7 @@ class SarpIndex:
         self.corrupt_segments = 0
         self.writes = 0
         self._seg_cache: OrderedDict[int, Segment] = OrderedDict()
+        self._ranked: dict[bytes, list[int]] = {}  # candidates(); valid until a write
 
     # -- opening -------------------------------------------------------------------
     def _manifest(self) -> dict[str, object]:
@@ -151,6 +152,7 @@ class SarpIndex:
         """Load the newest valid snapshot and re-route the segments changed after it;
         without one, re-route every segment (full scan)."""
         t0 = time.perf_counter()
+        self._ranked.clear()
         warning: str | None = None
         snap_seg, full = 0, False
         meta, arrays = None, None
@@ -235,8 +237,14 @@ class SarpIndex:
         segs, filts = self.dir.posting(int(qw[offset, 0]))
         if segs.size <= self.cfg.window_cap:  # all of them are read: no ranking needed
             return segs.tolist()  # type: ignore[no-any-return]
-        qf = filter_at(fingerprints(qw, self.geo.sb), offset)
-        return top_candidates(segs, filts, qf, self.cfg.window_cap)
+        # a ranking depends only on the posting list and the 16 blocks after the point:
+        # kept until the next write batch (a turn's insert re-routes what its match did)
+        ck = qw[offset : offset + 17].tobytes()
+        hit = self._ranked.get(ck)
+        if hit is None:
+            qf = filter_at(fingerprints(qw, self.geo.sb), offset)
+            hit = self._ranked[ck] = top_candidates(segs, filts, qf, self.cfg.window_cap)
+        return hit
 
     def route_window(self, qw: IdArray, w: int) -> list[int]:
         """Candidate segments for one window of a query (`qw`: its ids from the window start)."""
@@ -454,15 +462,19 @@ class SarpIndex:
 
     def write_many(self, ops: Sequence[WriteOp]) -> list[InsertResult | RemoveResult | SarpError]:
         txn = WriteTxn(self)
-        txn.prefetch(ops)
+        txn.prefetch(ops)  # may reuse rankings of the batch's matches ...
+        self._ranked.clear()  # ... but from here the directory changes
         out: list[InsertResult | RemoveResult | SarpError] = []
-        for op in ops:
-            try:
-                out.append(txn.apply(op))
-            except StorageError:
-                raise
-            except SarpError as exc:
-                out.append(exc)
+        try:
+            for op in ops:
+                try:
+                    out.append(txn.apply(op))
+                except StorageError:
+                    raise
+                except SarpError as exc:
+                    out.append(exc)
+        finally:
+            self._ranked.clear()
         try:
             self.counters = txn.commit(self.sync)
         except StorageError:
@@ -509,6 +521,7 @@ class SarpIndex:
     def check(self, fix: bool = False) -> CheckReport:
         from sarpd.fsck import run_check
 
+        self._ranked.clear()  # --fix may drop directory entries
         return run_check(self, fix)
 
     def stats(self) -> dict[str, int | float | str]:
