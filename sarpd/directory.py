@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from sarpd.model import U64Array
 
@@ -32,7 +33,7 @@ class _Delta:
     key the rows that hold it. Folding it into the base is vectorised (no per-key work
     during a merge, which pauses every request queued behind it)."""
 
-    __slots__ = ("filts", "keys", "n", "rows", "segs")
+    __slots__ = ("_sorted", "filts", "keys", "n", "rows", "segs")
 
     def __init__(self, capacity: int = 1024) -> None:
         self.keys = np.empty(capacity, dtype=np.uint64)
@@ -40,8 +41,15 @@ class _Delta:
         self.filts = np.empty(capacity, dtype=np.uint64)
         self.n = 0
         self.rows: dict[int, list[int]] = {}
+        self._sorted: U64Array | None = None  # sorted distinct keys, for probes
+
+    def sorted_keys(self) -> U64Array:
+        if self._sorted is None:
+            self._sorted = np.unique(self.keys[: self.n])
+        return self._sorted
 
     def append(self, key: int, seg: int, filt: int) -> None:
+        self._sorted = None
         n = self.n
         if n == len(self.keys):
             self.keys = np.concatenate([self.keys, np.empty_like(self.keys)])
@@ -117,16 +125,15 @@ class Directory:
             )
         return r
 
-    def probe(self, keys: U64Array) -> list[bool]:
-        """For each key: is it in the directory?"""
+    def probe(self, keys: U64Array) -> npt.NDArray[np.bool_]:
+        """For each key: is it in the directory? (vectorised over base and delta)"""
         lo = np.searchsorted(self._keys, keys, "left")
-        hi = np.searchsorted(self._keys, keys, "right")
-        hit: list[bool] = (hi > lo).tolist()
+        hit: npt.NDArray[np.bool_] = lo < self._keys.size
+        hit[hit] = self._keys[lo[hit]] == keys[hit]
         if self._delta.n:
-            delta = self._delta.rows
-            for i, key in enumerate(keys.tolist()):
-                if not hit[i] and key in delta:
-                    hit[i] = True
+            dk = self._delta.sorted_keys()
+            at = np.minimum(np.searchsorted(dk, keys), dk.size - 1)
+            hit |= dk[at] == keys
         return hit
 
     def posting(self, key: int) -> tuple[U64Array, U64Array]:

@@ -57,7 +57,7 @@ def test_directory_matches_a_dict_model(ops: list[tuple[str, int, int, int]],
             assert _posting(d, k) == sorted((s, f) for s, f in model[k]), (op, k)
             assert d.count(k) == len(model[k])
     keys = np.arange(1, 14, dtype=np.uint64)
-    assert d.probe(keys) == [bool(model.get(k)) for k in range(1, 14)]
+    assert d.probe(keys).tolist() == [bool(model.get(k)) for k in range(1, 14)]
     arr = d.to_arrays()
     assert (np.diff(arr.keys.astype(np.float64)) >= 0).all()
     assert arr.keys.size == sum(len(v) for v in model.values()) == d.entries
