@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from daemon_helpers import Launcher, RawConn, SarpdProc
+from daemon_helpers import REPO, Launcher, RawConn, SarpdProc
 from prometheus_client.parser import text_string_to_metric_families
 
 from sarpd.client import SyncClient
@@ -165,3 +166,45 @@ def test_sarpctl_dump_and_top(sarpd_factory: Launcher) -> None:
     screens = res.output.count("sarpd at ")
     assert screens == 2 and "req/s" in res.output and "queue depth 0" in res.output
     assert "blocks 5" in res.output
+
+
+def test_soak_reports_throughput_latency_and_rss(tmp_path: Path) -> None:
+    """A 5-second soak through the real CLI: the report has every interval, requests
+    and no errors, and the daemon's RSS; the plateau rule itself is checked apart."""
+    from tools.bench import soak
+
+    out = tmp_path / "soak.json"
+    res = CliRunner().invoke(
+        soak.main, ["--duration", "5", "--clients", "3", "--interval", "1", "--json", str(out)]
+    )
+    assert res.exit_code in (0, 1), res.output  # 1: RSS still growing (5 s is warm-up)
+    report = json.loads(out.read_text())
+    assert len(report["intervals"]) >= 4 and report["requests"] > 0 and report["errors"] == 0
+    assert report["rss_peak_mb"] > 10 and report["p99_ms"] > 0
+    assert ("plateaued" in res.output) == report["plateaued"]
+    assert soak.plateaued([50, 80, 90, 91, 92, 92], 0.05)
+    assert not soak.plateaued([50, 60, 70, 80, 90, 100], 0.05)
+    assert not soak.plateaued([50, 60], 0.05)  # too short to tell
+
+
+def test_sarpd_toml_documents_every_setting_and_loads(tmp_path: Path) -> None:
+    """Uncommenting every `# key = value` line of systemd/sarpd.toml gives a config
+    that loads, and every ServerConfig / IndexConfig field is documented there."""
+    import dataclasses
+
+    from sarpd.config import IndexConfig, load_config
+
+    text = (REPO / "systemd" / "sarpd.toml").read_text()
+    lines = []
+    for line in text.splitlines():
+        body = line[2:] if line.startswith("# ") else line
+        if body.startswith("[") or (" = " in body and body.split(" = ")[0].isidentifier()):
+            lines.append(body)
+    path = tmp_path / "all.toml"
+    path.write_text("\n".join(lines) + "\n")
+    cfg = load_config(path)
+    assert cfg.max_queue == 65536 and cfg.allow_uids == () and cfg.log_format == "text"
+    keys = {body.split(" = ")[0] for body in lines if " = " in body}
+    for cls in (ServerConfig, IndexConfig):
+        missing = {f.name for f in dataclasses.fields(cls)} - keys - {"index"}
+        assert not missing, f"{cls.__name__} settings not in sarpd.toml: {missing}"
