@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from sarpd.config import ServerConfig
 from sarpd.errors import Forbidden
 from sarpd.model import Clear, Insert, Match, Remove, Request, Snapshot
-from sarpd.wire import Check
+from sarpd.wire import Check, Dump
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -115,15 +115,12 @@ class Policy:
 
 def namespace_of(req: Request) -> str | None:
     """The namespace a request touches (None: it names none)."""
-    if isinstance(req, Match | Insert):
+    if isinstance(req, Match | Insert | Dump):
         return req.seq.ns
     if isinstance(req, Remove):
         return req.seq.ns if req.seq is not None else req.ns
     if isinstance(req, Clear):
         return req.ns
-    ns = getattr(req, "seq", None)  # extension ops with a sequence (dump)
-    if ns is not None:
-        return str(ns.ns)
     return None
 
 

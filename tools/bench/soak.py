@@ -14,6 +14,11 @@ prompt), as a serving engine evicts, so the live index stays bounded and RSS
 should plateau. Block ids are caller hashes (`hashes`, 16-byte `bin`), so the
 clients spend no time hashing tokens.
 
+Each interval also records, from the daemon's `stats`, what RSS is made of: indexed
+blocks, routing directory bytes, and (rocksdb) memtable and block-cache bytes.
+RocksDB's memtables (2 x 64 MiB) and block cache (`cache_bytes`, 64 MiB) fill over
+the first minutes, so RSS rises until they are full.
+
 Plateau rule: the peak RSS of the last third of the run is within `--tolerance`
 (default 5 %) of the peak of the middle third. The first third is warm-up (caches,
 the directory and the segment cache fill).
@@ -50,6 +55,10 @@ class Interval:
     p99_ms: float
     errors: int
     rss_mb: float
+    blocks: int = 0
+    directory_kb: float = 0.0
+    memtable_mb: float = 0.0
+    cache_mb: float = 0.0
 
 
 @dataclass(slots=True)
@@ -145,6 +154,7 @@ async def drive(path: str, pid: int, clients: int, duration: float, every: float
     tasks = [asyncio.create_task(client_loop(path, c, opts, prompts, rec, stop))
              for c in range(clients)]
     out: list[Interval] = []
+    probe = await Client.connect(path)
     start = last = time.monotonic()
     with click.progressbar(length=int(duration), label="soak", file=sys.stderr,
                            item_show_func=lambda s: s) as bar:
@@ -153,14 +163,19 @@ async def drive(path: str, pid: int, clients: int, duration: float, every: float
             now = time.monotonic()
             lat, err = rec.take()
             p50, p99 = (np.percentile(lat, [50, 99]) * 1000).tolist() if lat.size else (0, 0)
+            st = await probe.stats()
             iv = Interval(round(now - start, 1), int(lat.size), lat.size / (now - last),
-                          p50, p99, err, rss_mb(pid))
+                          p50, p99, err, rss_mb(pid), int(st.get("blocks", 0)),
+                          st.get("directory_bytes", 0) / 1024,
+                          st.get("backend_memtable_bytes", 0) / 2**20,
+                          st.get("backend_block_cache_usage", 0) / 2**20)
             out.append(iv)
             bar.update(int(now - start) - bar.pos,
                        f"{iv.rps:,.0f} req/s p99 {iv.p99_ms:.1f} ms RSS {iv.rss_mb:.0f} MB")
             last = now
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
+    await probe.close()
     return out
 
 
@@ -244,10 +259,12 @@ def summarize(intervals: list[Interval], clients: int, rss0: float, tol: float) 
 
 
 def print_report(r: Report) -> None:
-    click.echo(f"{'t (s)':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'RSS MB':>8}")
+    click.echo(f"{'t (s)':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
+               f"{'RSS MB':>8} {'blocks':>9} {'dir KB':>8} {'memtbl MB':>9} {'cache MB':>8}")
     for iv in r.intervals:
         click.echo(f"{iv.t:7.1f} {iv.rps:9,.0f} {iv.p50_ms:8.2f} {iv.p99_ms:8.2f} "
-                   f"{iv.errors:7d} {iv.rss_mb:8.1f}")
+                   f"{iv.errors:7d} {iv.rss_mb:8.1f} {iv.blocks:9,d} {iv.directory_kb:8.0f} "
+                   f"{iv.memtable_mb:9.1f} {iv.cache_mb:8.1f}")
     verdict = "plateaued" if r.plateaued else "still growing"
     click.echo(f"{r.clients} clients, {r.duration_s:.0f} s: {r.requests:,} requests "
                f"({r.rps:,.0f}/s), {r.errors} errors, worst interval p99 {r.p99_ms:.1f} ms; "
