@@ -5,7 +5,8 @@ per batch with the batch's requests and results, which adds to plain dicts and
 numpy bucket arrays under one lock; a custom collector turns them into metric
 families only when /metrics is scraped. Index gauges (blocks, directory bytes, ...)
 come from a copy of the index's `stats()` that the worker refreshes at most once per
-`INDEX_STATS_EVERY_S`, so the scrape thread never touches the index.
+`INDEX_STATS_EVERY_S` while metrics are served, so the scrape thread never touches
+the index.
 
 Exported (all prefixed ``sarpd_``):
 
@@ -108,6 +109,7 @@ class Metrics:
         self._index_stats_at = float("-inf")
         self._last_reads: int | None = None
         self.gauges: Callable[[], dict[str, float]] = dict
+        self.exported = False  # set by `serve`: only then are index stats copied
 
     # -- updates -------------------------------------------------------------------
 
@@ -149,7 +151,7 @@ class Metrics:
         the index's segment-read counter now), and a fresh copy of the index stats at
         most once per INDEX_STATS_EVERY_S."""
         now = self._clock()
-        stale = now - self._index_stats_at >= INDEX_STATS_EVERY_S
+        stale = self.exported and now - self._index_stats_at >= INDEX_STATS_EVERY_S
         stats = stats_fn() if stale else None
         with self._lock:
             if stats is not None:
@@ -276,4 +278,5 @@ def registry_for(metrics: Metrics) -> CollectorRegistry:
 def serve(metrics: Metrics, host: str, port: int) -> Any:
     """Serve /metrics on host:port in a daemon thread; the server (for `.shutdown()`)."""
     server, _thread = start_http_server(port, addr=host, registry=registry_for(metrics))
+    metrics.exported = True
     return server

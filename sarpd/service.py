@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -127,7 +127,8 @@ class Service:
         self._clock = clock
         self._started = clock()
         self.recovered_in_s: float | None = None
-        self.extra_stats: Any = None  # () -> dict merged into `stats` (server gauges)
+        # merged into `stats`: the server's gauges and metrics counters
+        self.extra_stats: Callable[[], Mapping[str, object]] | None = None
         self.counters: dict[str, int] = {
             "requests": 0,
             "matches": 0,
