@@ -208,3 +208,15 @@ def test_sarpd_toml_documents_every_setting_and_loads(tmp_path: Path) -> None:
     for cls in (ServerConfig, IndexConfig):
         missing = {f.name for f in dataclasses.fields(cls)} - keys - {"index"}
         assert not missing, f"{cls.__name__} settings not in sarpd.toml: {missing}"
+
+
+def test_metrics_port_in_use_is_a_clear_startup_error(sarpd_factory: Launcher) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = sarpd_factory(extra_args=("--metrics-port", str(port)), start=False)
+        proc.start(wait=False)
+        assert proc.proc is not None and proc.proc.wait(60) == 1
+    assert f"metrics: cannot listen on 127.0.0.1:{port}" in proc.log()
+    assert not proc.socket.exists()  # nothing left behind
