@@ -9,8 +9,9 @@ runs recovery and the periodic snapshot, so they never overlap a batch.
 
 Bounds: `max_connections` (one `busy` error, then close), `max_inflight_per_conn`
 (reading from a connection pauses while it has that many unanswered requests),
-`max_queue` (requests queued for the batcher over all connections; past it a
-request is answered `busy` at once), a client that does not read its responses (the
+`max_queue` / `max_queue_bytes` (requests queued for the batcher over all
+connections, and their decoded arrays; past either a request is answered `busy` at
+once, except into an empty queue), a client that does not read its responses (the
 transport's pause_writing pauses reading from it too; past `max_write_buffer` bytes
 of unsent responses it is disconnected), and frames over `max_frame_size` or bytes
 that are not msgpack (one error with id 0, then close). Nothing a client does
@@ -35,6 +36,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar, cast
+
+import numpy as np
 
 from sarpd.access import PeerCred, Policy, peer_cred
 from sarpd.config import ServerConfig
@@ -185,6 +188,7 @@ class Server:
         self.stopping = False
         self.conns: set[Connection] = set()
         self.queue: deque[Queued] = deque()
+        self.queue_bytes = 0  # decoded array bytes of the queued requests
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="sarpd-worker")
         self._conn_number = 0
         self._first_at = 0.0
@@ -270,7 +274,11 @@ class Server:
 
     def gauges(self) -> dict[str, float]:
         """Server-side gauges for `stats` and /metrics (safe from any thread)."""
-        return {"queue_depth": len(self.queue), "connections": len(self.conns)}
+        return {
+            "queue_depth": len(self.queue),
+            "queue_bytes": self.queue_bytes,
+            "connections": len(self.conns),
+        }
 
     def reject(self, conn: Connection, req: Request, err: SarpError) -> None:
         self.metrics.record_rejected(op_name(req), err.code)
@@ -290,6 +298,14 @@ class Server:
             self.reject(conn, req, Busy(f"queue: {len(self.queue)} requests queued reaches "
                                         f"max_queue ({limit}); retry later"))
             return
+        size = request_bytes(req)
+        if self.queue and self.queue_bytes + size > self.config.max_queue_bytes:
+            limit = self.config.max_queue_bytes
+            self.reject(conn, req, Busy(
+                f"queue: {self.queue_bytes} + {size} bytes queued exceeds max_queue_bytes "
+                f"({limit}); retry later"))
+            return
+        self.queue_bytes += size
         if not self.queue:
             self._first_at = asyncio.get_running_loop().time()
         self.queue.append((conn, req))
@@ -317,6 +333,7 @@ class Server:
                     async with asyncio.timeout(remaining):
                         await self._full.wait()
             batch = [self.queue.popleft() for _ in range(min(bmax, len(self.queue)))]
+            self.queue_bytes -= sum(request_bytes(req) for _, req in batch)
             self._first_at = float("-inf")  # leftovers have waited long enough
             self._busy = True
             try:
@@ -361,6 +378,20 @@ class Server:
         for conn, parts in per_conn.items():
             conn.send(b"".join(parts))
             conn.answered(len(parts))
+
+
+def request_bytes(req: Request) -> int:
+    """Bytes of the arrays a decoded request holds (tokens or ids, meta, ids)."""
+    n = 0
+    seq = getattr(req, "seq", None)
+    if seq is not None:
+        arr = seq.tokens if seq.tokens is not None else seq.hashes
+        n += 0 if arr is None else int(arr.nbytes)
+    for name in ("meta", "ids"):
+        value = getattr(req, name, None)
+        if isinstance(value, np.ndarray):
+            n += int(value.nbytes)
+    return n
 
 
 def _encode(req: Request, result: object, block_tokens: int) -> bytes:

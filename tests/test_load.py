@@ -41,6 +41,26 @@ def test_past_max_queue_requests_are_answered_busy(sarpd_factory: Launcher) -> N
         assert stats["ok"] and stats["errors_busy"] == 32 and stats["queue_depth"] == 0
 
 
+def test_past_max_queue_bytes_requests_are_answered_busy(sarpd_factory: Launcher) -> None:
+    # 1,024 tokens decode to 4,096 bytes: two inserts fit in 10,000 bytes, not three
+    server = {"max_queue_bytes": 10_000, "batch_window_ms": 300.0, "batch_max": 1024}
+    proc = sarpd_factory(config={"server": server})
+    with RawConn(proc.socket) as conn:
+        conn.send_raw(b"".join(
+            msgpack.packb({"id": i, "op": "insert", "tokens": toks(1024, i * 2000), "meta": i,
+                           "ns": "qb"})
+            for i in range(1, 11)
+        ))
+        answers = {a["id"]: a for a in (conn.recv() for _ in range(10))}
+        assert [answers[i]["ok"] for i in range(1, 11)] == [True, True] + [False] * 8
+        assert "exceeds max_queue_bytes (10000)" in answers[3]["error"]["message"]
+        assert answers[3]["error"]["code"] == "busy"
+        # a busy insert took no effect; an admitted one did
+        assert conn.call("match", 20, tokens=toks(1024, 3 * 2000), ns="qb")["blocks"] == 0
+        assert conn.call("match", 21, tokens=toks(1024, 2 * 2000), ns="qb")["blocks"] == 64
+        assert conn.call("stats", 22)["queue_bytes"] == 0
+
+
 def test_client_that_never_reads_is_cut_off_past_max_write_buffer(
     sarpd_factory: Launcher,
 ) -> None:
