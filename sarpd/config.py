@@ -65,6 +65,7 @@ class ServerConfig:
     max_inflight_per_conn: int = 1024
     max_queue: int = 65_536  # requests queued for the batcher (all connections); past it: busy
     max_queue_bytes: int = 256 * 1024 * 1024  # ... and their decoded arrays; past it: busy
+    max_buffered_bytes: int = 1024 * 1024 * 1024  # unfinished messages, all connections
     max_write_buffer: int = 64 * 1024 * 1024  # unsent response bytes per connection; past it: close
     allow_uids: tuple[int, ...] = ()  # peer uids (SO_PEERCRED) allowed; with allow_gids,
     allow_gids: tuple[int, ...] = ()  # ... empty both = anyone who can open the socket

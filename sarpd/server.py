@@ -11,7 +11,9 @@ Bounds: `max_connections` (one `busy` error, then close), `max_inflight_per_conn
 (reading from a connection pauses while it has that many unanswered requests),
 `max_queue` / `max_queue_bytes` (requests queued for the batcher over all
 connections, and their decoded arrays; past either a request is answered `busy` at
-once, except into an empty queue), a client that does not read its responses (the
+once, except into an empty queue), `max_buffered_bytes` (unfinished messages over
+all connections: the connection whose bytes pass it gets one `busy` and is closed),
+a client that does not read its responses (the
 transport's pause_writing pauses reading from it too; past `max_write_buffer` bytes
 of unsent responses it is disconnected), and frames over `max_frame_size` or bytes
 that are not msgpack (one error with id 0, then close). Nothing a client does
@@ -66,6 +68,7 @@ class Connection(asyncio.Protocol):
         self._dead: SarpError | None = None  # a fatal stream error, answered last
         self.peer = "?"
         self.cred: PeerCred | None = None
+        self.buffered = 0  # this connection's share of server.buffered
 
     # -- asyncio callbacks -------------------------------------------------------
 
@@ -99,8 +102,26 @@ class Connection(asyncio.Protocol):
             log.exception("%s: decoder failed", self.peer)
             items, fatal = [], Internal(f"decoder failed: {exc!r}")
         self._take(items)
+        if fatal is None:
+            fatal = self._account_buffered()
         if fatal is not None:
             self.fatal(fatal)
+
+    def _account_buffered(self) -> SarpError | None:
+        """Track the bytes of this connection's unfinished message in the server's
+        total; a `Busy` if that total is past max_buffered_bytes and this connection
+        holds some of it."""
+        server = self.server
+        now = self.decoder.buffered
+        server.buffered += now - self.buffered
+        self.buffered = now
+        limit = server.config.max_buffered_bytes
+        if now and server.buffered > limit:
+            return Busy(
+                f"buffers: {server.buffered} bytes of unfinished messages over all "
+                f"connections exceeds max_buffered_bytes ({limit}); retry later"
+            )
+        return None
 
     def _take(self, items: list[Request | BadMessage]) -> None:
         for item in items:
@@ -112,6 +133,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.server.buffered -= self.buffered
+        self.buffered = 0
         self.server.forget(self)
 
     def pause_writing(self) -> None:
@@ -189,6 +212,7 @@ class Server:
         self.conns: set[Connection] = set()
         self.queue: deque[Queued] = deque()
         self.queue_bytes = 0  # decoded array bytes of the queued requests
+        self.buffered = 0  # bytes of unfinished messages over all connections
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="sarpd-worker")
         self._conn_number = 0
         self._first_at = 0.0
@@ -277,6 +301,7 @@ class Server:
         return {
             "queue_depth": len(self.queue),
             "queue_bytes": self.queue_bytes,
+            "buffered_bytes": self.buffered,
             "connections": len(self.conns),
         }
 

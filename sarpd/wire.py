@@ -296,6 +296,11 @@ class Decoder:
         self._frame_start = 0  # stream offset where the unfinished message starts
         self._dead: FrameError | None = None
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of the unfinished message held (in each of the two unpackers)."""
+        return self._fed - self._frame_start
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Request | BadMessage]:
         """Requests completed by ``data``, in stream order. Raises `StreamError` (a
         `FrameError`) when the stream is unusable; its ``decoded`` holds the requests

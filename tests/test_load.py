@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import msgpack
+import numpy as np
 from daemon_helpers import Launcher, RawConn, SarpdProc
 
 
@@ -59,6 +60,32 @@ def test_past_max_queue_bytes_requests_are_answered_busy(sarpd_factory: Launcher
         assert conn.call("match", 20, tokens=toks(1024, 3 * 2000), ns="qb")["blocks"] == 0
         assert conn.call("match", 21, tokens=toks(1024, 2 * 2000), ns="qb")["blocks"] == 64
         assert conn.call("stats", 22)["queue_bytes"] == 0
+
+
+def test_unfinished_messages_past_max_buffered_bytes_are_refused(
+    sarpd_factory: Launcher,
+) -> None:
+    proc = sarpd_factory(config={"server": {"max_buffered_bytes": 100_000}})
+
+    def insert(rid: int, start: int) -> bytes:
+        tokens = np.arange(start, start + 20_000, dtype="<u4").tobytes()  # 80,000 bytes
+        return msgpack.packb({"id": rid, "op": "insert", "tokens": tokens, "meta": 1,
+                              "ns": "buf"})
+
+    first, second = insert(1, 0), insert(2, 10**6)
+    with RawConn(proc.socket, timeout=0.5) as a, RawConn(proc.socket, timeout=10) as b:
+        a.send_raw(first[:60_000])
+        assert a.closed_by_server() is False  # 60,000 bytes held: under the bound
+        a.sock.settimeout(30)
+        b.send_raw(second[:60_000])  # 120,000 held in all: b is refused
+        got = b.recv()
+        assert got["id"] == 0 and got["error"]["code"] == "busy", got
+        assert "exceeds max_buffered_bytes (100000)" in got["error"]["message"]
+        assert b.closed_by_server()
+        a.send_raw(first[60_000:])  # a finishes its message and is served
+        assert a.recv()["ok"]
+        stats = a.call("stats", 3)
+        assert stats["buffered_bytes"] == 0
 
 
 def test_client_that_never_reads_is_cut_off_past_max_write_buffer(
