@@ -74,10 +74,11 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.peer = f"conn#{self.server.next_conn_number()}"
-        self.cred = peer_cred(transport.get_extra_info("socket"))
+        policy = self.server.policy
+        self.cred = peer_cred(transport.get_extra_info("socket"), groups=policy.needs_groups)
         if self.cred is not None:
             self.peer += f" ({self.cred})"
-        refused = self.server.policy.admit(self.cred)
+        refused = policy.admit(self.cred)
         if refused is not None:
             log.warning("%s: refused: %s", self.peer, refused.message)
             self.fatal(refused)
