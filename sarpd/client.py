@@ -228,6 +228,12 @@ class Client:
     async def check(self, fix: bool = False) -> Result:
         return await self.request("check", fix=fix)
 
+    async def dump(
+        self, tokens: Tokens | None = None, hashes: Ids | None = None, ns: str = ""
+    ) -> Result:
+        """Routing entries and segments of one sequence (the `dump` extension op)."""
+        return await self.request("dump", **seq_fields(tokens, hashes, ns))
+
     async def match(
         self,
         tokens: Tokens | None = None,
@@ -410,6 +416,11 @@ class SyncClient:
 
     def check(self, fix: bool = False) -> Result:
         return self._runner.run(self._client.check(fix))
+
+    def dump(
+        self, tokens: Tokens | None = None, hashes: Ids | None = None, ns: str = ""
+    ) -> Result:
+        return self._runner.run(self._client.dump(tokens, hashes, ns))
 
     def match(
         self,

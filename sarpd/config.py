@@ -16,6 +16,7 @@ from typing import Any, Literal
 from sarpd.errors import BadRequest
 
 SyncPolicy = Literal["always", "none"]
+LogFormat = Literal["text", "json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,17 @@ class ServerConfig:
     max_frame_size: int = 64 * 1024 * 1024
     max_connections: int = 1024
     max_inflight_per_conn: int = 1024
+    max_queue: int = 65_536  # requests queued for the batcher (all connections); past it: busy
+    max_queue_bytes: int = 256 * 1024 * 1024  # ... and their decoded arrays; past it: busy
+    max_buffered_bytes: int = 1024 * 1024 * 1024  # unfinished messages, all connections
+    max_write_buffer: int = 64 * 1024 * 1024  # unsent response bytes per connection; past it: close
+    allow_uids: tuple[int, ...] = ()  # peer uids (SO_PEERCRED) allowed; with allow_gids,
+    allow_gids: tuple[int, ...] = ()  # ... empty both = anyone who can open the socket
+    bind_namespaces: bool = False  # a peer uses only namespaces "uid:<its uid>[/...]"
+    admin_uids: tuple[int, ...] = (0,)  # exempt from bind_namespaces; only they snapshot/check
+    metrics_port: int = 0  # Prometheus /metrics on metrics_host:port (0 = off)
+    metrics_host: str = "127.0.0.1"
+    log_format: LogFormat = "text"
     cache_bytes: int = 64 * 1024 * 1024  # backend block cache
     log_level: str = "INFO"
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -100,6 +112,9 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
                 server[k] = Path(server[k])
         if isinstance(server.get("socket_mode"), str):
             server["socket_mode"] = int(server["socket_mode"], 8)
+        for k in ("allow_uids", "allow_gids", "admin_uids"):
+            if isinstance(server.get(k), list):
+                server[k] = tuple(server[k])
     for key, value in overrides.items():
         if value is not None:
             server[key] = value

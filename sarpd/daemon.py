@@ -5,6 +5,11 @@ Start-up: lock the data directory, bind the socket at once (every request is ans
 thread with progress in the log and in sd_notify STATUS=, then serve (READY=1).
 SIGTERM / SIGINT: stop accepting, answer the requests already received, snapshot,
 close the backend, remove the socket, exit 0.
+
+Operations: `--log-format json` logs one JSON object per line (python-json-logger);
+`--metrics-port` serves Prometheus metrics on 127.0.0.1 (sarpd.metrics). Recovery
+progress, with an ETA, goes to the log, to sd_notify STATUS=, to the `unavailable`
+message every request gets meanwhile, and to the metrics.
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._stop_requested = threading.Event()  # read by the recovery thread
         self._last_progress = 0.0
+        self._recovery_started = time.monotonic()
+        self._metrics_http: Any = None
 
     def request_stop(self, signame: str) -> None:
         if not self._stop.is_set():
@@ -91,10 +98,31 @@ class Daemon:
             log.error("%s", exc.message)
             return 1
         try:
+            self._start_metrics()
             return await self._serve()
+        except SarpError as exc:
+            log.error("%s", exc.message)
+            await self.server.stop()
+            return 1
         finally:
+            if self._metrics_http is not None:
+                self._metrics_http.shutdown()
             self.server.remove_socket()
             self.server.executor.shutdown(wait=True)
+
+    def _start_metrics(self) -> None:
+        cfg = self.config
+        if not cfg.metrics_port:
+            return
+        from sarpd.metrics import serve
+
+        try:
+            self._metrics_http = serve(self.server.metrics, cfg.metrics_host, cfg.metrics_port)
+        except OSError as exc:
+            raise SarpError(
+                f"metrics: cannot listen on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"
+            ) from exc
+        log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
 
     async def _serve(self) -> int:
         cfg = self.config
@@ -112,6 +140,7 @@ class Daemon:
             return 0 if self._stop.is_set() else 1
         service = Service(index, cfg, backend_name)
         service.recovered_in_s = report.seconds
+        self.server.metrics.set_ready(report.seconds)
         self.server.set_ready(service)
         sdnotify.notify("READY=1", f"STATUS=serving on {cfg.socket}")
         log.info("ready: serving on %s (backend %s, sync %s)", cfg.socket, backend_name, cfg.sync)
@@ -140,6 +169,7 @@ class Daemon:
 
     async def _recover(self, index: SarpIndex) -> RecoveryReport | None:
         log.info("recovering the index from %s", self.config.data_dir)
+        self._recovery_started = time.monotonic()
         try:
             report = await self.server.run_exclusive(lambda: index.recover(self._progress))
         except _Cancelled:
@@ -166,12 +196,20 @@ class Daemon:
         """Called from the worker thread during recovery."""
         if self._stop_requested.is_set():
             raise _Cancelled("stop requested during recovery")
-        text = f"recovering: {done} of {total} segments"
-        self.server.status = text  # a str assignment: safe across threads
         now = time.monotonic()
+        elapsed = now - self._recovery_started
+        eta = elapsed * (total - done) / done if done else None
+        text = f"recovering: {done} of {total} segments" + (
+            f" ({100 * done / total:.0f}%, ETA {eta:.1f} s)" if eta is not None and total else ""
+        )
+        self.server.status = text  # a str assignment: safe across threads
+        self.server.metrics.set_recovery(done, total, elapsed, eta)
         if now - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = now
-            log.info("%s", text)
+            log.info(
+                "%s", text,
+                extra={"recovery_done": done, "recovery_total": total, "eta_s": eta},
+            )
             sdnotify.status(text)
 
     async def _periodic_snapshots(self, service: Service) -> None:
@@ -202,12 +240,22 @@ class Daemon:
             log.exception("closing the index failed")
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """Text lines, or one JSON object per line (timestamp, level, logger, message and
+    any `extra` fields such as recovery_done / recovery_total / eta_s)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s",
+                rename_fields={"levelname": "level", "name": "logger", "asctime": "time"},
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def _backend_choices() -> list[str]:
@@ -270,6 +318,16 @@ Examples:
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Log verbosity (default INFO).",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="text (default) or json: one JSON object per line, for log shippers.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0 = off, the default).",
+)
 @click.version_option(package_name="sarp", prog_name="sarpd")
 def main(
     config_file: Path | None,
@@ -280,6 +338,8 @@ def main(
     batch_window_ms: float | None,
     batch_max: int | None,
     log_level: str | None,
+    log_format: str | None,
+    metrics_port: int | None,
 ) -> None:
     try:
         cfg = load_config(
@@ -291,10 +351,12 @@ def main(
             batch_window_ms=batch_window_ms,
             batch_max=batch_max,
             log_level=log_level.upper() if log_level else None,
+            log_format=log_format,
+            metrics_port=metrics_port,
         )
     except SarpError as exc:
         raise click.ClickException(exc.message) from exc
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, cfg.log_format)
     try:
         lock = lock_data_dir(cfg.data_dir)
     except (SarpError, OSError) as exc:

@@ -53,6 +53,12 @@ class Busy(SarpError):
     code = "busy"
 
 
+class Forbidden(SarpError):
+    """The peer's credentials do not allow this connection or this namespace."""
+
+    code = "forbidden"
+
+
 class Unavailable(SarpError):
     """Starting up (recovering) or shutting down."""
 

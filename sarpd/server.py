@@ -8,10 +8,19 @@ to its connection (connections that are gone are skipped). The same worker threa
 runs recovery and the periodic snapshot, so they never overlap a batch.
 
 Bounds: `max_connections` (one `busy` error, then close), `max_inflight_per_conn`
-(reading from a connection pauses while it has that many unanswered requests), a
-client that does not read its responses (the transport's pause_writing pauses
-reading from it too), and frames over `max_frame_size` or bytes that are not msgpack
-(one error with id 0, then close). Nothing a client does affects another client.
+(reading from a connection pauses while it has that many unanswered requests),
+`max_queue` / `max_queue_bytes` (requests queued for the batcher over all
+connections, and their decoded arrays; past either a request is answered `busy` at
+once, except into an empty queue), `max_buffered_bytes` (unfinished messages over
+all connections: the connection whose bytes pass it gets one `busy` and is closed),
+a client that does not read its responses (the transport's pause_writing pauses
+reading from it too; past `max_write_buffer` bytes of unsent responses it is
+disconnected), and frames over `max_frame_size` or bytes that are not msgpack (one
+error with id 0, then close). Nothing a client does affects another client.
+
+Access (sarpd.access): the peer's SO_PEERCRED is checked against the allowlist when
+it connects, and every request against the namespace binding when one is set.
+Metrics (sarpd.metrics) are counted once per batch in the worker thread.
 """
 
 from __future__ import annotations
@@ -29,9 +38,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar, cast
 
+import numpy as np
+
+from sarpd.access import PeerCred, Policy, peer_cred
 from sarpd.config import ServerConfig
 from sarpd.errors import Busy, FrameError, Internal, SarpError, Unavailable
-from sarpd.model import Request
+from sarpd.metrics import Metrics, op_name
+from sarpd.model import Match, Request
 from sarpd.service import Service
 from sarpd.wire import BadMessage, Decoder, Limits, StreamError, encode_error, encode_result
 
@@ -53,13 +66,23 @@ class Connection(asyncio.Protocol):
         self._read_paused = False
         self._dead: SarpError | None = None  # a fatal stream error, answered last
         self.peer = "?"
+        self.cred: PeerCred | None = None
+        self.buffered = 0  # this connection's share of server.buffered
 
     # -- asyncio callbacks -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.peer = f"conn#{self.server.next_conn_number()}"
-        if not self.server.admit(self):
+        policy = self.server.policy
+        self.cred = peer_cred(transport.get_extra_info("socket"), groups=policy.needs_groups)
+        if self.cred is not None:
+            self.peer += f" ({self.cred})"
+        refused = policy.admit(self.cred)
+        if refused is not None:
+            log.warning("%s: refused: %s", self.peer, refused.message)
+            self.fatal(refused)
+        elif not self.server.admit(self):
             limit = self.server.config.max_connections
             self.fatal(Busy(f"connections: server is at max_connections ({limit}); retry later"))
 
@@ -79,8 +102,26 @@ class Connection(asyncio.Protocol):
             log.exception("%s: decoder failed", self.peer)
             items, fatal = [], Internal(f"decoder failed: {exc!r}")
         self._take(items)
+        if fatal is None:
+            fatal = self._account_buffered()
         if fatal is not None:
             self.fatal(fatal)
+
+    def _account_buffered(self) -> SarpError | None:
+        """Track the bytes of this connection's unfinished message in the server's
+        total; a `Busy` if that total is past max_buffered_bytes and this connection
+        holds some of it."""
+        server = self.server
+        now = self.decoder.buffered
+        server.buffered += now - self.buffered
+        self.buffered = now
+        limit = server.config.max_buffered_bytes
+        if now and server.buffered > limit:
+            return Busy(
+                f"buffers: {server.buffered} bytes of unfinished messages over all "
+                f"connections exceeds max_buffered_bytes ({limit}); retry later"
+            )
+        return None
 
     def _take(self, items: list[Request | BadMessage]) -> None:
         for item in items:
@@ -92,6 +133,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.server.buffered -= self.buffered
+        self.buffered = 0
         self.server.forget(self)
 
     def pause_writing(self) -> None:
@@ -105,8 +148,19 @@ class Connection(asyncio.Protocol):
     # -- used by the server ------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        if not self.closed and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            return
+        transport.write(data)
+        limit = self.server.config.max_write_buffer
+        if transport.get_write_buffer_size() > limit:
+            log.warning(
+                "%s: disconnected: %d bytes of unsent responses exceeds max_write_buffer (%d); "
+                "the client does not read its responses",
+                self.peer, transport.get_write_buffer_size(), limit,
+            )
+            transport.abort()
+            self.closed = True
 
     def fatal(self, exc: SarpError) -> None:
         """Stop reading; once the requests already queued are answered, send one error
@@ -149,11 +203,16 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.limits = Limits.from_config(config)
+        self.policy = Policy.from_config(config)
+        self.metrics = Metrics()
+        self.metrics.gauges = self.gauges
         self.service: Service | None = None
         self.status = "starting"
         self.stopping = False
         self.conns: set[Connection] = set()
         self.queue: deque[Queued] = deque()
+        self.queue_bytes = 0  # decoded array bytes of the queued requests
+        self.buffered = 0  # bytes of unfinished messages over all connections
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="sarpd-worker")
         self._conn_number = 0
         self._first_at = 0.0
@@ -189,6 +248,7 @@ class Server:
         log.info("listening on %s", path)
 
     def set_ready(self, service: Service) -> None:
+        service.extra_stats = lambda: {**self.gauges(), **self.metrics.snapshot()}
         self.service = service
         self.status = "ready"
 
@@ -236,10 +296,41 @@ class Server:
     def forget(self, conn: Connection) -> None:
         self.conns.discard(conn)
 
+    def gauges(self) -> dict[str, float]:
+        """Server-side gauges for `stats` and /metrics (safe from any thread)."""
+        return {
+            "queue_depth": len(self.queue),
+            "queue_bytes": self.queue_bytes,
+            "buffered_bytes": self.buffered,
+            "connections": len(self.conns),
+        }
+
+    def reject(self, conn: Connection, req: Request, err: SarpError) -> None:
+        self.metrics.record_rejected(op_name(req), err.code)
+        conn.send(encode_error(req.id, err))
+
     def submit(self, conn: Connection, req: Request) -> None:
         if self.service is None or self.stopping:
-            conn.send(encode_error(req.id, Unavailable(self.status)))
+            self.reject(conn, req, Unavailable(self.status))
             return
+        if self.policy.checks_requests:
+            refused = self.policy.authorize(conn.cred, req)
+            if refused is not None:
+                self.reject(conn, req, refused)
+                return
+        if len(self.queue) >= self.config.max_queue:
+            limit = self.config.max_queue
+            self.reject(conn, req, Busy(f"queue: {len(self.queue)} requests queued reaches "
+                                        f"max_queue ({limit}); retry later"))
+            return
+        size = request_bytes(req)
+        if self.queue and self.queue_bytes + size > self.config.max_queue_bytes:
+            limit = self.config.max_queue_bytes
+            self.reject(conn, req, Busy(
+                f"queue: {self.queue_bytes} + {size} bytes queued exceeds max_queue_bytes "
+                f"({limit}); retry later"))
+            return
+        self.queue_bytes += size
         if not self.queue:
             self._first_at = asyncio.get_running_loop().time()
         self.queue.append((conn, req))
@@ -267,6 +358,7 @@ class Server:
                     async with asyncio.timeout(remaining):
                         await self._full.wait()
             batch = [self.queue.popleft() for _ in range(min(bmax, len(self.queue)))]
+            self.queue_bytes -= sum(request_bytes(req) for _, req in batch)
             self._first_at = float("-inf")  # leftovers have waited long enough
             self._busy = True
             try:
@@ -281,6 +373,7 @@ class Server:
         assert service is not None
         block_tokens = self.config.index.block_tokens
         keyed = [(id(conn), req) for conn, req in batch]
+        metrics = self.metrics
 
         def work() -> list[bytes]:
             try:
@@ -290,6 +383,14 @@ class Server:
             except Exception as exc:
                 log.exception("run_batch failed")
                 results = [Internal(f"batch failed: {exc!r}")] * len(keyed)
+            try:
+                reqs = [req for _, req in keyed]
+                metrics.record_batch(reqs, results, block_tokens)
+                matches = sum(isinstance(r, Match) for r in reqs)
+                reads = getattr(service.index, "segment_reads", None)
+                metrics.record_index(service.index.stats, matches, reads)
+            except Exception:  # metrics must never cost an answer
+                log.exception("recording metrics failed")
             return [
                 _encode(req, res, block_tokens)
                 for (_, req), res in zip(keyed, results, strict=True)
@@ -302,6 +403,20 @@ class Server:
         for conn, parts in per_conn.items():
             conn.send(b"".join(parts))
             conn.answered(len(parts))
+
+
+def request_bytes(req: Request) -> int:
+    """Bytes of the arrays a decoded request holds (tokens or ids, meta, ids)."""
+    n = 0
+    seq = getattr(req, "seq", None)
+    if seq is not None:
+        arr = seq.tokens if seq.tokens is not None else seq.hashes
+        n += 0 if arr is None else int(arr.nbytes)
+    for name in ("meta", "ids"):
+        value = getattr(req, name, None)
+        if isinstance(value, np.ndarray):
+            n += int(value.nbytes)
+    return n
 
 
 def _encode(req: Request, result: object, block_tokens: int) -> bytes:

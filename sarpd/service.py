@@ -9,7 +9,7 @@ be reordered. `schedule` uses that freedom to put the batch into few phases:
 - read phases (match, hello, ping, stats): one `index.match_many` call each;
 - write phases (insert, remove, clear): one `index.write_many` call each, i.e. one
   backend write and one fsync;
-- barriers (snapshot, check): each runs alone.
+- barriers (snapshot, check, dump): each runs alone.
 
 A request goes to the earliest phase of its kind that is not earlier than the phase
 of its connection's previous request (a barrier always opens a phase of its own, and
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -42,7 +42,7 @@ from sarpd.model import (
     Stats,
 )
 from sarpd.model import Snapshot as SnapshotReq
-from sarpd.wire import Check  # the `check` extension op
+from sarpd.wire import Check, Dump  # extension ops
 
 log = logging.getLogger("sarpd.service")
 
@@ -69,7 +69,7 @@ def kind_of(req: Request) -> PhaseKind:
         return "read"
     if isinstance(req, Insert | Remove | Clear):
         return "write"
-    if isinstance(req, SnapshotReq | Check):
+    if isinstance(req, SnapshotReq | Check | Dump):
         return "barrier"
     raise Internal(f"op: no phase for request type {type(req).__name__}")
 
@@ -127,6 +127,8 @@ class Service:
         self._clock = clock
         self._started = clock()
         self.recovered_in_s: float | None = None
+        # merged into `stats`: the server's gauges and metrics counters
+        self.extra_stats: Callable[[], Mapping[str, object]] | None = None
         self.counters: dict[str, int] = {
             "requests": 0,
             "matches": 0,
@@ -221,6 +223,11 @@ class Service:
         if isinstance(req, SnapshotReq):
             self.counters["snapshots"] += 1
             return self._guard(self.index.snapshot, "snapshot")
+        if isinstance(req, Dump):
+            from sarpd.inspection import dump_or_error
+
+            seq = req.seq
+            return self._guard(lambda: dump_or_error(self.index, seq), "dump")
         self.counters["checks"] += 1
         assert isinstance(req, Check)
         fix = req.fix
@@ -279,6 +286,8 @@ class Service:
         out["recovered_in_s"] = self.recovered_in_s
         out["backend"] = self.backend_name
         out["sync"] = self.config.sync
+        if self.extra_stats is not None:
+            out.update(self.extra_stats())
         return out
 
     # -- daemon housekeeping (run in the worker thread, between batches) -------

@@ -17,6 +17,12 @@ Limits (all in `Limits`; the server builds them with `Limits.from_config`):
 - ``max_ns_bytes`` (1,024): the UTF-8 length of a namespace (``bad_request``).
 - ``max_ids`` (default ``max_sequence_tokens // block_tokens``): ids in ``hashes``
   / ``ids`` (``too_large`` beyond; ``meta`` must match the block count anyway).
+- ``max_str_bytes`` (65,536): any one string (``op``, ``ns``, map keys); longer is
+  a stream error (``too_large``): no valid request needs one.
+- ``max_depth`` (8): nesting of maps and arrays (a valid request needs 2: the
+  request map and a list in it). Deeper is a per-request ``too_large`` (checked
+  only when a message has more than ``max_depth`` containers, so never on the
+  common path); past msgpack's own stack (1,024 levels) it is a stream error.
 - ``max_map_len`` (1,024): pairs in any one map of a message.
 - ``max_containers`` (4,096): maps plus arrays in one message.
 - ``max_items`` (``2 * max(max_sequence_tokens, max_ids)``): elements of any one
@@ -40,13 +46,15 @@ the meaning of a request where they do not apply are refused rather than ignored
 ``ids``. ``clear`` refuses a ``value`` with bits outside ``mask`` (it would match
 nothing).
 
-Extension op (not in PROTOCOL.md v1): ``check`` with optional ``fix`` (bool).
+Extension ops (PROTOCOL.md, "Extensions"): ``check`` with optional ``fix`` (bool);
+``dump`` with a sequence (read-only inspection of its routing and segments).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,6 +65,7 @@ import numpy as np
 from sarpd.errors import (
     BadRequest,
     Busy,
+    Forbidden,
     FrameError,
     Internal,
     SarpError,
@@ -95,6 +104,7 @@ __all__ = [
     "BadMessage",
     "Check",
     "Decoder",
+    "Dump",
     "Limits",
     "StreamError",
     "encode_error",
@@ -122,6 +132,8 @@ class Limits:
     max_ids: int = 0
     max_map_len: int = 1024
     max_containers: int = 4096
+    max_str_bytes: int = 65_536
+    max_depth: int = 8
 
     def __post_init__(self) -> None:
         for name in (
@@ -131,6 +143,8 @@ class Limits:
             "max_ns_bytes",
             "max_map_len",
             "max_containers",
+            "max_str_bytes",
+            "max_depth",
         ):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
@@ -158,6 +172,13 @@ class Check(Request):
     """Extension op ``check``: verify the index (and repair it with ``fix``)."""
 
     fix: bool = False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Dump(Request):
+    """Extension op ``dump``: the routing entries and segments of one sequence."""
+
+    seq: SeqSpec
 
 
 class StreamError(FrameError):
@@ -265,7 +286,7 @@ class Decoder:
             object_pairs_hook=self._budget.on_map,
             list_hook=self._budget.on_list,
             max_buffer_size=lim.max_frame_size + 1,
-            max_str_len=lim.max_frame_size,
+            max_str_len=min(lim.max_str_bytes, lim.max_frame_size),
             max_bin_len=lim.max_frame_size,
             max_ext_len=lim.max_frame_size,
             max_array_len=lim.max_items,
@@ -274,6 +295,11 @@ class Decoder:
         self._fed = 0  # stream offset of everything fed
         self._frame_start = 0  # stream offset where the unfinished message starts
         self._dead: FrameError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of the unfinished message held (in each of the two unpackers)."""
+        return self._fed - self._frame_start
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Request | BadMessage]:
         """Requests completed by ``data``, in stream order. Raises `StreamError` (a
@@ -329,6 +355,11 @@ class Decoder:
                 raise
             except Exception as exc:  # over a limit, or a malformed ext value
                 raise self._stream_error(exc) from exc
+            if self._budget.containers > self.limits.max_depth:
+                deep = _too_deep(obj, self.limits.max_depth)
+                if deep is not None:
+                    out.append(deep)
+                    continue
             out.append(parse_message(obj, self.limits))
 
     def _stream_error(self, exc: Exception) -> FrameError:
@@ -336,8 +367,9 @@ class Decoder:
         if found is not None:
             n, kind, lim = found.groups()
             unit = "bytes" if kind in ("str", "bin", "ext") else "entries"
+            name = "max_str_bytes" if kind == "str" else f"max_{kind}_len"
             return FrameError(
-                f"frame: {kind} of {n} {unit} exceeds max_{kind}_len ({lim}) "
+                f"frame: {kind} of {n} {unit} exceeds {name} ({lim}) "
                 f"(max_frame_size {self.limits.max_frame_size})"
             )
         detail = f": {exc}" if str(exc) else ""
@@ -346,6 +378,32 @@ class Decoder:
             f"({type(exc).__name__}{detail})",
             code="bad_request",
         )
+
+
+def _children(o: object) -> list[Any]:
+    if isinstance(o, list):
+        return o
+    if isinstance(o, dict):
+        return list(o.values())
+    if isinstance(o, _OddMap):
+        return [x for pair in o.pairs for x in pair]
+    return []
+
+
+def _too_deep(obj: object, limit: int) -> BadMessage | None:
+    """A `BadMessage` if maps and arrays nest deeper than `limit` (iterative: no
+    recursion however deep the message)."""
+    stack: list[tuple[object, int]] = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            rid = obj.get("id") if isinstance(obj, dict) else None
+            rid = rid if type(rid) is int and 0 <= rid <= U64_MAX else 0
+            return BadMessage(
+                rid, TooLarge(f"request: nesting depth over {limit} exceeds max_depth ({limit})")
+            )
+        stack.extend((c, d + 1) for c in _children(o) if isinstance(c, list | dict | _OddMap))
+    return None
 
 
 def parse_message(obj: object, limits: Limits) -> Request | BadMessage:
@@ -381,6 +439,11 @@ def _parse_op(rid: int, d: dict[str, Any], limits: Limits) -> Request:
 
 def _op_check(rid: int, d: dict[str, Any], limits: Limits) -> Request:
     return Check(rid, fix=_bool(d, "fix"))
+
+
+def _op_dump(rid: int, d: dict[str, Any], limits: Limits) -> Request:
+    _refuse(d, "dump", "parent")
+    return Dump(rid, seq=_need_seq(d, limits, "dump"))
 
 
 def _op_match(rid: int, d: dict[str, Any], limits: Limits) -> Request:
@@ -435,6 +498,7 @@ _OPS: dict[str, Callable[[int, dict[str, Any], Limits], Request]] = {
     "remove": _op_remove,
     "clear": _op_clear,
     "check": _op_check,
+    "dump": _op_dump,
 }
 
 
@@ -458,8 +522,13 @@ def _kind(v: object) -> str:
     return _KIND_NAMES.get(type(v), type(v).__name__)
 
 
+_repr = reprlib.Repr()  # bounded in depth and length, so any decoded value is safe to show
+_repr.maxlevel = 3
+_repr.maxstring = _repr.maxother = _repr.maxlong = 40
+
+
 def _show(v: object, width: int = 60) -> str:
-    text = repr(v)
+    text = _repr.repr(v)
     return text if len(text) <= width else f"{text[: width - 3]}..."
 
 
@@ -758,7 +827,9 @@ def encode_request(req_id: int, op: str, fields: Mapping[str, Any]) -> bytes:
 
 _ERROR_CLASSES: dict[str, type[SarpError]] = {
     cls.code: cls
-    for cls in (BadRequest, UnknownOp, UnknownParent, TooLarge, Busy, Unavailable, Internal)
+    for cls in (
+        BadRequest, UnknownOp, UnknownParent, TooLarge, Busy, Forbidden, Unavailable, Internal
+    )
 }
 
 

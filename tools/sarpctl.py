@@ -293,5 +293,15 @@ def _add_bench() -> None:
 _add_bench()
 
 
+def _add_ops() -> None:
+    """`sarpctl top` and `sarpctl dump` live in tools.ctl_ops."""
+    from tools.ctl_ops import register
+
+    register(main)
+
+
+_add_ops()
+
+
 if __name__ == "__main__":
     main(prog_name=os.path.basename(sys.argv[0]) or "sarpctl")
