@@ -102,6 +102,8 @@ class SarpIndex:
         self.corrupt_segments = 0
         self.writes = 0
         self._seg_cache: OrderedDict[int, Segment] = OrderedDict()
+        self._stale = False  # memory may differ from the disk: a commit failed
+        self._resume = False  # the backend must be made writable before the next write
 
     # -- opening -------------------------------------------------------------------
     def _manifest(self) -> dict[str, object]:
@@ -138,6 +140,23 @@ class SarpIndex:
             self.corrupt_segments += 1
             log.error("segment %d not served: %s", sid, exc)
             return None
+
+    def reload(self, resume: bool = True) -> None:
+        """Memory := disk, after a failed commit: the directory may hold routing points
+        of segments never written, and the disk (an engine that applied the batch and
+        then failed its fsync, or replays it at a reopen) may hold more than memory.
+        Counters, the decoded-segment cache and the directory are re-read; first, with
+        `resume`, a backend whose write failed is made writable again (`resume()`)."""
+        if self._resume and resume:
+            resume_fn = getattr(self.backend, "resume", None)
+            if resume_fn is not None:
+                resume_fn()
+            self._resume = False
+        self._stale = True
+        self._seg_cache.clear()
+        self.counters = Counters.decode(self.backend.get_many([COUNTERS_KEY])[0])
+        self.recover()
+        self._stale = False
 
     # -- recovery ------------------------------------------------------------------
     def recover(self, progress: ProgressFn | None = None) -> RecoveryReport:
@@ -242,6 +261,8 @@ class SarpIndex:
 
     # -- match ---------------------------------------------------------------------
     def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:
+        if self._stale:  # the reload after a failed commit failed too: retry it
+            self._reload_or_raise(resume=False)
         sb = self.geo.sb
         qs: list[IdArray] = []
         errors: dict[int, SarpError] = {}
@@ -438,23 +459,35 @@ class SarpIndex:
         filts = self.dir.posting(key)[1]
         return bool(filts.size) and bool((agreement(filts, int(filts[0])) < step).any())
 
-    def write_many(self, ops: Sequence[WriteOp]) -> list[InsertResult | RemoveResult | SarpError]:
-        txn = WriteTxn(self)
-        txn.prefetch(ops)
-        out: list[InsertResult | RemoveResult | SarpError] = []
-        for op in ops:
-            try:
-                out.append(txn.apply(op))
-            except StorageError:
-                raise
-            except SarpError as exc:
-                out.append(exc)
+    def _reload_or_raise(self, resume: bool) -> None:
         try:
+            self.reload(resume)
+        except Exception as exc:
+            raise StorageError(f"the index could not reload from disk after a failed "
+                               f"write: {exc}") from exc
+
+    def write_many(self, ops: Sequence[WriteOp]) -> list[InsertResult | RemoveResult | SarpError]:
+        if self._stale or self._resume:
+            self._reload_or_raise(resume=True)
+        txn = WriteTxn(self)
+        out: list[InsertResult | RemoveResult | SarpError] = []
+        try:
+            txn.prefetch(ops)
+            for op in ops:
+                try:
+                    out.append(txn.apply(op))
+                except StorageError:
+                    raise
+                except SarpError as exc:
+                    out.append(exc)
             self.counters = txn.commit(self.sync)
-        except StorageError:
-            log.error("write batch failed; reloading the directory from disk")
-            self._seg_cache.clear()
-            self.recover()
+        except BaseException as exc:
+            log.error("write batch failed (%s); reloading the index from disk", exc)
+            self._stale, self._resume = True, hasattr(self.backend, "resume")
+            try:
+                self._reload_or_raise(resume=False)
+            except StorageError as again:
+                log.error("%s; retried before the next request", again.message)
             raise
         for sid in txn.dirty:
             seg = txn.cache[sid]
@@ -469,6 +502,8 @@ class SarpIndex:
     def snapshot(self) -> SnapshotResult:
         if self.snapshot_dir is None:
             raise SarpError("snapshot: this index has no snapshot directory")
+        if self._stale:
+            self._reload_or_raise(resume=False)
         t0 = time.perf_counter()
         watermark = self.counters.next_version - 1
         meta = SnapshotMeta(watermark, self.counters.next_seg - 1,
