@@ -29,7 +29,7 @@ from pathlib import Path
 
 import xxhash
 
-from bloomstore.errors import CorruptionError
+from bloomstore.errors import CorruptionError, FormatError, version_message
 from bloomstore.files import DataFile
 
 MAGIC = b"BSWL"
@@ -106,7 +106,9 @@ class Wal:
         if len(data) < FILE_HEADER.size:
             raise CorruptionError(f"{self.path}: {len(data)} bytes, no log header")
         magic, version, _, gen, first = FILE_HEADER.unpack_from(data)
-        if magic != MAGIC or version != VERSION or gen != self.gen:
+        if magic == MAGIC and version != VERSION:
+            raise FormatError(version_message(str(self.path), "log", version, VERSION))
+        if magic != MAGIC or gen != self.gen:
             raise CorruptionError(
                 f"{self.path}: header magic {bytes(magic)!r} version {version} "
                 f"generation {gen} (expected {MAGIC!r} {VERSION} {self.gen})")

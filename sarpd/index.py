@@ -114,6 +114,11 @@ class SarpIndex:
         raw = self.backend.get_many([MANIFEST_KEY])[0]
         want = self._manifest()
         if raw is None:
+            if self._holds_data():
+                raise CorruptData(
+                    f"the manifest (key {MANIFEST_KEY!r}) is missing but the backend holds "
+                    "sarp data: its format is unknown, so it is not opened (restore the "
+                    "manifest, or start on an empty data directory)")
             wb = WriteBatch()
             wb.put(MANIFEST_KEY, json.dumps(want, sort_keys=True).encode())
             self.backend.write(wb, True)
@@ -122,14 +127,30 @@ class SarpIndex:
             have = json.loads(raw)
         except ValueError as exc:
             raise CorruptData(f"manifest is not JSON: {raw[:64]!r}") from exc
-        if have.get("format") != FORMAT_VERSION:
+        fmt = have.get("format") if isinstance(have, dict) else None
+        if not isinstance(fmt, int):
+            raise CorruptData(f"manifest has no integer format version: {raw[:64]!r}")
+        if fmt != FORMAT_VERSION:
+            side = "newer" if fmt > FORMAT_VERSION else "older"
             raise FormatVersionError(
-                f"data format {have.get('format')} is not {FORMAT_VERSION} (this build); "
-                "refusing to open it")
+                f"data format {fmt} was written by a {side} sarpd; this build reads format "
+                f"{FORMAT_VERSION} only (no migration from {fmt}): refusing to open it, the "
+                "data is left untouched")
         for k in ("hash", "block_tokens", "segment_blocks", "segment_format"):
             if have.get(k) != want[k]:
                 raise FormatVersionError(f"data was written with {k}={have.get(k)!r}; "
                                          f"this configuration has {want[k]!r}")
+
+    def _holds_data(self) -> bool:
+        if self.backend.get_many([COUNTERS_KEY])[0] is not None:
+            return True
+        scan = iter(self.backend.scan(SEG_PREFIX, b"T"))
+        try:
+            return next(scan, None) is not None
+        finally:
+            close = getattr(scan, "close", None)
+            if close is not None:
+                close()
 
     def decode_or_none(self, sid: int, value: bytes | None) -> Segment | None:
         if value is None:
