@@ -374,13 +374,25 @@ class SarpIndex:
                 cache.move_to_end(sid)
                 out[sid] = seg
         if missing:
-            values = self.backend.get_many([seg_key(s) for s in missing])
+            try:
+                values = self.backend.get_many([seg_key(s) for s in missing])
+            except CorruptData:  # an engine page failed its checksum: find its segments
+                values = [self._get_or_none(s) for s in missing]
             self.segment_reads += len(missing)
             for sid, value in zip(missing, values, strict=True):
                 seg = out[sid] = self.decode_or_none(sid, value)
                 if seg is not None:
                     self.remember(sid, seg)
         return out
+
+    def _get_or_none(self, sid: int) -> bytes | None:
+        """One segment's value; None (logged, counted) where the engine reports it corrupt."""
+        try:
+            return self.backend.get_many([seg_key(sid)])[0]
+        except CorruptData as exc:
+            self.corrupt_segments += 1
+            log.error("segment %d not served: %s", sid, exc)
+            return None
 
     def remember(self, sid: int, seg: Segment) -> None:
         cache = self._seg_cache
