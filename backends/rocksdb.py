@@ -18,7 +18,8 @@ After a failed write or sync RocksDB keeps refusing writes (a sticky background
 error) even once space is back; `resume()` closes and reopens the database (RocksDB's
 recovery replays its WAL, so a batch whose write failed after reaching the log may
 reappear: the caller reloads its view afterwards). While a reopen cannot write (disk
-still full) the database is opened read-only, so reads keep working.
+still full) the database is opened read-only, so reads keep working, and writes are
+refused without another attempt for RESUME_RETRY_S.
 
 Thread safety: every call may come from any thread (RocksDB is thread-safe). `close`
 drops the RocksDB iterators of unfinished scans (their next step raises StorageError)
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -45,6 +47,7 @@ MiB = 1024 * 1024
 BLOOM_BITS_PER_KEY = 10
 COMPRESSION = "lz4"
 BACKGROUND_JOBS = 2
+RESUME_RETRY_S = 1.0  # after a reopen that failed, refuse writes this long
 
 # stats() name -> RocksDB integer property (all cheap: no scan of the data)
 _PROPERTIES = {
@@ -170,6 +173,7 @@ class RocksDBBackend:
             raise StorageError(f"rocksdb {self.path}: open failed: {exc}") from exc
         self._statistics = statistics
         self._failed = ""  # why the last write or sync failed; resume() clears it
+        self._resume_failed_at = -RESUME_RETRY_S
         self._wo_sync = rocksdict.WriteOptions()
         self._wo_sync.sync = True
         self._wo_async = rocksdict.WriteOptions()
@@ -269,6 +273,10 @@ class RocksDBBackend:
         with self._lock:
             if not self._failed or self._closed:
                 return
+            if time.monotonic() - self._resume_failed_at < RESUME_RETRY_S:
+                raise StorageError(f"rocksdb {self.path}: writes refused: {self._failed} "
+                                   f"(the next reopen is tried {RESUME_RETRY_S:g} s after "
+                                   "the last one)")
             for cursor in list(self._cursors):
                 cursor.it = None
                 cursor.read_opts = None
@@ -280,6 +288,7 @@ class RocksDBBackend:
             except Exception as exc:
                 self._db = rocksdict.Rdict(str(self.path), self._opts, column_families=cf,
                                            access_type=rocksdict.AccessType.read_only())
+                self._resume_failed_at = time.monotonic()
                 raise self._error(f"reopen after a failed write ({self._failed})",
                                   exc) from exc
             self._failed = ""
