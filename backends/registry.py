@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from backends.base import Backend
+from backends.faulty import wrap_from_env
 from sarpd.errors import BadRequest
 
 
@@ -55,8 +56,6 @@ def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
         raise BadRequest(
             f"backend {name!r} is not known (known: {', '.join(backend_names())})"
         ) from None
-    from backends.faulty import wrap_from_env
-
     return wrap_from_env(factory(path, cache_bytes=cache_bytes))
 
 

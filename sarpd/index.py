@@ -514,7 +514,7 @@ class SarpIndex:
                 except SarpError as exc:
                     out.append(exc)
             self.counters = txn.commit(self.sync)
-        except BaseException as exc:
+        except Exception as exc:
             log.error("write batch failed (%s); reloading the index from disk", exc)
             self._stale, self._resume = True, hasattr(self.backend, "resume")
             try:
