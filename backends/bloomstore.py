@@ -8,7 +8,8 @@ in RAM. Ordered scans merge pages chosen by a per-page zone map (prefix bounds o
 each key space), so sarp's b"L" change-log scans after a snapshot read only the
 pages written since.
 
-Error mapping: engine corruption (checksum or layout) -> CorruptData; a limit or
+Error mapping: engine corruption (checksum or layout) -> CorruptData; a file in a
+format version this build does not read -> FormatVersionError; a limit or
 tunable out of range -> BadRequest; every other engine failure (I/O, closed store,
 directory already open) -> StorageError. Each message names the directory.
 
@@ -29,10 +30,11 @@ from bloomstore import (
     BloomStoreError,
     ConfigError,
     CorruptionError,
+    FormatError,
     Geometry,
     Tuning,
 )
-from sarpd.errors import BadRequest, CorruptData, SarpError, StorageError
+from sarpd.errors import BadRequest, CorruptData, FormatVersionError, SarpError, StorageError
 
 MiB = 1024 * 1024
 T = TypeVar("T")
@@ -41,6 +43,8 @@ T = TypeVar("T")
 def _mapped(exc: BloomStoreError) -> SarpError:
     if isinstance(exc, CorruptionError):
         return CorruptData(exc.message)
+    if isinstance(exc, FormatError):
+        return FormatVersionError(exc.message)
     if isinstance(exc, ConfigError):
         return BadRequest(exc.message)
     return StorageError(exc.message)

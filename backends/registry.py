@@ -6,6 +6,8 @@ constructor is `Cls(path: Path, cache_bytes: int = ...)` registers with
 engine whose package is optional (wiredtiger is built from source) costs nothing
 until it is used. A backend that keeps nothing across `close()` sets the class
 attribute `persistent = False` (the contract tests then skip reopen and crash tests).
+With $SARPD_FAULT_FILE set, `open_backend` wraps the engine in backends.faulty's
+FaultyBackend (fault-injection tests of a real daemon).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from backends.base import Backend
+from backends.faulty import wrap_from_env
 from sarpd.errors import BadRequest
 
 
@@ -53,7 +56,7 @@ def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
         raise BadRequest(
             f"backend {name!r} is not known (known: {', '.join(backend_names())})"
         ) from None
-    return factory(path, cache_bytes=cache_bytes)
+    return wrap_from_env(factory(path, cache_bytes=cache_bytes))
 
 
 def is_persistent(backend: Backend) -> bool:

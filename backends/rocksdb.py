@@ -14,6 +14,13 @@ Options (see /work/shared/DEPENDENCIES.md for the measurements behind them):
 - WAL on; recovery mode is RocksDB's default point-in-time recovery: after a crash the
   database holds exactly a prefix of the write batches, every synced one included.
 
+After a failed write or sync RocksDB keeps refusing writes (a sticky background
+error) even once space is back; `resume()` closes and reopens the database (RocksDB's
+recovery replays its WAL, so a batch whose write failed after reaching the log may
+reappear: the caller reloads its view afterwards). While a reopen cannot write (disk
+still full) the database is opened read-only, so reads keep working, and writes are
+refused without another attempt for RESUME_RETRY_S.
+
 Thread safety: every call may come from any thread (RocksDB is thread-safe). `close`
 drops the RocksDB iterators of unfinished scans (their next step raises StorageError)
 so that the directory can be reopened at once.
@@ -21,8 +28,10 @@ so that the directory can be reopened at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,6 +47,7 @@ MiB = 1024 * 1024
 BLOOM_BITS_PER_KEY = 10
 COMPRESSION = "lz4"
 BACKGROUND_JOBS = 2
+RESUME_RETRY_S = 1.0  # after a reopen that failed, refuse writes this long
 
 # stats() name -> RocksDB integer property (all cheap: no scan of the data)
 _PROPERTIES = {
@@ -162,6 +172,8 @@ class RocksDBBackend:
             self._release()
             raise StorageError(f"rocksdb {self.path}: open failed: {exc}") from exc
         self._statistics = statistics
+        self._failed = ""  # why the last write or sync failed; resume() clears it
+        self._resume_failed_at = -RESUME_RETRY_S
         self._wo_sync = rocksdict.WriteOptions()
         self._wo_sync.sync = True
         self._wo_async = rocksdict.WriteOptions()
@@ -198,6 +210,7 @@ class RocksDBBackend:
         try:
             self._db.write(wb, self._wo_sync if sync else self._wo_async)
         except Exception as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
             raise self._error(f"write of {len(batch)} ops (sync={sync})", exc) from exc
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -250,7 +263,35 @@ class RocksDBBackend:
         try:
             self._db.flush_wal(True)
         except Exception as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
             raise self._error("sync (WAL fsync)", exc) from exc
+
+    def resume(self) -> None:
+        """After a failed write: reopen so that writes work again (RocksDB's error state
+        is sticky). Nothing to do otherwise. Raises StorageError while the reopen cannot
+        write (reads then go to a read-only open)."""
+        with self._lock:
+            if not self._failed or self._closed:
+                return
+            if time.monotonic() - self._resume_failed_at < RESUME_RETRY_S:
+                raise StorageError(f"rocksdb {self.path}: writes refused: {self._failed} "
+                                   f"(the next reopen is tried {RESUME_RETRY_S:g} s after "
+                                   "the last one)")
+            for cursor in list(self._cursors):
+                cursor.it = None
+                cursor.read_opts = None
+            with contextlib.suppress(Exception):  # "Writer has previous error"
+                self._db.close()
+            cf = {"default": self._opts}
+            try:
+                self._db = rocksdict.Rdict(str(self.path), self._opts, column_families=cf)
+            except Exception as exc:
+                self._db = rocksdict.Rdict(str(self.path), self._opts, column_families=cf,
+                                           access_type=rocksdict.AccessType.read_only())
+                self._resume_failed_at = time.monotonic()
+                raise self._error(f"reopen after a failed write ({self._failed})",
+                                  exc) from exc
+            self._failed = ""
 
     def close(self) -> None:
         """Flush the memtables (a clean reopen then replays no WAL) and close.

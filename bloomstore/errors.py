@@ -2,8 +2,8 @@
 
 Every message names the store directory, the value at fault and, where there is
 one, the limit it broke. `backends/bloomstore.py` maps them to sarp's errors:
-`CorruptionError` -> CorruptData, `ConfigError` -> BadRequest, the rest ->
-StorageError.
+`CorruptionError` -> CorruptData, `FormatError` -> FormatVersionError,
+`ConfigError` -> BadRequest, the rest -> StorageError.
 """
 
 from __future__ import annotations
@@ -32,6 +32,18 @@ class StoreLockedError(BloomStoreError):
 
 class CorruptionError(BloomStoreError):
     """A file failed its checksum or layout checks; its contents are never served."""
+
+
+class FormatError(BloomStoreError):
+    """A store file written in a format version this build does not read (a newer
+    one, or an older one without a migration). Nothing is read from it."""
+
+
+def version_message(where: str, what: str, found: int, supported: int) -> str:
+    """Names both versions and which side is newer."""
+    side = "a newer" if found > supported else "an older"
+    return (f"{where}: {what} format version {found} ({side} format); this build reads "
+            f"version {supported} only, and refuses to open it")
 
 
 class ConfigError(BloomStoreError, ValueError):

@@ -44,7 +44,7 @@ import xxhash
 
 from bloomstore.chain import SLAB_FILTERS
 from bloomstore.config import Geometry
-from bloomstore.errors import CorruptionError
+from bloomstore.errors import CorruptionError, FormatError, version_message
 from bloomstore.files import DataFile, write_atomic
 from bloomstore.pages import PageSpec
 
@@ -227,9 +227,10 @@ class _Reader:
 def decode_snapshot(body: memoryview, where: str) -> StoreState:
     r = _Reader(body, where)
     magic, version, _, nparts, kpp, bpk, hashes, wal_gen, next_lsn = r.unpack(SNAP_HEAD)
-    if magic != MAGIC or version != VERSION:
-        raise CorruptionError(f"{where}: magic {magic!r} version {version}, expected "
-                              f"{MAGIC!r} {VERSION}")
+    if magic != MAGIC:
+        raise CorruptionError(f"{where}: magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise FormatError(version_message(where, "manifest", version, VERSION))
     geometry = Geometry(nparts, kpp, bpk, hashes)
     parts = []
     for _ in range(nparts):

@@ -12,7 +12,11 @@ File `wal-GGGGGG.log` (little-endian):
 Invariants: records carry consecutive lsns from first_lsn; a batch is applied only
 whole. Replay stops at the first record that is incomplete, fails its checksum or
 breaks the lsn sequence (a torn tail from a crash, or an append that failed), and the
-file is cut there so new records follow the last good one. Every append goes at the
+file is cut there so new records follow the last good one. A torn tail is the END of
+the log: when an intact record follows the bad one (the bad record is intact itself
+but out of sequence, or a record with one of the next 64 lsns verifies after it), the
+middle of the log is damaged; replay then raises CorruptionError and cuts nothing,
+rather than drop acknowledged batches. Every append goes at the
 tracked end offset (never O_APPEND), so a failed append's partial bytes are cut or
 overwritten. The log of a generation is deleted once a checkpoint has flushed every
 buffer to pages and a manifest snapshot names the next generation.
@@ -29,7 +33,7 @@ from pathlib import Path
 
 import xxhash
 
-from bloomstore.errors import CorruptionError
+from bloomstore.errors import CorruptionError, FormatError, version_message
 from bloomstore.files import DataFile
 
 MAGIC = b"BSWL"
@@ -78,6 +82,40 @@ def _decode_ops(payload: memoryview, count: int) -> list[Op] | None:
     return ops if pos == len(payload) else None
 
 
+LOOKAHEAD = 64  # later lsns searched for after a bad record
+
+
+def _verified_lsn(data: memoryview, pos: int) -> int | None:
+    """The lsn of the record at `pos` if its length fits and its checksum verifies."""
+    if pos < 0 or pos + RECORD.size > len(data):
+        return None
+    plen, _count, rec_lsn, checksum = RECORD.unpack_from(data, pos)
+    body = pos + RECORD.size
+    if body + plen > len(data):
+        return None
+    digest = xxhash.xxh3_64(data[pos : pos + 16])
+    digest.update(data[body : body + plen])
+    return int(rec_lsn) if digest.intdigest() == checksum else None
+
+
+def _intact_after(data: memoryview, pos: int, lsn: int) -> str | None:
+    """Why the log is damaged in the middle at `pos` (expected lsn `lsn`), or None when
+    what follows is a torn tail."""
+    found = _verified_lsn(data, pos)
+    if found is not None:
+        return f"it is intact with lsn {found} (out of sequence)"
+    raw = bytes(data)
+    for k in range(1, LOOKAHEAD + 1):
+        needle = struct.pack("<Q", lsn + k)
+        at = raw.find(needle, pos + 1)
+        while at >= 0:
+            q = at - 8  # the lsn field is at offset 8 of a record header
+            if q > pos and _verified_lsn(data, q) == lsn + k:
+                return f"record lsn {lsn + k} at offset {q} after it is intact"
+            at = raw.find(needle, at + 1)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     lsn: int
@@ -106,7 +144,9 @@ class Wal:
         if len(data) < FILE_HEADER.size:
             raise CorruptionError(f"{self.path}: {len(data)} bytes, no log header")
         magic, version, _, gen, first = FILE_HEADER.unpack_from(data)
-        if magic != MAGIC or version != VERSION or gen != self.gen:
+        if magic == MAGIC and version != VERSION:
+            raise FormatError(version_message(str(self.path), "log", version, VERSION))
+        if magic != MAGIC or gen != self.gen:
             raise CorruptionError(
                 f"{self.path}: header magic {bytes(magic)!r} version {version} "
                 f"generation {gen} (expected {MAGIC!r} {VERSION} {self.gen})")
@@ -127,6 +167,13 @@ class Wal:
             yield Record(rec_lsn, ops)
             self.records_replayed += 1
             pos, lsn = body + plen, lsn + 1
+        if pos < len(data):
+            damage = _intact_after(data, pos, lsn)
+            if damage is not None:
+                raise CorruptionError(
+                    f"{self.path}: the record at offset {pos} (lsn {lsn}) is damaged but "
+                    f"{damage}: the log is corrupt, not torn at its tail; refusing to drop "
+                    "the batches after it (nothing was cut)")
         self.bytes_dropped = len(data) - pos
         self.end = pos
         if self.bytes_dropped:

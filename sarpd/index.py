@@ -103,6 +103,8 @@ class SarpIndex:
         self.writes = 0
         self._seg_cache: OrderedDict[int, Segment] = OrderedDict()
         self._ranked: dict[bytes, list[int]] = {}  # candidates(); valid until a write
+        self._stale = False  # memory may differ from the disk: a commit failed
+        self._resume = False  # the backend must be made writable before the next write
 
     # -- opening -------------------------------------------------------------------
     def _manifest(self) -> dict[str, object]:
@@ -114,6 +116,11 @@ class SarpIndex:
         raw = self.backend.get_many([MANIFEST_KEY])[0]
         want = self._manifest()
         if raw is None:
+            if self._holds_data():
+                raise CorruptData(
+                    f"the manifest (key {MANIFEST_KEY!r}) is missing but the backend holds "
+                    "sarp data: its format is unknown, so it is not opened (restore the "
+                    "manifest, or start on an empty data directory)")
             wb = WriteBatch()
             wb.put(MANIFEST_KEY, json.dumps(want, sort_keys=True).encode())
             self.backend.write(wb, True)
@@ -122,10 +129,15 @@ class SarpIndex:
             have = json.loads(raw)
         except ValueError as exc:
             raise CorruptData(f"manifest is not JSON: {raw[:64]!r}") from exc
-        if have.get("format") != FORMAT_VERSION:
+        fmt = have.get("format") if isinstance(have, dict) else None
+        if not isinstance(fmt, int):
+            raise CorruptData(f"manifest has no integer format version: {raw[:64]!r}")
+        if fmt != FORMAT_VERSION:
+            side = "newer" if fmt > FORMAT_VERSION else "older"
             raise FormatVersionError(
-                f"data format {have.get('format')} is not {FORMAT_VERSION} (this build); "
-                "refusing to open it")
+                f"data format {fmt} was written by a {side} sarpd; this build reads format "
+                f"{FORMAT_VERSION} only (no migration from {fmt}): refusing to open it, the "
+                "data is left untouched")
         for k in ("hash", "block_tokens", "segment_blocks", "segment_format"):
             if have.get(k) != want[k]:
                 raise FormatVersionError(f"data was written with {k}={have.get(k)!r}; "
@@ -137,6 +149,17 @@ class SarpIndex:
                 f"this configuration has {self.cfg.block_locators} (blocks indexed without "
                 "locators cannot be found by bare id: rebuild the index to change it)")
 
+    def _holds_data(self) -> bool:
+        if self.backend.get_many([COUNTERS_KEY])[0] is not None:
+            return True
+        scan = iter(self.backend.scan(SEG_PREFIX, b"T"))
+        try:
+            return next(scan, None) is not None
+        finally:
+            close = getattr(scan, "close", None)
+            if close is not None:
+                close()
+
     def decode_or_none(self, sid: int, value: bytes | None) -> Segment | None:
         if value is None:
             return None
@@ -146,6 +169,23 @@ class SarpIndex:
             self.corrupt_segments += 1
             log.error("segment %d not served: %s", sid, exc)
             return None
+
+    def reload(self, resume: bool = True) -> None:
+        """Memory := disk, after a failed commit: the directory may hold routing points
+        of segments never written, and the disk (an engine that applied the batch and
+        then failed its fsync, or replays it at a reopen) may hold more than memory.
+        Counters, the decoded-segment cache and the directory are re-read; first, with
+        `resume`, a backend whose write failed is made writable again (`resume()`)."""
+        if self._resume and resume:
+            resume_fn = getattr(self.backend, "resume", None)
+            if resume_fn is not None:
+                resume_fn()
+            self._resume = False
+        self._stale = True
+        self._seg_cache.clear()
+        self.counters = Counters.decode(self.backend.get_many([COUNTERS_KEY])[0])
+        self.recover()
+        self._stale = False
 
     # -- recovery ------------------------------------------------------------------
     def recover(self, progress: ProgressFn | None = None) -> RecoveryReport:
@@ -257,6 +297,8 @@ class SarpIndex:
 
     # -- match ---------------------------------------------------------------------
     def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:
+        if self._stale:  # the reload after a failed commit failed too: retry it
+            self._reload_or_raise(resume=False)
         sb = self.geo.sb
         qs: list[IdArray] = []
         errors: dict[int, SarpError] = {}
@@ -347,13 +389,25 @@ class SarpIndex:
                 cache.move_to_end(sid)
                 out[sid] = seg
         if missing:
-            values = self.backend.get_many([seg_key(s) for s in missing])
+            try:
+                values = self.backend.get_many([seg_key(s) for s in missing])
+            except CorruptData:  # an engine page failed its checksum: find its segments
+                values = [self._get_or_none(s) for s in missing]
             self.segment_reads += len(missing)
             for sid, value in zip(missing, values, strict=True):
                 seg = out[sid] = self.decode_or_none(sid, value)
                 if seg is not None:
                     self.remember(sid, seg)
         return out
+
+    def _get_or_none(self, sid: int) -> bytes | None:
+        """One segment's value; None (logged, counted) where the engine reports it corrupt."""
+        try:
+            return self.backend.get_many([seg_key(sid)])[0]
+        except CorruptData as exc:
+            self.corrupt_segments += 1
+            log.error("segment %d not served: %s", sid, exc)
+            return None
 
     def remember(self, sid: int, seg: Segment) -> None:
         cache = self._seg_cache
@@ -460,12 +514,21 @@ class SarpIndex:
         filts = self.dir.posting(key)[1]
         return bool(filts.size) and bool((agreement(filts, int(filts[0])) < step).any())
 
+    def _reload_or_raise(self, resume: bool) -> None:
+        try:
+            self.reload(resume)
+        except Exception as exc:
+            raise StorageError(f"the index could not reload from disk after a failed "
+                               f"write: {exc}") from exc
+
     def write_many(self, ops: Sequence[WriteOp]) -> list[InsertResult | RemoveResult | SarpError]:
+        if self._stale or self._resume:
+            self._reload_or_raise(resume=True)
         txn = WriteTxn(self)
-        txn.prefetch(ops)  # may reuse rankings of the batch's matches ...
-        self._ranked.clear()  # ... but from here the directory changes
         out: list[InsertResult | RemoveResult | SarpError] = []
         try:
+            txn.prefetch(ops)  # may reuse rankings of the batch's matches ...
+            self._ranked.clear()  # ... but from here the directory changes
             for op in ops:
                 try:
                     out.append(txn.apply(op))
@@ -473,14 +536,16 @@ class SarpIndex:
                     raise
                 except SarpError as exc:
                     out.append(exc)
-        finally:
             self._ranked.clear()
-        try:
             self.counters = txn.commit(self.sync)
-        except StorageError:
-            log.error("write batch failed; reloading the directory from disk")
-            self._seg_cache.clear()
-            self.recover()
+        except Exception as exc:
+            self._ranked.clear()
+            log.error("write batch failed (%s); reloading the index from disk", exc)
+            self._stale, self._resume = True, hasattr(self.backend, "resume")
+            try:
+                self._reload_or_raise(resume=False)
+            except StorageError as again:
+                log.error("%s; retried before the next request", again.message)
             raise
         for sid in txn.dirty:
             seg = txn.cache[sid]
@@ -495,6 +560,8 @@ class SarpIndex:
     def snapshot(self) -> SnapshotResult:
         if self.snapshot_dir is None:
             raise SarpError("snapshot: this index has no snapshot directory")
+        if self._stale:
+            self._reload_or_raise(resume=False)
         t0 = time.perf_counter()
         watermark = self.counters.next_version - 1
         meta = SnapshotMeta(watermark, self.counters.next_seg - 1,

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from sarpd.directory import DirectoryArrays
-from sarpd.errors import CorruptData, FormatVersionError
+from sarpd.errors import CorruptData, FormatVersionError, StorageError
 from sarpd.segment import SEGMENT_FORMAT
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,18 @@ def write_snapshot(directory: Path, arrays: DirectoryArrays, meta: SnapshotMeta,
     head = head[:52] + zlib.crc32(head[:52]).to_bytes(4, "little")
     final = directory / _name(meta.watermark)
     tmp = directory / (final.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(head)
-        for part in body:
-            fh.write(part)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(head)
+            for part in body:
+                fh.write(part)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)  # a full disk keeps no partial snapshot
+        if isinstance(exc, OSError):
+            raise StorageError(f"snapshot {tmp} could not be written: {exc}") from exc
+        raise
     os.replace(tmp, final)
     dfd = os.open(directory, os.O_RDONLY)
     try:

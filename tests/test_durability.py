@@ -1,12 +1,18 @@
 """kill -9 at a random moment under concurrent traffic (real sarpd, RocksDB,
 --sync always): every acknowledged insert is matched in full after the restart.
 
-Each round: several client tasks run multi-turn sessions (match the history, then
-insert the history plus a new turn), recording each insert once it is acknowledged;
-SIGKILL lands at a random moment; the daemon restarts on the same data directory;
-every insert acknowledged in any round so far must match all its blocks with their
-metadata. Block metadata is a function of (session, block position), so it does not
+Each round: several client tasks, each on its own connection, run multi-turn
+sessions (match the history, then insert the history plus a new turn), with the turns
+of several sessions in flight at once on each connection (pipelined), recording each
+insert once it is acknowledged; periodic snapshots run every 0.25 s, so kills also
+land in snapshot writes and change-log trimming; SIGKILL lands at a random moment;
+the daemon restarts on the same data directory; every insert acknowledged in any
+round so far must match all its blocks with their metadata, and `sarpctl check` must
+be clean. Block metadata is a function of (session, block position), so it does not
 matter which of several inserts covering a block was first.
+
+Default suite: 3 rounds per persistent backend. `-m slow`: 25 rounds per backend
+(`pytest -m slow -s tests/test_durability.py` prints rounds and inserts acknowledged).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import pytest
 from daemon_helpers import REPO, Launcher, SarpdProc
 
 from backends.registry import backend_names
-from sarpd.client import Client, SarpConnectionError, SyncClient
+from sarpd.client import Client, SarpConnectionError
 
 BT = 16
 CLIENTS = 4
@@ -44,22 +50,27 @@ class Acked:
     meta: list[int]
 
 
+async def one_turn(c: Client, rng: random.Random, s: Session, acked: list[Acked]) -> None:
+    if s.tokens:
+        got = await c.match(tokens=s.tokens, ns=s.ns)
+        assert got["blocks"] == len(s.tokens) // BT, (s.ns, got["blocks"])
+    turn = [rng.randrange(2**32) for _ in range(rng.randrange(1, 6) * BT + 5)]
+    tokens = s.tokens + turn
+    meta = s.meta(len(tokens) // BT)
+    await c.insert(tokens=tokens, meta=meta, ns=s.ns)
+    acked.append(Acked(s.ns, tokens, meta))
+    s.tokens = tokens
+
+
 async def client_task(
     path: str, rng: random.Random, sessions: list[Session], acked: list[Acked]
 ) -> None:
+    """Turns of 1..3 sessions at once on one connection, until the daemon dies."""
     try:
         async with await Client.connect(path) as c:
             while True:
-                s = rng.choice(sessions)
-                if s.tokens:
-                    got = await c.match(tokens=s.tokens, ns=s.ns)
-                    assert got["blocks"] == len(s.tokens) // BT, (s.ns, got["blocks"])
-                turn = [rng.randrange(2**32) for _ in range(rng.randrange(1, 6) * BT + 5)]
-                tokens = s.tokens + turn
-                meta = s.meta(len(tokens) // BT)
-                await c.insert(tokens=tokens, meta=meta, ns=s.ns)
-                acked.append(Acked(s.ns, tokens, meta))
-                s.tokens = tokens
+                picked = rng.sample(sessions, rng.randrange(1, len(sessions) + 1))
+                await asyncio.gather(*(one_turn(c, rng, s, acked) for s in picked))
     except SarpConnectionError:
         return  # the daemon was killed
 
@@ -79,13 +90,16 @@ async def traffic_until_killed(proc: SarpdProc, rng: random.Random, acked: list[
     return len(acked) - before
 
 
-def verify_all(proc: SarpdProc, acked: list[Acked]) -> None:
-    with SyncClient(proc.socket) as c:
-        for a in acked:
-            got = c.match(tokens=a.tokens, ns=a.ns)
-            assert got["blocks"] == len(a.tokens) // BT, f"{a.ns}: lost blocks after kill -9"
-            assert got["meta"] == a.meta
-        assert isinstance(c.stats()["recovered_in_s"], float)
+async def verify_all(proc: SarpdProc, acked: list[Acked]) -> None:
+    """Every acknowledged insert matches in full (matches pipelined, 256 in flight)."""
+    async with await Client.connect(str(proc.socket)) as c:
+        for i in range(0, len(acked), 256):
+            chunk = acked[i : i + 256]
+            got = await asyncio.gather(*(c.match(tokens=a.tokens, ns=a.ns) for a in chunk))
+            for a, g in zip(chunk, got, strict=True):
+                assert g["blocks"] == len(a.tokens) // BT, f"{a.ns}: lost blocks after kill -9"
+                assert g["meta"] == a.meta
+        assert isinstance((await c.stats())["recovered_in_s"], float)
 
 
 def sarpctl_check(proc: SarpdProc) -> subprocess.CompletedProcess[str]:
@@ -103,16 +117,18 @@ PERSISTENT = [n for n in backend_names() if n != "memory"]
 
 def run_rounds(sarpd_factory: Launcher, rounds: int, seed: int, backend: str) -> None:
     rng = random.Random(seed)
-    proc = sarpd_factory(backend=backend)
+    proc = sarpd_factory(backend=backend, config={"index": {"snapshot_interval_s": 0.25}})
     acked: list[Acked] = []
     for r in range(rounds):
         n = asyncio.run(traffic_until_killed(proc, rng, acked))
         assert n > 0, f"round {r}: no insert was acknowledged before the kill"
         proc.start()
-        verify_all(proc, acked)
+        asyncio.run(verify_all(proc, acked))
         check = sarpctl_check(proc)
         assert check.returncode == 0, check.stdout + check.stderr
     assert proc.stop() == 0
+    print(f"\n{backend}: {rounds} rounds of kill -9 survived, {len(acked)} acknowledged "
+          f"inserts all matched, check clean")
 
 
 @pytest.mark.parametrize("backend", PERSISTENT)
@@ -121,6 +137,7 @@ def test_kill_9_loses_no_acknowledged_insert(sarpd_factory: Launcher, backend: s
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("backend", PERSISTENT)
 def test_kill_9_many_rounds(sarpd_factory: Launcher, backend: str) -> None:
     run_rounds(sarpd_factory, rounds=25, seed=7, backend=backend)

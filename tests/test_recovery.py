@@ -121,6 +121,9 @@ def test_corrupt_snapshot_falls_back_to_full_scan(tmp_path: Path, damage: str) -
     rep = ix.recover()
     assert rep.full_scan and rep.warning
     assert_exact(ix, oracle, seqs)
+    problems = ix.check().problems  # the bad snapshot is reported until fixed
+    assert problems and all(p.startswith("snapshot dir-") for p in problems), problems
+    assert ix.check(fix=True).fixed == len(problems)
     assert ix.check().clean
     ix.close()
 
@@ -183,6 +186,9 @@ def test_daemon_restarts_on_corrupt_snapshot(sarpd_factory: Launcher) -> None:
     proc.start()
     with SyncClient(str(proc.socket)) as c:
         assert [c.match(tokens=list(t))["meta"] for t in seqs] == want
+        problems = c.check()["problems"]  # the bad snapshots are reported until fixed
+        assert problems and all(p.startswith("snapshot dir-") for p in problems), problems
+        c.check(fix=True)
         assert c.check()["clean"]
         assert c.stats()["recovered_in_s"] >= 0
     assert "snapshot skipped" in proc.log() or "full scan" in proc.log()
