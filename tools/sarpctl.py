@@ -292,6 +292,10 @@ def _add_bench() -> None:
 
 _add_bench()
 
+from tools.ctl_bridge import bridge as _bridge  # noqa: E402
+
+main.add_command(_bridge)
+
 
 if __name__ == "__main__":
     main(prog_name=os.path.basename(sys.argv[0]) or "sarpctl")

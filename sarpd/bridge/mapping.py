@@ -1,0 +1,216 @@
+"""vLLM events -> sarpd requests (sans-I/O): namespaces, metadata bits, the ops.
+
+Metadata (one uint64 per block, PROTOCOL.md `meta`)::
+
+    bits 63..48  worker id (0..65535, `--worker`)
+    bits 47..40  tier: 0 GPU (also: no medium given), 1 CPU, 2 disk (DISK, SSD,
+                 LOCALDISK, NVME), 255 any other medium name
+    bits 39..0   zero (reserved)
+
+so ``clear`` with ``mask=WORKER_MASK, value=worker << 48`` drops one worker and
+``mask=WORKER_MASK | TIER_MASK`` one tier of one worker (`worker_clear`).
+
+Namespace of a block: the `--ns` template (``{worker}`` and ``{medium}`` expand;
+default empty), then ``lora=NAME`` when the event names a LoRA adapter, then
+``salt=SALT`` for a cache salt, joined by ``/`` (empty parts left out): for example
+``llama3/lora=sql/salt=tenant7``. vLLM already mixes LoRA name, salt and multimodal
+ids into its block hashes; the namespace keeps adapters and tenants apart in sarp
+too and tells a router where to look. The cache salt is the string extra key of a
+sequence's first block that is not the LoRA name (vLLM adds the salt to block 0
+only), so continuations (events with a parent) inherit their parent's namespace.
+
+`BlockRemoved` names bare hashes without LoRA or salt, so the translator remembers
+the namespace of every block it stored outside the plain namespace (``hash -> ns``,
+bounded). After a restart of the bridge that map is empty: removals of hashes it
+does not know go to every namespace it has used (`known`, persisted with the
+position) until the map has seen a full cycle (`trust_map`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sarpd.bridge.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    EventBatch,
+    OtherEvent,
+)
+
+WORKER_SHIFT = 48
+WORKER_MASK = 0xFFFF << WORKER_SHIFT
+TIER_SHIFT = 40
+TIER_MASK = 0xFF << TIER_SHIFT
+MAX_WORKER = 0xFFFF
+TIER_OTHER = 255
+TIERS = {"GPU": 0, "CPU": 1, "DISK": 2, "SSD": 2, "LOCALDISK": 2, "NVME": 2}
+TIER_NAMES = {0: "gpu", 1: "cpu", 2: "disk", TIER_OTHER: "other"}
+DEFAULT_NS_MAP = 1 << 20
+
+
+def tier_code(medium: str | None) -> int:
+    return 0 if medium is None else TIERS.get(medium.upper(), TIER_OTHER)
+
+
+def block_meta(worker: int, medium: str | None) -> int:
+    return (worker << WORKER_SHIFT) | (tier_code(medium) << TIER_SHIFT)
+
+
+def worker_clear(worker: int, medium: str | None = None) -> tuple[int, int]:
+    """(mask, value) of `clear` for every block of `worker` (of one tier if given)."""
+    if medium is None:
+        return WORKER_MASK, worker << WORKER_SHIFT
+    return WORKER_MASK | TIER_MASK, block_meta(worker, medium)
+
+
+def cache_salt(first_extra_keys: tuple[object, ...] | None, lora_name: str | None) -> str:
+    """The cache salt in a first block's extra keys ('' when none)."""
+    if not first_extra_keys:
+        return ""
+    strs = [k for k in first_extra_keys if isinstance(k, str)]
+    if lora_name is not None and lora_name in strs:
+        strs.remove(lora_name)
+    return ",".join(strs)
+
+
+def join_ns(base: str, lora_name: str | None, salt: str) -> str:
+    parts = [base] if base else []
+    if lora_name:
+        parts.append(f"lora={lora_name}")
+    if salt:
+        parts.append(f"salt={salt}")
+    return "/".join(parts)
+
+
+# ------------------------------------------------------------------------------ ops
+
+
+@dataclass(frozen=True, slots=True)
+class InsertOp:
+    ns: str
+    hashes: tuple[int, ...]
+    parent: int | None
+    meta: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveOp:
+    ns: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClearOp:
+    ns: str
+    mask: int
+    value: int
+
+
+Op = InsertOp | RemoveOp | ClearOp
+
+
+@dataclass(frozen=True, slots=True)
+class Translated:
+    """The ops of one event; `kind` is the event's counter name."""
+
+    kind: str  # "stored", "removed", "cleared", "ignored"
+    ops: tuple[Op, ...]
+
+
+class Translator:
+    """Stateful (hash -> namespace map, namespaces used) but pure: no I/O."""
+
+    def __init__(
+        self,
+        worker: int,
+        ns_template: str = "",
+        group: int = 0,
+        known: Iterable[str] = (),
+        max_map: int = DEFAULT_NS_MAP,
+    ) -> None:
+        if not 0 <= worker <= MAX_WORKER:
+            raise ValueError(f"worker: {worker} is outside 0..{MAX_WORKER}")
+        self.worker = worker
+        self.ns_template = ns_template
+        self.group = group
+        self.known: set[str] = set(known)
+        self.ns_of: dict[int, str] = {}
+        self.max_map = max_map
+        self.trust_map = not self.known  # a fresh bridge has seen every store
+
+    def base_ns(self, medium: str | None) -> str:
+        tier = TIER_NAMES.get(tier_code(medium), "other")
+        return self.ns_template.format(worker=self.worker, medium=tier)
+
+    def translate(self, batch: EventBatch) -> list[Translated]:
+        return [self.event(e) for e in batch.events]
+
+    def event(self, ev: Event) -> Translated:
+        if isinstance(ev, BlockStored):
+            if (ev.group_idx or 0) != self.group or not ev.block_hashes:
+                return Translated("ignored", ())
+            return Translated("stored", (self._store(ev),))
+        if isinstance(ev, BlockRemoved):
+            if (ev.group_idx or 0) != self.group:
+                return Translated("ignored", ())
+            return Translated("removed", self._remove(ev))
+        if isinstance(ev, AllBlocksCleared):
+            return Translated("cleared", self.clear_all())
+        assert isinstance(ev, OtherEvent)
+        return Translated("ignored", ())
+
+    def _store(self, ev: BlockStored) -> InsertOp:
+        base = self.base_ns(ev.medium)
+        if ev.parent is not None and ev.parent in self.ns_of:
+            ns = self.ns_of[ev.parent]
+        elif ev.parent is not None:
+            ns = join_ns(base, ev.lora_name, "")
+        else:
+            ns = join_ns(base, ev.lora_name, cache_salt(ev.first_extra_keys, ev.lora_name))
+        self._use(ns)
+        if ns != base:
+            for h in ev.block_hashes:
+                self.ns_of.pop(h, None)
+                self.ns_of[h] = ns
+            while len(self.ns_of) > self.max_map:  # oldest first (dict order)
+                self.ns_of.pop(next(iter(self.ns_of)))
+                self.trust_map = False
+        else:
+            for h in ev.block_hashes:
+                self.ns_of.pop(h, None)
+        return InsertOp(ns, ev.block_hashes, ev.parent, block_meta(self.worker, ev.medium))
+
+    def learn(self, ns: str, hashes: tuple[int, ...]) -> None:
+        """`hashes` turned out to live in `ns` (an insert re-routed after a restart)."""
+        for h in hashes:
+            self.ns_of[h] = ns
+
+    def _remove(self, ev: BlockRemoved) -> tuple[Op, ...]:
+        base = self.base_ns(ev.medium)
+        by_ns: dict[str, list[int]] = {}
+        unknown: list[int] = []
+        for h in ev.block_hashes:
+            ns = self.ns_of.pop(h, None)
+            if ns is not None:
+                by_ns.setdefault(ns, []).append(h)
+            else:
+                unknown.append(h)
+        if unknown:
+            targets = [base] if self.trust_map else sorted(self.known | {base})
+            for ns in targets:
+                by_ns.setdefault(ns, []).extend(unknown)
+        return tuple(RemoveOp(ns, tuple(ids)) for ns, ids in by_ns.items())
+
+    def clear_all(self) -> tuple[Op, ...]:
+        """`clear` of this worker's blocks in every namespace it has used."""
+        mask, value = worker_clear(self.worker)
+        self.ns_of.clear()
+        self.trust_map = True
+        self._use(self.base_ns(None))
+        return tuple(ClearOp(ns, mask, value) for ns in sorted(self.known))
+
+    def _use(self, ns: str) -> None:
+        self.known.add(ns)
