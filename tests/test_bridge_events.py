@@ -188,8 +188,11 @@ def test_translator_filters_groups_and_unknown_events() -> None:
     tr = Translator(worker=1, group=0)
     evs = _batch(stored([1], None, [0] * 16, group_idx=1), {"type": "Other", "x": 1})
     assert [(t.kind, t.ops) for t in map(tr.event, evs)] == [("ignored", ()), ("ignored", ())]
-    with pytest.raises(ValueError, match="worker"):
+    with pytest.raises(BadRequest, match="worker"):
         Translator(worker=70000)
+    with pytest.raises(BadRequest, match="ns"):
+        Translator(worker=1, ns_template="m/{rank}")
+    assert Translator(worker=1, ns_template="{{x}}/{medium}").base_ns("CPU") == "{x}/cpu"
 
 
 def test_position_file_roundtrip(tmp_path: Path) -> None:

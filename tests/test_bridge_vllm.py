@@ -8,9 +8,12 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
+import tomllib
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +34,12 @@ def publisher() -> Iterator[Publisher]:
     pub = Publisher()
     yield pub
     pub.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def bridge_cfg(pub: Publisher, sarpd: SarpdProc, state: Path, **kw: object) -> BridgeConfig:
@@ -226,6 +235,7 @@ def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_p
     conf.write_text(
         f'endpoint = "{publisher.endpoint}"\nreplay = "{publisher.replay_endpoint}"\n'
         f'worker = 5\nstate = "{state}"\nns = "cli"\nreport-interval = 0.1\n'
+        f"metrics-port = {free_port()}\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "tools.sarpctl", "--socket", str(sarpd_proc.socket)]
@@ -249,6 +259,10 @@ def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_p
             time.sleep(0.05)
         else:
             pytest.fail("blocks never indexed through sarpctl bridge")
+        port = tomllib.loads(conf.read_text())["metrics-port"]
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        assert b'sarp_bridge_events_total{type="stored",worker="5"} 1.0' in metrics
+        assert b'sarp_bridge_blocks_new_total{worker="5"} 3.0' in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)

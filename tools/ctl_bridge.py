@@ -141,4 +141,6 @@ def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: 
     try:
         asyncio.run(serve(cfg, report, report_interval, metrics_port))
     except SarpError as exc:
-        raise click.ClickException(str(exc)) from exc
+        error = click.ClickException(str(exc))
+        error.exit_code = 2  # sarpctl's exit code for errors
+        raise error from exc

@@ -39,6 +39,7 @@ from sarpd.bridge.events import (
     EventBatch,
     OtherEvent,
 )
+from sarpd.errors import BadRequest
 
 WORKER_SHIFT = 48
 WORKER_MASK = 0xFFFF << WORKER_SHIFT
@@ -132,7 +133,14 @@ class Translator:
         max_map: int = DEFAULT_NS_MAP,
     ) -> None:
         if not 0 <= worker <= MAX_WORKER:
-            raise ValueError(f"worker: {worker} is outside 0..{MAX_WORKER}")
+            raise BadRequest(f"worker: {worker} is outside 0..{MAX_WORKER}")
+        try:
+            ns_template.format(worker=worker, medium="gpu")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise BadRequest(
+                f"ns: {ns_template!r} is not a valid template ({exc!r}); only {{worker}} "
+                "and {medium} expand, write {{ and }} for literal braces"
+            ) from exc
         self.worker = worker
         self.ns_template = ns_template
         self.group = group

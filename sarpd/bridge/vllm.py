@@ -224,9 +224,13 @@ class VllmBridge:
                     log.warning("replay from %d: no answer in %.1f s", start, timeout_ms / 1e3)
                     break
                 frames = await dealer.recv_multipart()
-                if len(frames) != 3:
+                try:
+                    seq = decode_seq(frames[1]) if len(frames) == 3 else None
+                except EventDecodeError:
+                    seq = None
+                if seq is None:
+                    log.warning("replay: ignored a malformed reply of %d frames", len(frames))
                     continue
-                seq = decode_seq(frames[1])
                 if seq == END_SEQ:
                     break
                 if self.last is not None and seq <= self.last:
