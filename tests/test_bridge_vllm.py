@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import urllib.request
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_helpers import REPO, Launcher, SarpdProc
+from daemon_helpers import REPO, Launcher, RawConn, SarpdProc
 from vllm_engine import BridgeThread, FakeEngine, Req, as_u64
 
 from sarpd.bridge.publisher import Publisher, encode_batch, stored
@@ -272,3 +273,31 @@ def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_p
     assert json.loads(state.read_text())["worker"] == 5
     with SyncClient(sarpd_proc.socket) as c:
         assert c.match(hashes=[7, 8, 9], ns="cli")["meta"] == [5 << 48] * 3
+
+
+def test_backs_off_while_sarpd_answers_busy(
+    publisher: Publisher, sarpd_factory: Launcher, tmp_path: Path
+) -> None:
+    """sarpd at max_connections answers `busy` and closes: the bridge backs off and
+    retries until a connection frees up, then applies everything."""
+    sarpd = sarpd_factory(config={"server": {"max_connections": 1}})
+    engine = FakeEngine(capacity=100)
+    wl = Workload(seed=5)
+    hog = RawConn(sarpd.socket)  # takes the only connection
+    assert hog.call("ping")["ok"]
+    bt = BridgeThread(bridge_cfg(publisher, sarpd, tmp_path / "pos.json"))
+    bt_started = threading.Thread(target=bt.start)
+    bt_started.start()
+    try:
+        assert publisher.subscribed.wait(10)
+        time.sleep(0.5)  # a few refused attempts
+        assert not bt.ready.is_set()
+        hog.close()
+        bt_started.join(30)
+        publish_requests(publisher, engine, wl, 10, array_like=True)
+        publisher.flush()
+        bt.wait_seq(publisher.next_seq - 1)
+        assert bt.bridge is not None and bt.bridge.stats.busy >= 1
+    finally:
+        bt.stop()
+    check_index(sarpd, engine, wl.seen)

@@ -33,6 +33,10 @@ def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) 
     return path
 
 
+class BridgeFailed(click.ClickException):
+    exit_code = 2  # sarpctl's exit code for errors
+
+
 @click.group()
 def bridge() -> None:
     """Feed sarpd from a serving engine's KV-cache events (see docs/BRIDGE.md)."""
@@ -141,6 +145,4 @@ def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: 
     try:
         asyncio.run(serve(cfg, report, report_interval, metrics_port))
     except SarpError as exc:
-        error = click.ClickException(str(exc))
-        error.exit_code = 2  # sarpctl's exit code for errors
-        raise error from exc
+        raise BridgeFailed(str(exc)) from exc

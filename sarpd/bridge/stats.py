@@ -45,6 +45,7 @@ class BridgeStats:
     replay_failures: int = 0
     restarts: int = 0  # engine restarts (sequence went backwards)
     duplicates: int = 0
+    busy: int = 0  # answers `busy` from sarpd (backed off)
     retries: int = 0  # requests re-sent after busy / unavailable / a lost connection
     reconnects: int = 0  # connections to sarpd after the first one
     last_seq: int = -1
@@ -60,7 +61,7 @@ class BridgeStats:
             f"cleared {e['cleared']} ignored {e['ignored']}; blocks +{self.blocks_new} "
             f"-{self.blocks_removed}; unknown_parent {self.unknown_parent}, dropped "
             f"{self.dropped}, gaps {self.gaps}, replays {self.replays}, restarts "
-            f"{self.restarts}, retries {self.retries}, lag {self.lag_s:.3f} s"
+            f"{self.restarts}, busy {self.busy}, retries {self.retries}, lag {self.lag_s:.3f} s"
         )
 
 
@@ -132,7 +133,7 @@ def serve_metrics(stats: BridgeStats, port: int, worker: int) -> None:
             for name in (
                 "batches", "blocks_new", "blocks_removed", "unknown_parent", "rejected",
                 "dropped", "gaps", "replays", "replay_failures", "restarts", "duplicates",
-                "retries", "reconnects",
+                "busy", "retries", "reconnects",
             ):  # fmt: skip
                 c = CounterMetricFamily(f"sarp_bridge_{name}", name.replace("_", " "),
                                         labels=["worker"])  # fmt: skip

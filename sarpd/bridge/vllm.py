@@ -269,6 +269,7 @@ class VllmBridge:
                 continue
             self.stats.retries += 1
             error = next(r for r in results if isinstance(r, RETRYABLE))
+            self._note_busy(error)
             log.info("sarpd: %s; retrying in %.2f s", error, backoff)
             if not isinstance(error, Busy):
                 await self._disconnect()
@@ -354,11 +355,16 @@ class VllmBridge:
                     self._connected_once = True
                     break
                 except (*RETRYABLE, SarpError) as exc:
+                    self._note_busy(exc)
                     log.info("sarpd not ready: %s", exc)
                     await client.close()
             await self._sleep(backoff)
             backoff = min(backoff * 2, self.cfg.max_backoff_s)
         return self._client
+
+    def _note_busy(self, exc: BaseException) -> None:
+        if isinstance(exc, Busy) or isinstance(exc.__cause__, Busy):
+            self.stats.busy += 1
 
     async def _disconnect(self) -> None:
         client, self._client = self._client, None
