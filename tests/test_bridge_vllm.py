@@ -17,6 +17,7 @@ import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_helpers import REPO, Launcher, RawConn, SarpdProc
@@ -43,15 +44,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def bridge_cfg(pub: Publisher, sarpd: SarpdProc, state: Path, **kw: object) -> BridgeConfig:
-    return BridgeConfig(
-        endpoint=pub.endpoint,
-        replay=pub.replay_endpoint,
-        socket=str(sarpd.socket),
-        worker=WORKER,
-        state=state,
-        **kw,  # type: ignore[arg-type]
-    )
+def bridge_cfg(pub: Publisher, sarpd: SarpdProc, state: Path, **kw: Any) -> BridgeConfig:
+    fields: dict[str, Any] = {
+        "endpoint": pub.endpoint,
+        "replay": pub.replay_endpoint,
+        "socket": str(sarpd.socket),
+        "worker": WORKER,
+        "state": state,
+    }
+    return BridgeConfig(**{**fields, **kw})
 
 
 def start_bridge(cfg: BridgeConfig, pub: Publisher) -> BridgeThread:
@@ -301,3 +302,54 @@ def test_backs_off_while_sarpd_answers_busy(
     finally:
         bt.stop()
     check_index(sarpd, engine, wl.seen)
+
+
+def test_gap_beyond_the_replay_buffer_and_restart_without_replay(
+    sarpd_proc: SarpdProc, tmp_path: Path
+) -> None:
+    """Batches the engine no longer buffers are counted as dropped, never waited for;
+    without a replay socket an engine restart still clears the worker's blocks."""
+    pub = Publisher(buffer_steps=2)
+    try:
+        bt = start_bridge(bridge_cfg(pub, sarpd_proc, tmp_path / "a.json"), pub)
+        try:
+            pub.publish(encode_batch([stored([1], None, [0] * 16)]))  # seq 0
+            for h in range(2, 7):  # seq 1..5 (hashes 2..6) lost
+                pub.publish(encode_batch([stored([h], None, [0] * 16)]), lost=True)
+            pub.publish(encode_batch([stored([9], None, [0] * 16)]))  # seq 6 -> gap
+            # the replay finds only the last two batches buffered, seq 5 and 6
+            pub.flush()
+            bt.wait_seq(6)
+            assert bt.bridge is not None
+            stats = bt.bridge.stats
+            assert (stats.gaps, stats.dropped, stats.replays) == (1, 4, 2)
+        finally:
+            bt.stop()
+        with SyncClient(sarpd_proc.socket) as c:
+            present = [h for h in range(1, 10) if c.match(hashes=[h])["blocks"]]
+        assert present == [1, 6, 9]
+    finally:
+        pub.close()
+
+    pub = Publisher()
+    try:
+        cfg = bridge_cfg(pub, sarpd_proc, tmp_path / "b.json", replay=None, worker=4)
+        bt = start_bridge(cfg, pub)
+        try:
+            pub.publish(encode_batch([stored([41, 42], None, [0] * 32)]))
+            pub.publish(encode_batch([stored([43], 42, [0] * 16)]))
+            pub.flush()
+            bt.wait_seq(1)
+            pub.restart()
+            pub.publish(encode_batch([stored([50], None, [0] * 16)]))  # seq 0 again
+            pub.flush()
+            bt.wait_seq(0)
+            assert bt.bridge is not None and bt.bridge.stats.restarts == 1
+        finally:
+            bt.stop()
+        with SyncClient(sarpd_proc.socket) as c:
+            assert c.match(hashes=[41, 42, 43])["blocks"] == 0  # worker 4 cleared
+            assert c.match(hashes=[50])["meta"] == [4 << 48]
+            assert c.match(hashes=[1])["meta"] == [WORKER << 48]  # worker 3 untouched
+    finally:
+        pub.close()
