@@ -64,6 +64,7 @@ def test_decode_both_encodings(array_like: bool) -> None:
         lora_name="sql",
         first_extra_keys=("sql", "tenant"),
         group_idx=0,
+        num_tokens=32,
     )
     assert rm == BlockRemoved((7, engine_hash(DIGEST)), "CPU")
     assert cl == AllBlocksCleared()
@@ -73,7 +74,7 @@ def test_old_short_arrays_and_new_unknown_fields() -> None:
     # an early vLLM: [tag, hashes, parent, token_ids, block_size, lora_id] only
     old = msgpack.packb([1.0, [["BlockStored", [1, 2], 9, list(range(32)), 16, None]]])
     (ev,) = decode_batch(old).events
-    assert ev == BlockStored((1, 2), 9, 16)
+    assert ev == BlockStored((1, 2), 9, 16, num_tokens=32)
     # a future vLLM: extra trailing array fields, extra map keys, unknown event types
     new = msgpack.packb(
         [2.0, [["BlockRemoved", [3], "GPU", 0, "future", 42], ["ShinyNewEvent", 1, 2]]]
@@ -144,7 +145,7 @@ def _batch(*events: dict[str, object]) -> list[object]:
 def test_translator_namespaces_follow_lora_salt_and_parent() -> None:
     tr = Translator(worker=2, ns_template="llama/w{worker}")
     toks = list(range(32))
-    first, cont, lora, plain = (
+    first, cont, lora, cpu = (
         tr.event(e)
         for e in _batch(
             stored([1, 2], None, toks, extra_keys=[["t7"], None]),  # salted, block 0
@@ -157,7 +158,7 @@ def test_translator_namespaces_follow_lora_salt_and_parent() -> None:
     assert first.ops == (InsertOp("llama/w2/salt=t7", (1, 2), None, meta),)
     assert cont.ops == (InsertOp("llama/w2/salt=t7", (3,), 2, meta),)
     assert lora.ops == (InsertOp("llama/w2/lora=sql", (4,), None, meta),)
-    assert plain.ops == (InsertOp("llama/w2", (5,), None, meta | (1 << 40)),)
+    assert cpu.kind == "ignored"  # another tier, and no namespace per tier
     # removals go where each block was stored, one remove per namespace
     (rm,) = (tr.event(e) for e in _batch(removed([1, 4, 9])))
     assert rm.kind == "removed"
@@ -208,3 +209,20 @@ def test_position_file_roundtrip(tmp_path: Path) -> None:
     path.write_text(json.dumps({"format": 9}))
     with pytest.raises(BadRequest, match="format"):
         load_position(path, "tcp://e:1", 3)
+
+
+def test_translator_tiers_and_unanchored_stores() -> None:
+    """Other tiers are indexed only with a namespace per tier; stores without parent
+    and tokens (offloading connectors) never: their positions are unknown."""
+    shared, per_tier = Translator(worker=1), Translator(worker=1, ns_template="{medium}")
+    cpu_store = stored([5], None, [0] * 16, medium="CPU")
+    cpu_remove = removed([5], medium="CPU")
+    bare = stored([6, 7], None, [], medium="CPU")
+    kinds = [shared.event(e).kind for e in _batch(cpu_store, cpu_remove, bare)]
+    assert kinds == ["ignored", "ignored", "ignored"]
+    st, rm, br = (per_tier.event(e) for e in _batch(cpu_store, cpu_remove, bare))
+    assert st.ops == (InsertOp("cpu", (5,), None, (1 << 48) | (1 << 40)),)
+    assert rm.ops == (RemoveOp("cpu", (5,)),)
+    assert br.kind == "ignored"
+    (gpu,) = (per_tier.event(e) for e in _batch(stored([8], None, [0] * 16)))
+    assert gpu.ops == (InsertOp("gpu", (8,), None, 1 << 48),)

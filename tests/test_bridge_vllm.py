@@ -204,7 +204,7 @@ def test_survives_sarpd_and_bridge_restarts(
 def test_unknown_parent_bad_payloads_and_filters(
     publisher: Publisher, sarpd_proc: SarpdProc, tmp_path: Path
 ) -> None:
-    cfg = bridge_cfg(publisher, sarpd_proc, tmp_path / "pos.json", ns="m/w{worker}")
+    cfg = bridge_cfg(publisher, sarpd_proc, tmp_path / "pos.json", ns="m/w{worker}/{medium}")
     bt = start_bridge(cfg, publisher)
     toks = list(range(32))
     try:
@@ -225,9 +225,9 @@ def test_unknown_parent_bad_payloads_and_filters(
     finally:
         bt.stop()
     with SyncClient(sarpd_proc.socket) as c:
-        assert c.match(hashes=[11, 12], ns="m/w3")["blocks"] == 0
-        assert c.match(hashes=[21], ns="m/w3")["blocks"] == 0
-        cpu = c.match(hashes=[31, 32], ns="m/w3")
+        assert c.match(hashes=[11, 12], ns="m/w3/gpu")["blocks"] == 0
+        assert c.match(hashes=[21], ns="m/w3/gpu")["blocks"] == 0
+        cpu = c.match(hashes=[31, 32], ns="m/w3/cpu")
         assert cpu["blocks"] == 2 and cpu["meta"] == [(3 << 48) | (1 << 40)] * 2
 
 

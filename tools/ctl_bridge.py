@@ -73,7 +73,8 @@ def bridge() -> None:
     default="",
     show_default=True,
     help="Namespace (template: {worker} and {medium} expand); LoRA and cache "
-    "salt are appended as /lora=NAME and /salt=SALT.",
+    "salt are appended as /lora=NAME and /salt=SALT. Tiers other than the GPU are "
+    "indexed only when it contains {medium}.",
 )
 @click.option(
     "--worker",

@@ -77,6 +77,7 @@ class BlockStored:
     # extra keys of the FIRST block (LoRA name, multimodal ids, cache salt...)
     first_extra_keys: tuple[Any, ...] | None = None
     group_idx: int | None = None
+    num_tokens: int = 0  # len(token_ids): 0 in offloading connectors' events
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +186,7 @@ def _stored(f: dict[str, Any], where: str) -> BlockStored:
     block_size = f.get("block_size")
     if type(block_size) is not int or block_size <= 0:
         raise EventDecodeError(f"{where}.block_size: expected a positive int, got {block_size!r}")
+    tokens = f.get("token_ids")
     extra = f.get("extra_keys")
     first: tuple[Any, ...] | None = None
     if isinstance(extra, list) and extra and isinstance(extra[0], list | tuple):
@@ -198,6 +200,7 @@ def _stored(f: dict[str, Any], where: str) -> BlockStored:
         lora_id=_opt(f.get("lora_id"), int, f"{where}.lora_id"),
         first_extra_keys=first,
         group_idx=_opt(f.get("group_idx"), int, f"{where}.group_idx"),
+        num_tokens=len(tokens) if isinstance(tokens, list) else 0,
     )
 
 

@@ -19,6 +19,14 @@ too and tells a router where to look. The cache salt is the string extra key of 
 sequence's first block that is not the LoRA name (vLLM adds the salt to block 0
 only), so continuations (events with a parent) inherit their parent's namespace.
 
+Tiers. vLLM's own prefix cache reports the GPU tier; KV connectors that offload
+(vLLM's OffloadingConnector, LMCache, ...) report other media, often as bare stores
+(no parent, no token ids) whose positions in their sequences are unknown. Those
+are never indexed (positions are what sarp indexes). And since a block has one id
+in every tier, a CPU eviction would remove the block a GPU still holds: so events
+of tiers other than the GPU are indexed only when the template contains
+``{medium}`` (one namespace per tier); otherwise they are ignored (counted).
+
 `BlockRemoved` names bare hashes without LoRA or salt, so the translator remembers
 the namespace of every block it stored outside the plain namespace (``hash -> ns``,
 bounded). After a restart of the bridge that map is empty: removals of hashes it
@@ -148,6 +156,7 @@ class Translator:
         self.ns_of: dict[int, str] = {}
         self.max_map = max_map
         self.trust_map = not self.known  # a fresh bridge has seen every store
+        self.per_tier = "{medium}" in ns_template
 
     def base_ns(self, medium: str | None) -> str:
         tier = TIER_NAMES.get(tier_code(medium), "other")
@@ -156,13 +165,22 @@ class Translator:
     def translate(self, batch: EventBatch) -> list[Translated]:
         return [self.event(e) for e in batch.events]
 
+    def wanted(self, group_idx: int | None, medium: str | None) -> bool:
+        """Events of another KV-cache group are not indexed; nor, unless the template
+        has a namespace per tier, events of tiers other than the GPU (module doc)."""
+        if (group_idx or 0) != self.group:
+            return False
+        return self.per_tier or tier_code(medium) == 0
+
     def event(self, ev: Event) -> Translated:
         if isinstance(ev, BlockStored):
-            if (ev.group_idx or 0) != self.group or not ev.block_hashes:
+            if not self.wanted(ev.group_idx, ev.medium) or not ev.block_hashes:
+                return Translated("ignored", ())
+            if ev.parent is None and ev.num_tokens == 0:  # unanchored: see module doc
                 return Translated("ignored", ())
             return Translated("stored", (self._store(ev),))
         if isinstance(ev, BlockRemoved):
-            if (ev.group_idx or 0) != self.group:
+            if not self.wanted(ev.group_idx, ev.medium):
                 return Translated("ignored", ())
             return Translated("removed", self._remove(ev))
         if isinstance(ev, AllBlocksCleared):
