@@ -270,7 +270,8 @@ class VllmBridge:
             self.stats.retries += 1
             error = next(r for r in results if isinstance(r, RETRYABLE))
             self._note_busy(error)
-            log.info("sarpd: %s; retrying in %.2f s", error, backoff)
+            level = logging.WARNING if backoff >= self.cfg.max_backoff_s else logging.INFO
+            log.log(level, "sarpd: %s; retrying in %.2f s", error, backoff)
             if not isinstance(error, Busy):
                 await self._disconnect()
             await self._sleep(backoff)
