@@ -24,6 +24,7 @@ from daemon_helpers import REPO, Launcher, RawConn, SarpdProc
 from vllm_engine import BridgeThread, FakeEngine, Req, as_u64
 
 from sarpd.bridge.publisher import Publisher, encode_batch, stored
+from sarpd.bridge.stats import nsmap_path
 from sarpd.bridge.vllm import BridgeConfig
 from sarpd.client import SyncClient
 
@@ -186,19 +187,28 @@ def test_survives_sarpd_and_bridge_restarts(
         bt.stop()
     check_index(sarpd, engine, wl.seen)
 
-    # the bridge itself restarts: what it missed comes back through the replay socket
-    publish_requests(publisher, engine, wl, 15, array_like=True)
-    publisher.flush()
-    bt = start_bridge(bridge_cfg(publisher, sarpd, state), publisher)
-    try:
-        bt.wait_seq(publisher.next_seq - 1)
-        stats = bt.bridge.stats if bt.bridge else None
-        assert stats is not None and stats.dropped == 0 and stats.replays == 1
-        # continuations of salted sequences found their namespace again (re-routed)
-        assert stats.unknown_parent == 0
-    finally:
-        bt.stop()
-    check_index(sarpd, engine, wl.seen)
+    # the bridge restarts cleanly: what it missed comes back through the replay
+    # socket, and the namespaces of salted blocks from the map it saved on stopping
+    assert nsmap_path(state).exists()
+    for crash in (False, True):
+        publish_requests(publisher, engine, wl, 15, array_like=True)
+        publisher.flush()
+        if crash:  # as after a crash: the position survives, the map does not
+            nsmap_path(state).unlink()
+        publisher.subscribed.clear()
+        bt = start_bridge(bridge_cfg(publisher, sarpd, state), publisher)
+        try:
+            assert bt.bridge is not None and bt.bridge.translator.trust_map is not crash
+            bt.wait_seq(publisher.next_seq - 1)
+            stats = bt.bridge.stats
+            assert stats.dropped == 0 and stats.replays == 1
+            # after a crash, continuations of salted sequences find their namespace
+            # by trying the others (re-routed); after a clean stop they need not
+            assert stats.unknown_parent == 0
+            assert (stats.retries > 0) is crash  # re-routes re-send, nothing else does
+        finally:
+            bt.stop()
+        check_index(sarpd, engine, wl.seen)
 
 
 def test_unknown_parent_bad_payloads_and_filters(
@@ -353,3 +363,37 @@ def test_gap_beyond_the_replay_buffer_and_restart_without_replay(
             assert c.match(hashes=[1])["meta"] == [WORKER << 48]  # worker 3 untouched
     finally:
         pub.close()
+
+
+@pytest.mark.slow
+def test_soak_with_sarpd_kills_bridge_restarts_and_gaps(
+    publisher: Publisher, sarpd_factory: Launcher, tmp_path: Path
+) -> None:
+    """Long run (slow, ~1 min): 1,500 requests in rounds; in each round sarpd is
+    killed or the bridge restarted, and some batches are lost on the PUB socket.
+    The index must end exactly as the engine's cache. Hundreds of conversations over
+    four prompts make more than `window_cap` (4) segment copies tie for one window,
+    where sarp may read the wrong ones by design (DECISIONS.md: the cap is the
+    controlled loss): exactness is checked uncapped, as the index tests do."""
+    sarpd = sarpd_factory(config={"index": {"window_cap": 1 << 20}})
+    engine = FakeEngine(capacity=400, int_hashes=True)
+    wl = Workload(seed=99)
+    state = tmp_path / "pos.json"
+    for rnd in range(10):
+        bt = start_bridge(bridge_cfg(publisher, sarpd, state), publisher)
+        try:
+            publish_requests(publisher, engine, wl, 100, array_like=rnd % 2 == 0, lose_every=13)
+            if rnd % 3 == 1:
+                sarpd.kill()
+                time.sleep(0.1)
+                sarpd.start()
+            if rnd == 5:
+                publisher.publish(encode_batch(engine.reset()))
+            publish_requests(publisher, engine, wl, 50, array_like=True)
+            publisher.flush()
+            bt.wait_seq(publisher.next_seq - 1, timeout=300)
+            assert bt.bridge is not None and bt.bridge.stats.unknown_parent == 0
+        finally:
+            bt.stop()
+        publisher.subscribed.clear()
+    assert check_index(sarpd, engine, wl.seen) > 0

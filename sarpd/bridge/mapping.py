@@ -127,6 +127,9 @@ class Translated:
 
     kind: str  # "stored", "removed", "cleared", "ignored"
     ops: tuple[Op, ...]
+    # an insert whose namespace was guessed (its parent unknown to a restarted
+    # translator): the other namespaces its parent may be in, to try in order
+    alternatives: tuple[str, ...] = ()
 
 
 class Translator:
@@ -139,6 +142,7 @@ class Translator:
         group: int = 0,
         known: Iterable[str] = (),
         max_map: int = DEFAULT_NS_MAP,
+        ns_of: dict[int, str] | None = None,
     ) -> None:
         if not 0 <= worker <= MAX_WORKER:
             raise BadRequest(f"worker: {worker} is outside 0..{MAX_WORKER}")
@@ -153,9 +157,10 @@ class Translator:
         self.ns_template = ns_template
         self.group = group
         self.known: set[str] = set(known)
-        self.ns_of: dict[int, str] = {}
+        self.ns_of: dict[int, str] = dict(ns_of or {})
         self.max_map = max_map
-        self.trust_map = not self.known  # a fresh bridge has seen every store
+        # complete: a fresh bridge has seen every store; a map saved at a clean stop
+        self.trust_map = not self.known or ns_of is not None
         self.per_tier = "{medium}" in ns_template
 
     def base_ns(self, medium: str | None) -> str:
@@ -178,7 +183,10 @@ class Translator:
                 return Translated("ignored", ())
             if ev.parent is None and ev.num_tokens == 0:  # unanchored: see module doc
                 return Translated("ignored", ())
-            return Translated("stored", (self._store(ev),))
+            guessed = ev.parent is not None and ev.parent not in self.ns_of and not self.trust_map
+            op = self._store(ev)
+            alts = tuple(sorted(self.known - {op.ns})) if guessed else ()
+            return Translated("stored", (op,), alts)
         if isinstance(ev, BlockRemoved):
             if not self.wanted(ev.group_idx, ev.medium):
                 return Translated("ignored", ())

@@ -3,7 +3,8 @@
 It encodes events as vLLM does (msgspec structs as msgpack, see
 `sarpd.bridge.events`), in either encoding, and serves them the way vLLM does: a
 publishing thread sends ``(topic, seq as 8 bytes big-endian, payload)`` on a PUB
-socket (an XPUB here, wire-compatible, so that callers can wait for a subscriber)
+socket (an XPUB here, wire-compatible, so that callers can wait for a subscriber:
+`subscribed` is set on each subscription; clear it before a new subscriber)
 and keeps the last `buffer_steps` payloads for replay requests on a ROUTER socket
 (``[identity, b"", start_seq]`` in; ``[identity, b"", seq, payload]`` per buffered
 batch and ``[identity, b"", -1, b""]`` out).
@@ -123,6 +124,7 @@ class Publisher:
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.SNDHWM, 0)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscriber, not just the first
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind("tcp://127.0.0.1:*")
         self._router = self._ctx.socket(zmq.ROUTER)

@@ -9,8 +9,12 @@ the directory)::
 
 Invariant: ``last_seq`` never passes a batch that sarpd has not acknowledged in full,
 so a restarted bridge asks the engine to replay from ``last_seq + 1`` and loses
-nothing. Re-applying events sarpd already has is harmless (insert of an indexed
-block and removal of an absent one change nothing).
+nothing. The file is rewritten after every round of requests (atomic rename) and
+fsync'd at most every `save_interval_s`, so after a crash of the bridge process it
+is exact, and after a crash of the machine it may lag by that interval: those
+events are applied again, which is harmless except that a store whose parent was
+evicted within that interval is then refused as `unknown_parent` (a block missing
+from the index, never one that is not in the engine).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgpack
 
 from sarpd.errors import BadRequest
 
@@ -91,8 +97,15 @@ def load_position(path: Path | None, endpoint: str, worker: int) -> Position:
 
 
 def save_position(
-    path: Path, endpoint: str, worker: int, last_seq: int | None, namespaces: Iterable[str]
+    path: Path,
+    endpoint: str,
+    worker: int,
+    last_seq: int | None,
+    namespaces: Iterable[str],
+    durable: bool = True,
 ) -> None:
+    """Replace the position file atomically; `durable`: also fsync (a machine crash
+    keeps it), else only a crash of the process is covered."""
     doc = {
         "format": STATE_FORMAT,
         "endpoint": endpoint,
@@ -105,13 +118,47 @@ def save_position(
     with open(tmp, "w") as f:
         json.dump(doc, f)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if not durable:
+        return
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def nsmap_path(state: Path) -> Path:
+    return state.with_name(state.name + ".nsmap")
+
+
+def save_nsmap(state: Path, last_seq: int | None, ns_of: dict[int, str]) -> None:
+    """At a clean stop: the translator's hash -> namespace map, valid for exactly
+    this position (msgpack ``{"format", "last_seq", "ns": [names], "map": [[hash,
+    index into ns], ...]}``), so a restart need not guess (`sarpd.bridge.mapping`)."""
+    names = sorted(set(ns_of.values()))
+    index = {n: i for i, n in enumerate(names)}
+    doc = {"format": STATE_FORMAT, "last_seq": last_seq, "ns": names,
+           "map": [[h, index[n]] for h, n in ns_of.items()]}  # fmt: skip
+    tmp = nsmap_path(state).with_name(nsmap_path(state).name + ".tmp")
+    tmp.write_bytes(msgpack.packb(doc))
+    os.replace(tmp, nsmap_path(state))
+
+
+def load_nsmap(state: Path | None, last_seq: int | None) -> dict[int, str] | None:
+    """The map saved at a clean stop at `last_seq`; None if there is none for it."""
+    if state is None or last_seq is None or not nsmap_path(state).exists():
+        return None
+    try:
+        doc = msgpack.unpackb(nsmap_path(state).read_bytes(), strict_map_key=False)
+        if doc.get("format") != STATE_FORMAT or doc.get("last_seq") != last_seq:
+            return None
+        names = doc["ns"]
+        return {int(h): str(names[i]) for h, i in doc["map"]}
+    except (OSError, ValueError, KeyError, IndexError, TypeError, msgpack.UnpackException):
+        return None  # a damaged map is only a lost optimisation: guess instead
 
 
 def serve_metrics(stats: BridgeStats, port: int, worker: int) -> None:

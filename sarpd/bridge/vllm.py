@@ -18,9 +18,11 @@ Sequence rules (``last`` = the newest batch taken):
 Requests go out pipelined on one sarpd connection (sarpd applies one connection's
 requests in order), at most `max_inflight` at a time. `busy`, `unavailable` or a
 lost connection stop the run at the first such request: the bridge backs off,
-reconnects if needed and re-sends from that request on (re-applying later ones is
-harmless, see `sarpd.bridge.stats`). The position advances only past batches whose
-every request was acknowledged.
+reconnects if needed and re-sends from that request on. Re-applying requests sarpd
+already applied is harmless (inserting an indexed block or removing an absent one
+changes nothing) with one exception, an insert whose parent a later request
+removed; `_window_end` never puts such a pair in flight together. The position
+advances only past batches whose every request was acknowledged.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ import zmq.asyncio
 
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_seq
 from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
-from sarpd.bridge.stats import BridgeStats, load_position, save_position
+from sarpd.bridge.stats import (
+    BridgeStats,
+    load_nsmap,
+    load_position,
+    save_nsmap,
+    save_position,
+)
 from sarpd.client import Client, SarpConnectionError
 from sarpd.errors import Busy, SarpError, Unavailable, UnknownParent
 
@@ -70,6 +78,7 @@ class _Req:
     kind: str | None  # the event counter to bump on success (first op of an event)
     op: Op
     tried: tuple[str, ...] = ()  # namespaces an insert got unknown_parent in
+    alternatives: tuple[str, ...] = ()  # other namespaces to try then (Translated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +98,15 @@ class VllmBridge:
         self.cfg = cfg
         self.stats = stats or BridgeStats()
         pos = load_position(cfg.state, cfg.endpoint, cfg.worker)
-        self.translator = Translator(cfg.worker, cfg.ns, cfg.group, known=pos.namespaces)
+        ns_of = load_nsmap(cfg.state, pos.last_seq)
+        self.translator = Translator(
+            cfg.worker, cfg.ns, cfg.group, known=pos.namespaces, ns_of=ns_of
+        )
         self.last: int | None = pos.last_seq  # newest batch taken
         self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
         self._saved: tuple[int | None, int] = (self.applied, len(self.translator.known))
         self._saved_at = 0.0
+        self._synced = True
         self._replayed: tuple[int, int] | None = None
         self._client: Client | None = None
         self._connected_once = False
@@ -134,6 +147,8 @@ class VllmBridge:
             pass
         finally:
             self._maybe_save(force=True)
+            if self.cfg.state is not None and self.translator.trust_map:
+                save_nsmap(self.cfg.state, self.applied, self.translator.ns_of)
             sub.close(linger=0)
             if self._client is not None:
                 await self._client.close()
@@ -200,7 +215,10 @@ class VllmBridge:
         for tr in self.translator.translate(batch):
             if not tr.ops:
                 self.stats.events[tr.kind] += 1
-            items.extend(self._event_reqs(tr.kind, tr.ops))
+            if tr.alternatives:
+                items.append(_Req(tr.kind, tr.ops[0], alternatives=tr.alternatives))
+            else:
+                items.extend(self._event_reqs(tr.kind, tr.ops))
         items.append(_Mark(seq, batch.ts))
 
     @staticmethod
@@ -248,7 +266,9 @@ class VllmBridge:
         """Send every request in order; re-send from the first retryable failure."""
         i, backoff = 0, 0.02
         while i < len(items):
-            chunk = items[i : i + self.cfg.max_inflight]
+            end = self._window_end(items, i)
+            self._resolve_guesses(items, i, end)
+            chunk = items[i:end]
             client = await self._connected()
             tasks = [
                 asyncio.ensure_future(self._send(client, it.op))
@@ -262,8 +282,8 @@ class VllmBridge:
                 backoff = 0.02
                 continue
             k, reroute = failed
+            self.stats.retries += sum(isinstance(it, _Req) for it in chunk[k + 1 :])
             i += k
-            self.stats.retries += sum(isinstance(it, _Req) for it in items[i + 1 :])
             if reroute is not None:  # the same insert in another namespace, then the rest
                 items[i] = reroute
                 continue
@@ -276,6 +296,41 @@ class VllmBridge:
                 await self._disconnect()
             await self._sleep(backoff)
             backoff = min(backoff * 2, self.cfg.max_backoff_s)
+
+    def _window_end(self, items: list[_Req | _Mark], i: int) -> int:
+        """End of the window of requests in flight from `i`: at most max_inflight, and
+        never past a request that changes the presence of a block that an insert
+        earlier in the window names as parent. After a failure the window is re-sent
+        from the failed request on, over a state where its later requests may have
+        been applied: this keeps each re-sent insert's parent as it was the first
+        time (a re-applied suffix otherwise turns a store into `unknown_parent`)."""
+        end = min(len(items), i + self.cfg.max_inflight)
+        parents: set[int] = set()
+        for j in range(i, end):
+            it = items[j]
+            if isinstance(it, _Mark):
+                continue
+            op = it.op
+            if parents and (
+                isinstance(op, ClearOp)
+                or (isinstance(op, RemoveOp) and not parents.isdisjoint(op.ids))
+                or (isinstance(op, InsertOp) and not parents.isdisjoint(op.hashes))
+            ):
+                return j
+            if isinstance(op, InsertOp) and op.parent is not None:
+                parents.add(op.parent)
+        return end
+
+    def _resolve_guesses(self, items: list[_Req | _Mark], i: int, end: int) -> None:
+        """Inserts whose namespace was guessed (see `_reroute`) take the namespace
+        learned since for their parent, if any, instead of failing first."""
+        ns_of = self.translator.ns_of
+        for j in range(i, end):
+            it = items[j]
+            if isinstance(it, _Req) and it.alternatives and isinstance(it.op, InsertOp):
+                ns = ns_of.get(it.op.parent or 0)
+                if ns is not None and ns != it.op.ns:
+                    items[j] = _Req(it.kind, dc_replace(it.op, ns=ns), it.tried, ())
 
     def _settle(
         self, chunk: list[_Req | _Mark], results: list[Any]
@@ -302,20 +357,21 @@ class VllmBridge:
                 self.translator.learn(it.op.ns, it.op.hashes)
         return None
 
-    def _reroute(self, it: _Req, op: InsertOp) -> _Req | None:
+    @staticmethod
+    def _reroute(it: _Req, op: InsertOp) -> _Req | None:
         """After a restart of the bridge the parent of a continuation may live in a
         namespace the translator no longer remembers (a cache salt): try the others."""
-        if self.translator.trust_map:
+        if not it.alternatives:
             return None
-        tried = (*it.tried, op.ns)
-        rest = sorted(self.translator.known.difference(tried))
-        if not rest:
-            return None
-        return _Req(it.kind, dc_replace(op, ns=rest[0]), tried)
+        ns, *rest = it.alternatives
+        return _Req(it.kind, dc_replace(op, ns=ns), (*it.tried, op.ns), tuple(rest))
 
     def _count(self, it: _Req, r: Any) -> None:
         if isinstance(r, UnknownParent):
             self.stats.unknown_parent += 1
+            op = it.op
+            assert isinstance(op, InsertOp)
+            log.debug("unknown parent %x in ns %r (tried %s)", op.parent or 0, op.ns, it.tried)
             return
         if isinstance(r, SarpError):
             self.stats.rejected += 1
@@ -381,16 +437,18 @@ class VllmBridge:
         raise Stopped
 
     def _maybe_save(self, force: bool = False) -> None:
+        """Rewrite the position when it moved; fsync at most every save_interval_s."""
         path = self.cfg.state
         now = time.monotonic()
         current = (self.applied, len(self.translator.known))
-        if path is None or current == self._saved:
-            return
-        if not force and now - self._saved_at < self.cfg.save_interval_s:
+        durable = force or now - self._saved_at >= self.cfg.save_interval_s
+        if path is None or (current == self._saved and (self._synced or not durable)):
             return
         save_position(path, self.cfg.endpoint, self.cfg.worker, self.applied,
-                      self.translator.known)  # fmt: skip
-        self._saved, self._saved_at = current, now
+                      self.translator.known, durable=durable)  # fmt: skip
+        self._saved, self._synced = current, durable
+        if durable:
+            self._saved_at = now
 
 
 async def serve(
