@@ -292,6 +292,15 @@ def _add_bench() -> None:
 
 _add_bench()
 
+def _add_bridge() -> None:
+    """`sarpctl bridge vllm` (the KV-events bridge) lives in tools.ctl_bridge."""
+    from tools.ctl_bridge import bridge
+
+    main.add_command(bridge)
+
+
+_add_bridge()
+
 
 def _add_ops() -> None:
     """`sarpctl top` and `sarpctl dump` live in tools.ctl_ops."""

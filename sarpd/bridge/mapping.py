@@ -1,0 +1,250 @@
+"""vLLM events -> sarpd requests (sans-I/O): namespaces, metadata bits, the ops.
+
+Metadata (one uint64 per block, PROTOCOL.md `meta`)::
+
+    bits 63..48  worker id (0..65535, `--worker`)
+    bits 47..40  tier: 0 GPU (also: no medium given), 1 CPU, 2 disk (DISK, SSD,
+                 LOCALDISK, NVME), 255 any other medium name
+    bits 39..0   zero (reserved)
+
+so ``clear`` with ``mask=WORKER_MASK, value=worker << 48`` drops one worker and
+``mask=WORKER_MASK | TIER_MASK`` one tier of one worker (`worker_clear`).
+
+Namespace of a block: the `--ns` template (``{worker}`` and ``{medium}`` expand;
+default empty), then ``lora=NAME`` when the event names a LoRA adapter, then
+``salt=SALT`` for a cache salt, joined by ``/`` (empty parts left out): for example
+``llama3/lora=sql/salt=tenant7``. vLLM already mixes LoRA name, salt and multimodal
+ids into its block hashes; the namespace keeps adapters and tenants apart in sarp
+too and tells a router where to look. The cache salt is the string extra key of a
+sequence's first block that is not the LoRA name (vLLM adds the salt to block 0
+only), so continuations (events with a parent) inherit their parent's namespace.
+
+Tiers. vLLM's own prefix cache reports the GPU tier; KV connectors that offload
+(vLLM's OffloadingConnector, LMCache, ...) report other media, often as bare stores
+(no parent, no token ids) whose positions in their sequences are unknown. Those
+are never indexed (positions are what sarp indexes). And since a block has one id
+in every tier, a CPU eviction would remove the block a GPU still holds: so events
+of tiers other than the GPU are indexed only when the template contains
+``{medium}`` (one namespace per tier); otherwise they are ignored (counted).
+
+`BlockRemoved` names bare hashes without LoRA or salt, so the translator remembers
+the namespace of every block it stored outside the plain namespace (``hash -> ns``,
+bounded). After a restart of the bridge that map is empty: removals of hashes it
+does not know go to every namespace it has used (`known`, persisted with the
+position) until the map has seen a full cycle (`trust_map`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sarpd.bridge.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    EventBatch,
+    OtherEvent,
+)
+from sarpd.errors import BadRequest
+
+WORKER_SHIFT = 48
+WORKER_MASK = 0xFFFF << WORKER_SHIFT
+TIER_SHIFT = 40
+TIER_MASK = 0xFF << TIER_SHIFT
+MAX_WORKER = 0xFFFF
+TIER_OTHER = 255
+TIERS = {"GPU": 0, "CPU": 1, "DISK": 2, "SSD": 2, "LOCALDISK": 2, "NVME": 2}
+TIER_NAMES = {0: "gpu", 1: "cpu", 2: "disk", TIER_OTHER: "other"}
+DEFAULT_NS_MAP = 1 << 20
+
+
+def tier_code(medium: str | None) -> int:
+    return 0 if medium is None else TIERS.get(medium.upper(), TIER_OTHER)
+
+
+def block_meta(worker: int, medium: str | None) -> int:
+    return (worker << WORKER_SHIFT) | (tier_code(medium) << TIER_SHIFT)
+
+
+def worker_clear(worker: int, medium: str | None = None) -> tuple[int, int]:
+    """(mask, value) of `clear` for every block of `worker` (of one tier if given)."""
+    if medium is None:
+        return WORKER_MASK, worker << WORKER_SHIFT
+    return WORKER_MASK | TIER_MASK, block_meta(worker, medium)
+
+
+def cache_salt(first_extra_keys: tuple[object, ...] | None, lora_name: str | None) -> str:
+    """The cache salt in a first block's extra keys ('' when none)."""
+    if not first_extra_keys:
+        return ""
+    strs = [k for k in first_extra_keys if isinstance(k, str)]
+    if lora_name is not None and lora_name in strs:
+        strs.remove(lora_name)
+    return ",".join(strs)
+
+
+def join_ns(base: str, lora_name: str | None, salt: str) -> str:
+    parts = [base] if base else []
+    if lora_name:
+        parts.append(f"lora={lora_name}")
+    if salt:
+        parts.append(f"salt={salt}")
+    return "/".join(parts)
+
+
+# ------------------------------------------------------------------------------ ops
+
+
+@dataclass(frozen=True, slots=True)
+class InsertOp:
+    ns: str
+    hashes: tuple[int, ...]
+    parent: int | None
+    meta: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveOp:
+    ns: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClearOp:
+    ns: str
+    mask: int
+    value: int
+
+
+Op = InsertOp | RemoveOp | ClearOp
+
+
+@dataclass(frozen=True, slots=True)
+class Translated:
+    """The ops of one event; `kind` is the event's counter name."""
+
+    kind: str  # "stored", "removed", "cleared", "ignored"
+    ops: tuple[Op, ...]
+    # an insert whose namespace was guessed (its parent unknown to a restarted
+    # translator): the other namespaces its parent may be in, to try in order
+    alternatives: tuple[str, ...] = ()
+
+
+class Translator:
+    """Stateful (hash -> namespace map, namespaces used) but pure: no I/O."""
+
+    def __init__(
+        self,
+        worker: int,
+        ns_template: str = "",
+        group: int = 0,
+        known: Iterable[str] = (),
+        max_map: int = DEFAULT_NS_MAP,
+        ns_of: dict[int, str] | None = None,
+    ) -> None:
+        if not 0 <= worker <= MAX_WORKER:
+            raise BadRequest(f"worker: {worker} is outside 0..{MAX_WORKER}")
+        try:
+            ns_template.format(worker=worker, medium="gpu")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise BadRequest(
+                f"ns: {ns_template!r} is not a valid template ({exc!r}); only {{worker}} "
+                "and {medium} expand, write {{ and }} for literal braces"
+            ) from exc
+        self.worker = worker
+        self.ns_template = ns_template
+        self.group = group
+        self.known: set[str] = set(known)
+        self.ns_of: dict[int, str] = dict(ns_of or {})
+        self.max_map = max_map
+        # complete: a fresh bridge has seen every store; a map saved at a clean stop
+        self.trust_map = not self.known or ns_of is not None
+        self.per_tier = "{medium}" in ns_template
+
+    def base_ns(self, medium: str | None) -> str:
+        tier = TIER_NAMES.get(tier_code(medium), "other")
+        return self.ns_template.format(worker=self.worker, medium=tier)
+
+    def translate(self, batch: EventBatch) -> list[Translated]:
+        return [self.event(e) for e in batch.events]
+
+    def wanted(self, group_idx: int | None, medium: str | None) -> bool:
+        """Events of another KV-cache group are not indexed; nor, unless the template
+        has a namespace per tier, events of tiers other than the GPU (module doc)."""
+        if (group_idx or 0) != self.group:
+            return False
+        return self.per_tier or tier_code(medium) == 0
+
+    def event(self, ev: Event) -> Translated:
+        if isinstance(ev, BlockStored):
+            if not self.wanted(ev.group_idx, ev.medium) or not ev.block_hashes:
+                return Translated("ignored", ())
+            if ev.parent is None and ev.num_tokens == 0:  # unanchored: see module doc
+                return Translated("ignored", ())
+            guessed = ev.parent is not None and ev.parent not in self.ns_of and not self.trust_map
+            op = self._store(ev)
+            alts = tuple(sorted(self.known - {op.ns})) if guessed else ()
+            return Translated("stored", (op,), alts)
+        if isinstance(ev, BlockRemoved):
+            if not self.wanted(ev.group_idx, ev.medium):
+                return Translated("ignored", ())
+            return Translated("removed", self._remove(ev))
+        if isinstance(ev, AllBlocksCleared):
+            return Translated("cleared", self.clear_all())
+        assert isinstance(ev, OtherEvent)
+        return Translated("ignored", ())
+
+    def _store(self, ev: BlockStored) -> InsertOp:
+        base = self.base_ns(ev.medium)
+        if ev.parent is not None and ev.parent in self.ns_of:
+            ns = self.ns_of[ev.parent]
+        elif ev.parent is not None:
+            ns = join_ns(base, ev.lora_name, "")
+        else:
+            ns = join_ns(base, ev.lora_name, cache_salt(ev.first_extra_keys, ev.lora_name))
+        self._use(ns)
+        if ns != base:
+            for h in ev.block_hashes:
+                self.ns_of.pop(h, None)
+                self.ns_of[h] = ns
+            while len(self.ns_of) > self.max_map:  # oldest first (dict order)
+                self.ns_of.pop(next(iter(self.ns_of)))
+                self.trust_map = False
+        else:
+            for h in ev.block_hashes:
+                self.ns_of.pop(h, None)
+        return InsertOp(ns, ev.block_hashes, ev.parent, block_meta(self.worker, ev.medium))
+
+    def learn(self, ns: str, hashes: tuple[int, ...]) -> None:
+        """`hashes` turned out to live in `ns` (an insert re-routed after a restart)."""
+        for h in hashes:
+            self.ns_of[h] = ns
+
+    def _remove(self, ev: BlockRemoved) -> tuple[Op, ...]:
+        base = self.base_ns(ev.medium)
+        by_ns: dict[str, list[int]] = {}
+        unknown: list[int] = []
+        for h in ev.block_hashes:
+            ns = self.ns_of.pop(h, None)
+            if ns is not None:
+                by_ns.setdefault(ns, []).append(h)
+            else:
+                unknown.append(h)
+        if unknown:
+            targets = [base] if self.trust_map else sorted(self.known | {base})
+            for ns in targets:
+                by_ns.setdefault(ns, []).extend(unknown)
+        return tuple(RemoveOp(ns, tuple(ids)) for ns, ids in by_ns.items())
+
+    def clear_all(self) -> tuple[Op, ...]:
+        """`clear` of this worker's blocks in every namespace it has used."""
+        mask, value = worker_clear(self.worker)
+        self.ns_of.clear()
+        self.trust_map = True
+        self._use(self.base_ns(None))
+        return tuple(ClearOp(ns, mask, value) for ns in sorted(self.known))
+
+    def _use(self, ns: str) -> None:
+        self.known.add(ns)

@@ -1,0 +1,486 @@
+"""The vLLM KV-events bridge: ZMQ SUB (+ replay) -> `Translator` -> sarpd (asyncio).
+
+vLLM's `ZmqEventPublisher` sends each `EventBatch` as three frames (topic, 8-byte
+big-endian sequence number, msgpack payload) on a PUB socket, and keeps its last
+batches for a ROUTER replay socket: a DEALER sends ``[b"", start_seq (8 B BE)]`` and
+receives ``[b"", seq, payload]`` for every buffered batch from ``start_seq`` on, then
+``[b"", -1 (8 B BE, signed), b""]``.
+
+Sequence rules (``last`` = the newest batch taken):
+- ``seq == last + 1``: apply. At start-up, with a replay socket, the bridge first
+  asks for everything after its saved position (or from 0 on a fresh start).
+- ``seq > last + 1``: a gap; replay from ``last + 1`` when a replay socket is given.
+  What the replay cannot fill is counted as dropped (the engine's buffer moved on).
+- ``seq <= last``: a duplicate of a batch just replayed, or else the engine
+  restarted (its counter starts at 0 again): clear this worker's blocks, replay the
+  new engine's buffer from 0, continue.
+
+Requests go out pipelined on one sarpd connection (sarpd applies one connection's
+requests in order), at most `max_inflight` at a time. `busy`, `unavailable` or a
+lost connection stop the run at the first such request: the bridge backs off,
+reconnects if needed and re-sends from that request on. Re-applying requests sarpd
+already applied is harmless (inserting an indexed block or removing an absent one
+changes nothing) with one exception, an insert whose parent a later request
+removed; `_window_end` never puts such a pair in flight together. The position
+advances only past batches whose every request was acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import replace as dc_replace
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from sarpd.bridge.events import EventDecodeError, decode_batch, decode_seq
+from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
+from sarpd.bridge.stats import (
+    BridgeStats,
+    load_nsmap,
+    load_position,
+    save_nsmap,
+    save_position,
+)
+from sarpd.client import Client, SarpConnectionError
+from sarpd.errors import Busy, SarpError, Unavailable, UnknownParent
+
+log = logging.getLogger("sarpd.bridge")
+RETRYABLE = (Busy, Unavailable, SarpConnectionError, OSError)
+END_SEQ = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeConfig:
+    endpoint: str  # vLLM's PUB endpoint, e.g. tcp://10.0.0.5:5557
+    socket: str  # sarpd's Unix socket
+    worker: int = 0
+    replay: str | None = None  # vLLM's ROUTER replay endpoint, e.g. tcp://10.0.0.5:5558
+    topic: str = ""
+    ns: str = ""  # namespace template: {worker}, {medium}
+    group: int = 0  # the KV-cache group whose events are indexed
+    state: Path | None = None  # position file
+    max_inflight: int = 4096  # requests in flight to sarpd
+    max_batches: int = 512  # event batches taken per round
+    replay_timeout_s: float = 5.0
+    save_interval_s: float = 0.5
+    max_backoff_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Req:
+    kind: str | None  # the event counter to bump on success (first op of an event)
+    op: Op
+    tried: tuple[str, ...] = ()  # namespaces an insert got unknown_parent in
+    alternatives: tuple[str, ...] = ()  # other namespaces to try then (Translated)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """End of one batch: the position may advance past it once reached."""
+
+    seq: int
+    ts: float
+
+
+class Stopped(Exception):
+    """The bridge was asked to stop while waiting for sarpd."""
+
+
+class VllmBridge:
+    def __init__(self, cfg: BridgeConfig, stats: BridgeStats | None = None) -> None:
+        self.cfg = cfg
+        self.stats = stats or BridgeStats()
+        pos = load_position(cfg.state, cfg.endpoint, cfg.worker)
+        ns_of = load_nsmap(cfg.state, pos.last_seq)
+        self.translator = Translator(
+            cfg.worker, cfg.ns, cfg.group, known=pos.namespaces, ns_of=ns_of
+        )
+        self.last: int | None = pos.last_seq  # newest batch taken
+        self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
+        self._saved: tuple[int | None, int] = (self.applied, len(self.translator.known))
+        self._saved_at = 0.0
+        self._synced = True
+        self._replayed: tuple[int, int] | None = None
+        self._client: Client | None = None
+        self._connected_once = False
+        self._stop = asyncio.Event()
+        self._ctx: zmq.asyncio.Context | None = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run(self, on_ready: Callable[[], None] | None = None) -> None:
+        """Run until `stop()`; then save the position and close everything."""
+        self._ctx = zmq.asyncio.Context()
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 1_000_000)
+        sub.setsockopt(zmq.SUBSCRIBE, self.cfg.topic.encode())
+        sub.connect(self.cfg.endpoint)
+        try:
+            items: list[_Req | _Mark] = []
+            if self.cfg.replay:
+                await self._replay(0 if self.last is None else self.last + 1, items)
+            await self._connected()
+            await self._apply(items)
+            if on_ready is not None:
+                on_ready()
+            while not self._stop.is_set():
+                if not await sub.poll(100):
+                    self._maybe_save()
+                    continue
+                items = []
+                for frames in await self._drain(sub):
+                    await self._accept(frames, items)
+                await self._apply(items)
+                self._maybe_save()
+        except Stopped:
+            pass
+        finally:
+            self._maybe_save(force=True)
+            if self.cfg.state is not None and self.translator.trust_map:
+                save_nsmap(self.cfg.state, self.applied, self.translator.ns_of)
+            sub.close(linger=0)
+            if self._client is not None:
+                await self._client.close()
+            self._ctx.term()
+
+    async def _drain(self, sub: zmq.asyncio.Socket) -> list[list[bytes]]:
+        out: list[list[bytes]] = []
+        while len(out) < self.cfg.max_batches:
+            try:
+                out.append(await sub.recv_multipart(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        return out
+
+    # ---------------------------------------------------------------- sequencing
+
+    async def _accept(self, frames: list[bytes], items: list[_Req | _Mark]) -> None:
+        if len(frames) != 3:
+            log.warning("dropped a message of %d frames (expected 3)", len(frames))
+            self.stats.dropped += 1
+            return
+        try:
+            seq = decode_seq(frames[1])
+        except EventDecodeError as exc:
+            log.warning("dropped a message: %s", exc)
+            self.stats.dropped += 1
+            return
+        last = self.last
+        if last is not None and seq <= last:
+            window = self._replayed
+            if window is not None and window[0] <= seq <= window[1]:
+                self.stats.duplicates += 1
+                return
+            log.warning("sequence went back from %d to %d: engine restarted", last, seq)
+            self.stats.restarts += 1
+            items.extend(self._event_reqs("cleared", self.translator.clear_all()))
+            self.last = self._replayed = None
+            if self.cfg.replay:
+                await self._replay(0, items)
+        elif last is not None and seq > last + 1:
+            self.stats.gaps += 1
+            log.info("sequence gap: %d after %d", seq, last)
+            if self.cfg.replay:
+                await self._replay(last + 1, items)
+        if self.last is not None and seq <= self.last:
+            self.stats.duplicates += 1
+            return
+        if self._replayed is not None and seq > self._replayed[1]:
+            self._replayed = None  # past the replay: nothing older can be a duplicate
+        self._take(seq, frames[2], items)
+
+    def _take(self, seq: int, payload: bytes, items: list[_Req | _Mark]) -> None:
+        expected = 0 if self.last is None else self.last + 1
+        if seq > expected and (self.last is not None or self.stats.restarts):
+            self.stats.dropped += seq - expected
+        self.last = seq
+        try:
+            batch = decode_batch(payload)
+        except EventDecodeError as exc:
+            log.warning("dropped batch %d: %s", seq, exc)
+            self.stats.dropped += 1
+            items.append(_Mark(seq, time.time()))
+            return
+        for tr in self.translator.translate(batch):
+            if not tr.ops:
+                self.stats.events[tr.kind] += 1
+            if tr.alternatives:
+                items.append(_Req(tr.kind, tr.ops[0], alternatives=tr.alternatives))
+            else:
+                items.extend(self._event_reqs(tr.kind, tr.ops))
+        items.append(_Mark(seq, batch.ts))
+
+    @staticmethod
+    def _event_reqs(kind: str, ops: tuple[Op, ...]) -> list[_Req | _Mark]:
+        return [_Req(kind if i == 0 else None, op) for i, op in enumerate(ops)]
+
+    async def _replay(self, start: int, items: list[_Req | _Mark]) -> None:
+        """Ask the engine's replay socket for every batch from `start` on."""
+        assert self._ctx is not None and self.cfg.replay
+        self.stats.replays += 1
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.cfg.replay)
+        timeout_ms = int(self.cfg.replay_timeout_s * 1000)
+        first: int | None = None
+        try:
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                if not await dealer.poll(timeout_ms):
+                    self.stats.replay_failures += 1
+                    log.warning("replay from %d: no answer in %.1f s", start, timeout_ms / 1e3)
+                    break
+                frames = await dealer.recv_multipart()
+                try:
+                    seq = decode_seq(frames[1]) if len(frames) == 3 else None
+                except EventDecodeError:
+                    seq = None
+                if seq is None:
+                    log.warning("replay: ignored a malformed reply of %d frames", len(frames))
+                    continue
+                if seq == END_SEQ:
+                    break
+                if self.last is not None and seq <= self.last:
+                    continue
+                first = seq if first is None else first
+                self._take(seq, frames[2], items)
+        finally:
+            dealer.close(linger=0)
+        if first is not None and self.last is not None:
+            self._replayed = (first, self.last)
+
+    # ------------------------------------------------------------------ applying
+
+    async def _apply(self, items: list[_Req | _Mark]) -> None:
+        """Send every request in order; re-send from the first retryable failure."""
+        i, backoff = 0, 0.02
+        while i < len(items):
+            end = self._window_end(items, i)
+            self._resolve_guesses(items, i, end)
+            chunk = items[i:end]
+            client = await self._connected()
+            tasks = [
+                asyncio.ensure_future(self._send(client, it.op))
+                for it in chunk
+                if isinstance(it, _Req)
+            ]
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            failed = self._settle(chunk, results)
+            if failed is None:
+                i += len(chunk)
+                backoff = 0.02
+                continue
+            k, reroute = failed
+            self.stats.retries += sum(isinstance(it, _Req) for it in chunk[k + 1 :])
+            i += k
+            if reroute is not None:  # the same insert in another namespace, then the rest
+                items[i] = reroute
+                continue
+            self.stats.retries += 1
+            error = next(r for r in results if isinstance(r, RETRYABLE))
+            self._note_busy(error)
+            level = logging.WARNING if backoff >= self.cfg.max_backoff_s else logging.INFO
+            log.log(level, "sarpd: %s; retrying in %.2f s", error, backoff)
+            if not isinstance(error, Busy):
+                await self._disconnect()
+            await self._sleep(backoff)
+            backoff = min(backoff * 2, self.cfg.max_backoff_s)
+
+    def _window_end(self, items: list[_Req | _Mark], i: int) -> int:
+        """End of the window of requests in flight from `i`: at most max_inflight, and
+        never past a request that changes the presence of a block that an insert
+        earlier in the window names as parent. After a failure the window is re-sent
+        from the failed request on, over a state where its later requests may have
+        been applied: this keeps each re-sent insert's parent as it was the first
+        time (a re-applied suffix otherwise turns a store into `unknown_parent`)."""
+        end = min(len(items), i + self.cfg.max_inflight)
+        parents: set[int] = set()
+        for j in range(i, end):
+            it = items[j]
+            if isinstance(it, _Mark):
+                continue
+            op = it.op
+            if parents and (
+                isinstance(op, ClearOp)
+                or (isinstance(op, RemoveOp) and not parents.isdisjoint(op.ids))
+                or (isinstance(op, InsertOp) and not parents.isdisjoint(op.hashes))
+            ):
+                return j
+            if isinstance(op, InsertOp) and op.parent is not None:
+                parents.add(op.parent)
+        return end
+
+    def _resolve_guesses(self, items: list[_Req | _Mark], i: int, end: int) -> None:
+        """Inserts whose namespace was guessed (see `_reroute`) take the namespace
+        learned since for their parent, if any, instead of failing first."""
+        ns_of = self.translator.ns_of
+        for j in range(i, end):
+            it = items[j]
+            if isinstance(it, _Req) and it.alternatives and isinstance(it.op, InsertOp):
+                ns = ns_of.get(it.op.parent or 0)
+                if ns is not None and ns != it.op.ns:
+                    items[j] = _Req(it.kind, dc_replace(it.op, ns=ns), it.tried, ())
+
+    def _settle(
+        self, chunk: list[_Req | _Mark], results: list[Any]
+    ) -> tuple[int, _Req | None] | None:
+        """Count results in order up to the first that must be re-sent: its index in
+        `chunk`, with the request to send instead (None: the same, after a pause)."""
+        it_results = iter(results)
+        for k, it in enumerate(chunk):
+            if isinstance(it, _Mark):
+                self.applied = it.seq
+                self.stats.last_seq = it.seq
+                self.stats.lag_s = max(0.0, time.time() - it.ts)
+                self.stats.batches += 1
+                continue
+            r = next(it_results)
+            if isinstance(r, RETRYABLE):
+                return k, None
+            if isinstance(r, UnknownParent) and isinstance(it.op, InsertOp):
+                alt = self._reroute(it, it.op)
+                if alt is not None:
+                    return k, alt
+            self._count(it, r)
+            if isinstance(it.op, InsertOp) and it.tried and not isinstance(r, SarpError):
+                self.translator.learn(it.op.ns, it.op.hashes)
+        return None
+
+    @staticmethod
+    def _reroute(it: _Req, op: InsertOp) -> _Req | None:
+        """After a restart of the bridge the parent of a continuation may live in a
+        namespace the translator no longer remembers (a cache salt): try the others."""
+        if not it.alternatives:
+            return None
+        ns, *rest = it.alternatives
+        return _Req(it.kind, dc_replace(op, ns=ns), (*it.tried, op.ns), tuple(rest))
+
+    def _count(self, it: _Req, r: Any) -> None:
+        if isinstance(r, UnknownParent):
+            self.stats.unknown_parent += 1
+            op = it.op
+            assert isinstance(op, InsertOp)
+            log.debug("unknown parent %x in ns %r (tried %s)", op.parent or 0, op.ns, it.tried)
+            return
+        if isinstance(r, SarpError):
+            self.stats.rejected += 1
+            log.warning("sarpd refused %s: %s (%s)", type(it.op).__name__, r.message, r.code)
+            return
+        if isinstance(r, BaseException):
+            raise r
+        if it.kind is not None:
+            self.stats.events[it.kind] += 1
+        if isinstance(it.op, InsertOp):
+            self.stats.blocks_new += int(r.get("new_blocks", 0))
+        else:
+            self.stats.blocks_removed += int(r.get("removed", 0))
+
+    @staticmethod
+    async def _send(client: Client, op: Op) -> dict[str, Any]:
+        if isinstance(op, InsertOp):
+            return await client.insert(
+                hashes=list(op.hashes), meta=op.meta, ns=op.ns, parent=op.parent
+            )
+        if isinstance(op, RemoveOp):
+            return await client.remove(ns=op.ns, ids=list(op.ids))
+        assert isinstance(op, ClearOp)
+        return await client.clear(op.ns, op.mask, op.value)
+
+    async def _connected(self) -> Client:
+        backoff = 0.02
+        while self._client is None:
+            try:
+                client = await Client.connect(self.cfg.socket, timeout=5.0)
+            except SarpConnectionError as exc:
+                log.info("sarpd: %s; retrying in %.2f s", exc, backoff)
+            else:
+                try:
+                    await client.ping()
+                    self._client = client
+                    self.stats.reconnects += self._connected_once
+                    self._connected_once = True
+                    break
+                except (*RETRYABLE, SarpError) as exc:
+                    self._note_busy(exc)
+                    log.info("sarpd not ready: %s", exc)
+                    await client.close()
+            await self._sleep(backoff)
+            backoff = min(backoff * 2, self.cfg.max_backoff_s)
+        return self._client
+
+    def _note_busy(self, exc: BaseException) -> None:
+        if isinstance(exc, Busy) or isinstance(exc.__cause__, Busy):
+            self.stats.busy += 1
+
+    async def _disconnect(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, or raise Stopped as soon as stop() is called."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except TimeoutError:
+            return
+        raise Stopped
+
+    def _maybe_save(self, force: bool = False) -> None:
+        """Rewrite the position when it moved; fsync at most every save_interval_s."""
+        path = self.cfg.state
+        now = time.monotonic()
+        current = (self.applied, len(self.translator.known))
+        durable = force or now - self._saved_at >= self.cfg.save_interval_s
+        if path is None or (current == self._saved and (self._synced or not durable)):
+            return
+        save_position(path, self.cfg.endpoint, self.cfg.worker, self.applied,
+                      self.translator.known, durable=durable)  # fmt: skip
+        self._saved, self._synced = current, durable
+        if durable:
+            self._saved_at = now
+
+
+async def serve(
+    cfg: BridgeConfig,
+    report: Callable[[BridgeStats], None],
+    interval_s: float = 10.0,
+    metrics_port: int | None = None,
+) -> BridgeStats:
+    """Run a bridge until SIGTERM/SIGINT, calling `report` every `interval_s` and at
+    the end; with `metrics_port`, also export the counters for Prometheus."""
+    import signal
+
+    from sarpd.bridge.stats import serve_metrics
+
+    bridge = VllmBridge(cfg)
+    if metrics_port is not None:
+        serve_metrics(bridge.stats, metrics_port, cfg.worker)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, bridge.stop)
+
+    async def reporter() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            report(bridge.stats)
+
+    task = asyncio.create_task(reporter())
+    try:
+        await bridge.run()
+    finally:
+        task.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    report(bridge.stats)
+    return bridge.stats

@@ -1,0 +1,171 @@
+"""Events/s applied through the vLLM bridge into a real sarpd.
+
+    python -m tools.bench.bridge                      # starts a sarpd on a temp dir
+    python -m tools.bench.bridge --sync always --batches 2000 --events 32
+    python -m tools.bench.bridge --socket var/sarpd.sock   # an existing sarpd
+
+A `Publisher` (vLLM's wire format) sends pre-encoded `EventBatch`es: `--events`
+events per batch, each a `BlockStored` of `--blocks` blocks continuing an earlier
+chain (parent) or starting a new one, and every `--remove-every`-th a
+`BlockRemoved` of old blocks. The clock runs from the first batch published to the
+last one acknowledged by sarpd (the bridge's position), so it measures the whole
+path: ZMQ, decoding, translation, the pipelined requests, sarpd's durable writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sarpd.bridge.publisher import Publisher, encode_batch, removed, stored
+from sarpd.bridge.vllm import BridgeConfig, VllmBridge
+from sarpd.client import SarpConnectionError, SyncClient
+from sarpd.errors import Unavailable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_batches(
+    n_batches: int, events: int, blocks: int, remove_every: int, seed: int, array_like: bool
+) -> tuple[list[bytes], int]:
+    """Encoded payloads and how many events they hold."""
+    rng = random.Random(seed)
+    tails: list[int] = []
+    live: list[int] = []
+    gone: set[int] = set()  # removed since the last store: not a parent any more
+    next_hash = 1
+    out, count = [], 0
+    for b in range(n_batches):
+        evs: list[dict[str, Any]] = []
+        for e in range(events):
+            if remove_every and (b * events + e) % remove_every == remove_every - 1 and live:
+                k = min(len(live), blocks)
+                evs.append(removed(live[:k]))
+                gone.update(live[:k])
+                del live[:k]
+                continue
+            tails = [t for t in tails if t not in gone] if gone else tails
+            gone.clear()
+            parent = rng.choice(tails) if tails and rng.random() < 0.7 else None
+            hashes = list(range(next_hash, next_hash + blocks))
+            next_hash += blocks
+            evs.append(stored(hashes, parent, [0] * (16 * blocks)))
+            tails.append(hashes[-1])
+            live.extend(hashes)
+            if len(tails) > 1000:
+                tails = tails[-1000:]
+        count += len(evs)
+        out.append(encode_batch(evs, array_like=array_like))
+    return out, count
+
+
+def start_daemon(root: Path, sync: str) -> tuple[subprocess.Popen[bytes], Path]:
+    sock = Path(tempfile.mkdtemp(prefix="sarp-bridge-", dir="/tmp")) / "sarpd.sock"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(root), "--socket",
+            str(sock), "--sync", sync, "--log-level", "WARNING"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise click.ClickException(f"sarpd exited with {proc.returncode}")
+        try:
+            with SyncClient(sock, timeout=1) as c:
+                c.ping()
+                return proc, sock
+        except (SarpConnectionError, Unavailable):
+            time.sleep(0.05)
+    proc.kill()
+    raise click.ClickException("sarpd did not become ready in 60 s")
+
+
+def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict[str, Any]]:
+    pub = Publisher()
+    cfg = BridgeConfig(endpoint=pub.endpoint, socket=str(socket), max_inflight=inflight)
+    bridge: list[VllmBridge] = []
+    ready = threading.Event()
+    loop_box: list[asyncio.AbstractEventLoop] = []
+
+    async def main() -> None:
+        loop_box.append(asyncio.get_running_loop())
+        bridge.append(VllmBridge(cfg))
+        await bridge[0].run(on_ready=ready.set)
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    if not ready.wait(60) or not pub.subscribed.wait(60):
+        raise click.ClickException("the bridge did not start")
+    time.sleep(0.1)
+    stats = bridge[0].stats
+    t0 = time.perf_counter()
+    for p in payloads:
+        pub.publish(p)
+    with click.progressbar(length=len(payloads), label="batches applied") as bar:
+        done = 0
+        while stats.last_seq < len(payloads) - 1:
+            time.sleep(0.05)
+            bar.update(stats.batches - done)
+            done = stats.batches
+        bar.update(len(payloads) - done)
+    seconds = time.perf_counter() - t0
+    loop_box[0].call_soon_threadsafe(bridge[0].stop)
+    thread.join(30)
+    pub.close()
+    return seconds, stats.as_dict()
+
+
+@click.command()
+@click.option("--socket", type=click.Path(path_type=Path), default=None,
+              help="Use this running sarpd instead of starting one on a temp dir.")
+@click.option("--sync", type=click.Choice(["always", "none"]), default="always",
+              show_default=True, help="--sync of the sarpd this bench starts.")
+@click.option("--batches", type=click.IntRange(1), default=1000, show_default=True,
+              help="EventBatches to publish.")
+@click.option("--events", type=click.IntRange(1), default=32, show_default=True,
+              help="Events per batch.")
+@click.option("--blocks", type=click.IntRange(1), default=4, show_default=True,
+              help="Blocks per BlockStored.")
+@click.option("--remove-every", type=click.IntRange(0), default=5, show_default=True,
+              help="Every Nth event is a BlockRemoved of old blocks (0: none).")
+@click.option("--inflight", type=click.IntRange(1), default=4096, show_default=True,
+              help="Requests in flight from the bridge to sarpd.")
+@click.option("--map", "as_map", is_flag=True, help="Map encoding instead of array_like.")
+@click.option("--seed", default=1, show_default=True, help="Random seed of the events.")
+def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
+         remove_every: int, inflight: int, as_map: bool, seed: int) -> None:  # fmt: skip
+    """Events/s applied through `sarpctl bridge vllm`'s engine into sarpd."""
+    payloads, n_events = make_batches(batches, events, blocks, remove_every, seed, not as_map)
+    root = Path(tempfile.mkdtemp(prefix="sarp-bridge-bench-"))
+    proc = None
+    try:
+        if socket is None:
+            proc, socket = start_daemon(root, sync)
+        seconds, stats = run(socket, payloads, inflight)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+        shutil.rmtree(root, ignore_errors=True)
+    ev = stats["events"]
+    click.echo(
+        f"{n_events} events ({ev['stored']} stored, {ev['removed']} removed) in {batches} "
+        f"batches, {blocks} blocks per store, sync {sync if proc else 'of the given sarpd'}: "
+        f"{seconds:.2f} s, {n_events / seconds:,.0f} events/s, "
+        f"{stats['blocks_new'] / seconds:,.0f} blocks/s; unknown_parent "
+        f"{stats['unknown_parent']}, retries {stats['retries']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
