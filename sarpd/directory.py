@@ -35,7 +35,7 @@ class _Delta:
 
     __slots__ = ("_sorted", "filts", "keys", "n", "rows", "segs")
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 64) -> None:
         self.keys = np.empty(capacity, dtype=np.uint64)
         self.segs = np.empty(capacity, dtype=np.uint64)
         self.filts = np.empty(capacity, dtype=np.uint64)

@@ -42,6 +42,7 @@ class GrowthPoint:
     index: str
     blocks: int  # indexed blocks when the probe started
     fill_s: float  # time to grow from the previous size to this one
+    settle_s: float  # then waiting for the engine's compactions to finish (capped)
     probe_turns: int
     throughput_rps: float
     match_us_mean: float
@@ -59,6 +60,19 @@ class GrowthPoint:
 def _stat(index: BenchIndex, key: str) -> float:
     stats = getattr(index, "stats", None)
     return float(stats().get(key, 0.0)) if callable(stats) else 0.0
+
+
+def settle(index: BenchIndex, limit_s: float) -> float:
+    """Wait (at most `limit_s`) until the engine has no compaction running or
+    pending: a bulk fill leaves compaction debt that would stall the probe's writes.
+    Returns the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit_s:
+        if (_stat(index, "backend_running_compactions") == 0
+                and _stat(index, "backend_pending_compaction_bytes") == 0):
+            break
+        time.sleep(0.5)
+    return time.perf_counter() - t0
 
 
 def probe(index: BenchIndex, turns: Sequence[Turn]) -> dict[str, float]:
@@ -95,7 +109,7 @@ def probe(index: BenchIndex, turns: Sequence[Turn]) -> dict[str, float]:
 
 
 def grow(name: str, sizes: Sequence[int], data_dir: Path, backend: str, probe_spec: str,
-         ) -> list[GrowthPoint]:
+         settle_limit_s: float = 300.0) -> list[GrowthPoint]:
     index = index_factories()[name]()
     cache = max(1 << 20, max(sizes) * 16 // 10)
     index.open(data_dir / name, backend, cache)
@@ -108,6 +122,7 @@ def grow(name: str, sizes: Sequence[int], data_dir: Path, backend: str, probe_sp
             bar = progress_bars(False)(f"{name}: fill to {size:,}", size - have)
             fill(index, size - have, bar, seed=1000 + step)
             fill_s = time.perf_counter() - t0
+            settle_s = settle(index, settle_limit_s)
             have = size
             turns = list(get_workload(probe_spec, seed=100 + step).turns())
             res = probe(index, turns)
@@ -117,7 +132,8 @@ def grow(name: str, sizes: Sequence[int], data_dir: Path, backend: str, probe_sp
             dbpb = _stat(index, "directory_bytes_per_block")
             rec = index.recover()  # a fresh process; this one reopens (counters restart)
             out.append(GrowthPoint(
-                index=name, blocks=size, fill_s=fill_s, probe_turns=len(turns),
+                index=name, blocks=size, fill_s=fill_s, settle_s=settle_s,
+                probe_turns=len(turns),
                 merges=merges, merge_ms_max=merge_ms, recovery_s=rec.seconds,
                 directory_bytes_per_block=dbpb, disk_bytes=index.disk_bytes(), **res))
             click.echo(_row(out[-1]), err=True)
@@ -126,13 +142,14 @@ def grow(name: str, sizes: Sequence[int], data_dir: Path, backend: str, probe_sp
     return out
 
 
-HEADER = ("index", "blocks", "req/s", "match us", "p99 us", "max us", "merges",
+HEADER = ("index", "blocks", "settle s", "req/s", "match us", "p99 us", "max us", "merges",
           "merge ms max", "behind write ms p99", "behind merge ms max", "recover s",
           "dir B/block", "disk")
 
 
 def _row(p: GrowthPoint) -> str:
-    cells = (p.index, f"{p.blocks:,}", f"{p.throughput_rps:,.0f}", f"{p.match_us_mean:,.1f}",
+    cells = (p.index, f"{p.blocks:,}", f"{p.settle_s:.1f}", f"{p.throughput_rps:,.0f}",
+             f"{p.match_us_mean:,.1f}",
              f"{p.match_us_p99:,.1f}", f"{p.match_us_max:,.1f}", str(p.merges),
              f"{p.merge_ms_max:.2f}", f"{p.queued_behind_write_ms_p99:.2f}",
              f"{p.queued_behind_merge_ms:.2f}",
@@ -191,14 +208,17 @@ def _sizes(text: str) -> list[int]:
 @click.option("--probe", "probe_spec", default="ultrachat", show_default=True,
               help="Workload replayed at each size to measure throughput and latency.")
 @click.option("--backend", default="rocksdb", show_default=True)
+@click.option("--settle-s", default=300.0, show_default=True,
+              help="After each fill, wait up to this long for the engine's compactions "
+                   "to finish before probing (0: probe at once, compaction debt included).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Where to build (default: a temporary directory, removed).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
               help="Write every point as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
               help="Write a PNG (throughput, latency, recovery against size) here.")
-def main(sizes: str, names: str, probe_spec: str, backend: str, data_dir: Path | None,
-         json_out: Path | None, plot_out: Path | None) -> None:
+def main(sizes: str, names: str, probe_spec: str, backend: str, settle_s: float,
+         data_dir: Path | None, json_out: Path | None, plot_out: Path | None) -> None:
     """Measure how throughput, match latency, merge pauses and recovery grow with the
     number of indexed blocks (one index grown step by step, each size measured)."""
     wanted = _sizes(sizes)
@@ -206,7 +226,7 @@ def main(sizes: str, names: str, probe_spec: str, backend: str, data_dir: Path |
     points: list[GrowthPoint] = []
     try:
         for name in (n.strip() for n in names.split(",") if n.strip()):
-            points += grow(name, wanted, root, backend, probe_spec)
+            points += grow(name, wanted, root, backend, probe_spec, settle_s)
     finally:
         if data_dir is None:
             shutil.rmtree(root, ignore_errors=True)
