@@ -15,11 +15,8 @@ path: ZMQ, decoding, translation, the pipelined requests, sarpd's durable writes
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,10 +27,7 @@ import click
 
 from sarpd.bridge.publisher import Publisher, encode_batch, removed, stored
 from sarpd.bridge.vllm import BridgeConfig, VllmBridge
-from sarpd.client import SarpConnectionError, SyncClient
-from sarpd.errors import Unavailable
-
-REPO = Path(__file__).resolve().parents[2]
+from tools.bench.spawn import DaemonStartError, start_daemon, stop_daemon
 
 
 def make_batches(
@@ -68,26 +62,6 @@ def make_batches(
         count += len(evs)
         out.append(encode_batch(evs, array_like=array_like))
     return out, count
-
-
-def start_daemon(root: Path, sync: str) -> tuple[subprocess.Popen[bytes], Path]:
-    sock = Path(tempfile.mkdtemp(prefix="sarp-bridge-", dir="/tmp")) / "sarpd.sock"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(root), "--socket",
-            str(sock), "--sync", sync, "--log-level", "WARNING"]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, cwd=REPO)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise click.ClickException(f"sarpd exited with {proc.returncode}")
-        try:
-            with SyncClient(sock, timeout=1) as c:
-                c.ping()
-                return proc, sock
-        except (SarpConnectionError, Unavailable):
-            time.sleep(0.05)
-    proc.kill()
-    raise click.ClickException("sarpd did not become ready in 60 s")
 
 
 def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict[str, Any]]:
@@ -150,12 +124,14 @@ def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
     proc = None
     try:
         if socket is None:
-            proc, socket = start_daemon(root, sync)
+            try:
+                proc, socket = start_daemon(root, sync=sync)
+            except DaemonStartError as exc:
+                raise click.ClickException(str(exc)) from exc
         seconds, stats = run(socket, payloads, inflight)
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
+        if proc is not None and socket is not None:
+            stop_daemon(proc, socket)
         shutil.rmtree(root, ignore_errors=True)
     ev = stats["events"]
     click.echo(

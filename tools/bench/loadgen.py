@@ -13,10 +13,7 @@ target: the daemon reaches >= 60 % of in-process throughput).
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -28,8 +25,7 @@ from sarpd.client import Client
 from tools.bench.api import Turn
 from tools.bench.runner import cache_budget, replay
 from tools.bench.sarp_index import SarpBench
-
-REPO = Path(__file__).resolve().parents[2]
+from tools.bench.spawn import start_daemon, stop_daemon
 
 
 async def _worker(client: Client, sessions: list[list[Turn]]) -> int:
@@ -59,30 +55,15 @@ async def _drive(sock: Path, turns: list[Turn], clients: int, depth: int) -> flo
     return len(turns) / seconds
 
 
-def _daemon(root: Path, window_ms: float, batch_max: int) -> tuple[subprocess.Popen[bytes], Path]:
-    sock = Path(tempfile.mkdtemp(prefix="sarp-load-", dir="/tmp")) / "sarpd.sock"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "sarpd.daemon", "--data-dir", str(root),
-                             "--socket", str(sock), "--backend", "rocksdb", "--sync", "none",
-                             "--batch-window-ms", str(window_ms), "--batch-max", str(batch_max),
-                             "--log-level", "WARNING"], env=env, cwd=REPO)
-    deadline = time.monotonic() + 60
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"sarpd did not start (exit {proc.poll()})")
-        time.sleep(0.05)
-    return proc, sock
-
-
 def daemon_rps(turns: list[Turn], root: Path, clients: int, depth: int, window_ms: float,
                batch_max: int) -> float:
-    proc, sock = _daemon(root, window_ms, batch_max)
+    proc, sock = start_daemon(root, extra=["--batch-window-ms", str(window_ms),
+                                           "--batch-max", str(batch_max)])
     try:
         time.sleep(0.5)
         return asyncio.run(_drive(sock, turns, clients, depth))
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop_daemon(proc, sock)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +39,8 @@ import click
 import numpy as np
 
 from sarpd.client import Client
+from tools.bench.spawn import DaemonStartError, start_daemon, stop_daemon
 
-REPO = Path(__file__).resolve().parents[2]
 SYS_BLOCKS = 32
 
 
@@ -187,22 +185,6 @@ def plateaued(rss: list[float], tolerance: float) -> bool:
     return last <= middle * (1 + tolerance)
 
 
-def start_daemon(root: Path, backend: str, sync: str) -> tuple[subprocess.Popen[bytes], Path]:
-    sock = root / "s.sock"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(root / "data"), "--socket",
-         str(sock), "--backend", backend, "--sync", sync, "--log-level", "WARNING"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(root / "sarpd.log", "wb"),  # noqa: SIM115
-    )
-    deadline = time.monotonic() + 60
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise click.ClickException(f"sarpd did not start: {(root / 'sarpd.log').read_text()}")
-        time.sleep(0.05)
-    return proc, sock
-
-
 @click.command()
 @click.option("--duration", type=click.FloatRange(5), default=120.0, show_default=True,
               help="Seconds of load.")
@@ -230,7 +212,10 @@ def main(duration: float, clients: int, sessions: int, turns: int, prompts: int,
     """Soak a real sarpd with many clients for --duration seconds; report throughput,
     p99 latency and RSS over time, and whether RSS plateaued (exit 1 if not)."""
     root = Path(tempfile.mkdtemp(prefix="sarp-soak-", dir="/tmp"))
-    proc, sock = start_daemon(root, backend, sync)
+    try:
+        proc, sock = start_daemon(root / "data", backend=backend, sync=sync)
+    except DaemonStartError as exc:
+        raise click.ClickException(str(exc)) from exc
     opts: dict[str, int | bool] = {"sessions": sessions, "turns": turns, "prompts": prompts,
                                    "evict": evict}
     try:
@@ -238,8 +223,7 @@ def main(duration: float, clients: int, sessions: int, turns: int, prompts: int,
         rss0 = rss_mb(proc.pid)
         intervals = asyncio.run(drive(str(sock), proc.pid, clients, duration, every, opts))
     finally:
-        proc.terminate()
-        proc.wait(120)
+        stop_daemon(proc, sock)
         shutil.rmtree(root, ignore_errors=True)
     report = summarize(intervals, clients, rss0, tolerance)
     print_report(report)

@@ -1,0 +1,64 @@
+"""Start a real `sarpd` for a benchmark: a fresh process on a temp socket, ready.
+
+One launcher for every benchmark that measures the daemon over its socket (loadgen,
+soak, the bridge bench), so they all start it the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sarpd.client import SarpConnectionError, SyncClient
+from sarpd.errors import Unavailable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class DaemonStartError(RuntimeError):
+    """sarpd exited or did not answer a ping in time; the message ends with its log."""
+
+
+def start_daemon(data_dir: Path, *, backend: str = "rocksdb", sync: str = "none",
+                 extra: Sequence[str] = (), timeout_s: float = 60.0,
+                 ) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start sarpd on `data_dir` with a socket in a fresh temp directory (Unix socket
+    paths are short); return once it answers `ping` (recovery done)."""
+    sock = Path(tempfile.mkdtemp(prefix="sarp-bench-", dir="/tmp")) / "sarpd.sock"
+    log_path = sock.parent / "sarpd.log"
+    argv = [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(data_dir),
+            "--socket", str(sock), "--backend", backend, "--sync", sync,
+            "--log-level", "WARNING", *extra]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DaemonStartError(f"sarpd exited with {proc.returncode}: "
+                                   f"{log_path.read_text()[-2000:]}")
+        try:
+            with SyncClient(sock, timeout=1) as c:
+                c.ping()
+                return proc, sock
+        except (SarpConnectionError, Unavailable, OSError):
+            time.sleep(0.05)
+    proc.kill()
+    raise DaemonStartError(f"sarpd did not become ready in {timeout_s:.0f} s: "
+                           f"{log_path.read_text()[-2000:]}")
+
+
+def stop_daemon(proc: subprocess.Popen[bytes], sock: Path) -> None:
+    """SIGTERM (sarpd answers what it holds, snapshots, exits), then remove the socket's
+    temp directory and its log."""
+    proc.terminate()
+    try:
+        proc.wait(60)
+    finally:
+        shutil.rmtree(sock.parent, ignore_errors=True)
