@@ -148,3 +148,14 @@ def test_growth_measures_each_size(tmp_path: Path) -> None:
         assert p["match_us_max"] >= p["match_us_p99"] >= 0 and p["disk_bytes"] > 0
         assert 0 < p["directory_bytes_per_block"] < 2
     assert png.stat().st_size > 0
+
+
+def test_verifier_bench_times_both_implementations() -> None:
+    from sarpd import verify
+    from tools.bench.verifier import main as verifier
+
+    res = CliRunner().invoke(verifier, ["--pairs", "16", "--blocks", "37", "--repeat", "10"])
+    assert res.exit_code == 0, res.output
+    assert "numpy:" in res.output
+    if verify.IMPLEMENTATION == "c":
+        assert " c:" in res.output and "faster than numpy" in res.output
