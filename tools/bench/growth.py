@@ -3,7 +3,8 @@
     python -m tools.bench.growth --sizes 1000000,10000000,100000000 --json growth.json
 
 Grows ONE index step by step (the fill of `--recovery-only`: 1,024-block sessions, a
-quarter opening with a shared prompt) and, at each size, measures on the index as it
+quarter opening with a shared prompt; an existing `--data-dir` is resumed, and sizes it
+already holds are only measured) and, at each size, measures on the index as it
 stands:
 - throughput: a probe workload (`--probe`, default ultrachat, fresh content at every
   step) replayed in batches of 16 turns (match the prompt, insert the sequence), as
@@ -109,22 +110,26 @@ def probe(index: BenchIndex, turns: Sequence[Turn]) -> dict[str, float]:
 
 
 def grow(name: str, sizes: Sequence[int], data_dir: Path, backend: str, probe_spec: str,
-         settle_limit_s: float = 300.0) -> list[GrowthPoint]:
+         settle_limit_s: float = 300.0, seed: int = 0, probe_scale: int = 1,
+         ) -> list[GrowthPoint]:
     index = index_factories()[name]()
     cache = max(1 << 20, max(sizes) * 16 // 10)
     index.open(data_dir / name, backend, cache)
     out: list[GrowthPoint] = []
-    have = 0
+    have = int(_stat(index, "blocks"))  # an existing --data-dir resumes where it stands
     try:
         for step, size in enumerate(sorted(sizes)):
             merges0 = _stat(index, "directory_merges")
             t0 = time.perf_counter()
-            bar = progress_bars(False)(f"{name}: fill to {size:,}", size - have)
-            fill(index, size - have, bar, seed=1000 + step)
+            if size > have:
+                bar = progress_bars(False)(f"{name}: fill to {size:,}", size - have)
+                fill(index, size - have, bar, seed=1000 + 10 * seed + step)
             fill_s = time.perf_counter() - t0
             settle_s = settle(index, settle_limit_s)
-            have = size
-            turns = list(get_workload(probe_spec, seed=100 + step).turns())
+            have = max(have, size)
+            blocks = int(_stat(index, "blocks"))
+            turns = list(get_workload(probe_spec, scale=probe_scale,
+                                      seed=100 + 10 * seed + step).turns())
             res = probe(index, turns)
             merges = int(_stat(index, "directory_merges") - merges0)
             merge_ms = _stat(index, "directory_merge_s_max") * 1e3
@@ -132,7 +137,7 @@ def grow(name: str, sizes: Sequence[int], data_dir: Path, backend: str, probe_sp
             dbpb = _stat(index, "directory_bytes_per_block")
             rec = index.recover()  # a fresh process; this one reopens (counters restart)
             out.append(GrowthPoint(
-                index=name, blocks=size, fill_s=fill_s, settle_s=settle_s,
+                index=name, blocks=blocks, fill_s=fill_s, settle_s=settle_s,
                 probe_turns=len(turns),
                 merges=merges, merge_ms_max=merge_ms, recovery_s=rec.seconds,
                 directory_bytes_per_block=dbpb, disk_bytes=index.disk_bytes(), **res))
@@ -207,6 +212,10 @@ def _sizes(text: str) -> list[int]:
               help="Comma-separated indexes to grow (any the benchmark knows).")
 @click.option("--probe", "probe_spec", default="ultrachat", show_default=True,
               help="Workload replayed at each size to measure throughput and latency.")
+@click.option("--probe-scale", default=1, show_default=True, type=click.IntRange(1),
+              help="Scale of the probe workload (more turns: more directory merges seen).")
+@click.option("--seed", default=0, show_default=True,
+              help="Content seed: give a new one to probe a resumed --data-dir afresh.")
 @click.option("--backend", default="rocksdb", show_default=True)
 @click.option("--settle-s", default=300.0, show_default=True,
               help="After each fill, wait up to this long for the engine's compactions "
@@ -217,8 +226,9 @@ def _sizes(text: str) -> list[int]:
               help="Write every point as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
               help="Write a PNG (throughput, latency, recovery against size) here.")
-def main(sizes: str, names: str, probe_spec: str, backend: str, settle_s: float,
-         data_dir: Path | None, json_out: Path | None, plot_out: Path | None) -> None:
+def main(sizes: str, names: str, probe_spec: str, probe_scale: int, seed: int, backend: str,
+         settle_s: float, data_dir: Path | None, json_out: Path | None,
+         plot_out: Path | None) -> None:
     """Measure how throughput, match latency, merge pauses and recovery grow with the
     number of indexed blocks (one index grown step by step, each size measured)."""
     wanted = _sizes(sizes)
@@ -226,7 +236,7 @@ def main(sizes: str, names: str, probe_spec: str, backend: str, settle_s: float,
     points: list[GrowthPoint] = []
     try:
         for name in (n.strip() for n in names.split(",") if n.strip()):
-            points += grow(name, wanted, root, backend, probe_spec, settle_s)
+            points += grow(name, wanted, root, backend, probe_spec, settle_s, seed, probe_scale)
     finally:
         if data_dir is None:
             shutil.rmtree(root, ignore_errors=True)
