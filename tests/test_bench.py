@@ -160,3 +160,11 @@ def test_verifier_bench_times_both_implementations() -> None:
     assert "numpy:" in res.output
     if verify.IMPLEMENTATION == "c":
         assert " c:" in res.output and "faster than numpy" in res.output
+
+
+def test_growth_times_one_merge() -> None:
+    from tools.bench.growth import main as growth
+
+    res = CliRunner().invoke(growth, ["--merge-base", "20000"])
+    assert res.exit_code == 0, res.output
+    assert "one merge of 8,193 delta entries into 20,000:" in res.output

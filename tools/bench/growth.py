@@ -195,6 +195,25 @@ def plot(points: Sequence[GrowthPoint], path: Path) -> None:
     plt.close(fig)
 
 
+def merge_pause_ms(base_entries: int, delta_entries: int = 8193, repeat: int = 5) -> float:
+    """Best of `repeat` merges of a full delta into a base of `base_entries` random
+    keys: the pause one merge costs at that directory size (100M blocks ~ 1.6M)."""
+    from sarpd.directory import Directory, DirectoryArrays
+
+    rng = np.random.default_rng(0)
+    keys = np.sort(rng.integers(1, 2**63, base_entries, dtype=np.uint64))
+    segs, filts = np.full(keys.size, 3, np.uint64), np.zeros(keys.size, np.uint64)
+    best = float("inf")
+    for _ in range(repeat):
+        d = Directory(delta_entries)
+        d.load_arrays(DirectoryArrays(keys, segs, filts))
+        for k in rng.integers(1, 2**63, delta_entries, dtype=np.uint64).tolist():
+            d.add(k, 9, 1)
+        d.merge()
+        best = min(best, d.merge_s_max)
+    return best * 1e3
+
+
 def _sizes(text: str) -> list[int]:
     try:
         sizes = sorted({int(float(s)) for s in text.split(",") if s.strip()})
@@ -222,15 +241,22 @@ def _sizes(text: str) -> list[int]:
                    "to finish before probing (0: probe at once, compaction debt included).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Where to build (default: a temporary directory, removed).")
+@click.option("--merge-base", type=click.IntRange(1), default=None,
+              help="Only time one directory merge into a base of this many entries "
+                   "(best of 5) and exit.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
               help="Write every point as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None,
               help="Write a PNG (throughput, latency, recovery against size) here.")
 def main(sizes: str, names: str, probe_spec: str, probe_scale: int, seed: int, backend: str,
-         settle_s: float, data_dir: Path | None, json_out: Path | None,
-         plot_out: Path | None) -> None:
+         settle_s: float, data_dir: Path | None, merge_base: int | None,
+         json_out: Path | None, plot_out: Path | None) -> None:
     """Measure how throughput, match latency, merge pauses and recovery grow with the
     number of indexed blocks (one index grown step by step, each size measured)."""
+    if merge_base is not None:
+        click.echo(f"one merge of 8,193 delta entries into {merge_base:,}: "
+                   f"{merge_pause_ms(merge_base):.1f} ms (best of 5)")
+        return
     wanted = _sizes(sizes)
     root = data_dir or Path(tempfile.mkdtemp(prefix="sarp-growth-"))
     points: list[GrowthPoint] = []
