@@ -33,6 +33,10 @@ class IndexConfig:
     # need. Off: inserts write one record per segment instead of one per block, and
     # those two forms answer bad_request. Recorded in the data directory.
     block_locators: bool = True
+    # quotas: an insert into a namespace that already holds this many blocks is refused
+    # (`quota_exceeded`); 0 = none. `namespace_quotas` overrides it per namespace.
+    namespace_quota_blocks: int = 0
+    namespace_quotas: dict[str, int] = field(default_factory=dict)
     delta_max_entries: int = 8192  # directory delta merged into the base past this
     snapshot_interval_s: float = 60.0  # periodic snapshot (0 = only on demand/shutdown)
     max_sequence_tokens: int = 1_048_576
@@ -49,6 +53,15 @@ class IndexConfig:
             raise BadRequest(f"block_tokens {self.block_tokens} must be >= 1")
         if self.window_cap < 1:
             raise BadRequest(f"window_cap {self.window_cap} must be >= 1")
+        quotas = {"namespace_quota_blocks": self.namespace_quota_blocks,
+                  **{f"namespace_quotas[{k!r}]": v for k, v in self.namespace_quotas.items()}}
+        for name, v in quotas.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise BadRequest(f"{name}: {v!r} is not a block count >= 0")
+
+    def quota(self, ns: str) -> int:
+        """The most blocks namespace `ns` may hold (0: no quota)."""
+        return self.namespace_quotas.get(ns, self.namespace_quota_blocks)
 
     @property
     def point_spacing(self) -> int:

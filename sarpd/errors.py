@@ -59,6 +59,13 @@ class Forbidden(SarpError):
     code = "forbidden"
 
 
+class QuotaExceeded(SarpError):
+    """An insert into a namespace that already holds its quota of blocks (extension
+    code, PROTOCOL.md "Namespace quotas")."""
+
+    code = "quota_exceeded"
+
+
 class Unavailable(SarpError):
     """Starting up (recovering) or shutting down."""
 

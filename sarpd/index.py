@@ -58,6 +58,7 @@ from sarpd.segment import (
     Segment,
     decode_segment,
     log_key,
+    ns_count_key,
     seg_id_of_key,
     seg_key,
 )
@@ -103,6 +104,7 @@ class SarpIndex:
         self.writes = 0
         self._seg_cache: OrderedDict[int, Segment] = OrderedDict()
         self._ranked: dict[bytes, list[int]] = {}  # candidates(); valid until a write
+        self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self._stale = False  # memory may differ from the disk: a commit failed
         self._resume = False  # the backend must be made writable before the next write
 
@@ -183,6 +185,7 @@ class SarpIndex:
             self._resume = False
         self._stale = True
         self._seg_cache.clear()
+        self._ns_blocks.clear()
         self.counters = Counters.decode(self.backend.get_many([COUNTERS_KEY])[0])
         self.recover()
         self._stale = False
@@ -409,6 +412,15 @@ class SarpIndex:
             log.error("segment %d not served: %s", sid, exc)
             return None
 
+    def ns_blocks(self, tag: int) -> int:
+        """Blocks indexed in the namespace with this tag, as committed (kept per
+        namespace on the backend, read once; quotas count them)."""
+        n = self._ns_blocks.get(tag)
+        if n is None:
+            raw = self.backend.get_many([ns_count_key(tag)])[0]
+            n = self._ns_blocks[tag] = int.from_bytes(raw, "little") if raw else 0
+        return n
+
     def remember(self, sid: int, seg: Segment) -> None:
         cache = self._seg_cache
         cache[sid] = seg
@@ -538,6 +550,7 @@ class SarpIndex:
                     out.append(exc)
             self._ranked.clear()
             self.counters = txn.commit(self.sync)
+            self._ns_blocks.update(txn.ns_after)
         except Exception as exc:
             self._ranked.clear()
             log.error("write batch failed (%s); reloading the index from disk", exc)

@@ -58,6 +58,11 @@ LOG_PREFIX = b"L"
 BLOCK_PREFIX = b"B"
 MANIFEST_KEY = b"M"
 COUNTERS_KEY = b"N"
+NS_COUNT_PREFIX = b"C"  # C + namespace tag (8 bytes LE) -> indexed blocks (u64 LE)
+
+
+def ns_count_key(tag: int) -> bytes:
+    return NS_COUNT_PREFIX + tag.to_bytes(8, "little")
 COUNTERS = struct.Struct("<QQQQ")
 LOCATOR = struct.Struct("<QI")
 LOCATOR_DTYPE = np.dtype([("head", "<u8"), ("pos", "<u4")])

@@ -68,6 +68,7 @@ from sarpd.errors import (
     Forbidden,
     FrameError,
     Internal,
+    QuotaExceeded,
     SarpError,
     TooLarge,
     Unavailable,
@@ -828,7 +829,8 @@ def encode_request(req_id: int, op: str, fields: Mapping[str, Any]) -> bytes:
 _ERROR_CLASSES: dict[str, type[SarpError]] = {
     cls.code: cls
     for cls in (
-        BadRequest, UnknownOp, UnknownParent, TooLarge, Busy, Forbidden, Unavailable, Internal
+        BadRequest, UnknownOp, UnknownParent, TooLarge, Busy, Forbidden, Unavailable, Internal,
+        QuotaExceeded,
     )
 }
 

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from backends.base import WriteBatch
-from sarpd.errors import BadRequest, CorruptData, FormatVersionError, TooLarge, UnknownParent
+from sarpd.errors import (
+    BadRequest,
+    CorruptData,
+    FormatVersionError,
+    QuotaExceeded,
+    TooLarge,
+    UnknownParent,
+)
 from sarpd.ids import chain_ids, id_bytes, ns_root, ns_tag, salt_ids
 from sarpd.model import (
     Clear,
@@ -40,6 +47,7 @@ from sarpd.segment import (
     decode_segment,
     encode_segment,
     log_key,
+    ns_count_key,
     seg_id_of_key,
     seg_key,
 )
@@ -72,6 +80,8 @@ class WriteTxn:
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
+        self.ns_delta: dict[int, int] = {}  # namespace tag -> blocks added - removed
+        self.ns_after: dict[int, int] = {}  # ... their committed totals (set by commit)
         c = index.counters
         self.next_seg = c.next_seg
         self.blocks = c.blocks
@@ -154,6 +164,10 @@ class WriteTxn:
         for sid in dict.fromkeys(self.logged):
             wb.put(log_key(version), sid.to_bytes(8, "big"))
             version += 1
+        for tag, delta in self.ns_delta.items():
+            if delta:
+                self.ns_after[tag] = max(0, ix.ns_blocks(tag) + delta)
+                wb.put(ns_count_key(tag), self.ns_after[tag].to_bytes(8, "little"))
         counters = Counters(self.next_seg, version, self.blocks, self.segments)
         if counters != ix.counters:
             wb.put(COUNTERS_KEY, counters.encode())
@@ -214,8 +228,23 @@ class WriteTxn:
             raise BadRequest(f"meta: {meta.size} values for {n} blocks (need one per block)")
         return meta
 
+    def _count(self, ns: str, delta: int) -> None:
+        if delta:
+            tag = ns_tag(ns)
+            self.ns_delta[tag] = self.ns_delta.get(tag, 0) + delta
+
+    def _check_quota(self, ns: str) -> None:
+        quota = self.ix.cfg.quota(ns)
+        if quota:
+            tag = ns_tag(ns)
+            held = self.ix.ns_blocks(tag) + self.ns_delta.get(tag, 0)
+            if held >= quota:
+                raise QuotaExceeded(f"namespace {ns!r} holds {held:,} blocks, its quota is "
+                                    f"{quota:,}: insert refused (remove or clear blocks first)")
+
     def insert(self, op: Insert) -> InsertResult:
         sb = self.ix.geo.sb
+        self._check_quota(op.seq.ns)
         hint: Segment | None = None
         if op.parent is not None:
             pid = salt_ids(op.seq.ns, op.parent)[0]
@@ -250,6 +279,7 @@ class WriteTxn:
                 matched += got
                 matching = got == hi - lo
         self.blocks += new
+        self._count(op.seq.ns, new)
         return InsertResult(n, new, matched)
 
     def _best(self, w: int, qw: IdArray, extra: Segment | None,
@@ -383,6 +413,7 @@ class WriteTxn:
             for (w, head_key), targets in groups.items():
                 removed += self.set_presence(w, head_key, targets, False)
         self.blocks -= removed
+        self._count(op.seq.ns if op.seq is not None else op.ns, -removed)
         return RemoveResult(removed)
 
     def clear(self, op: Clear) -> RemoveResult:
@@ -403,6 +434,7 @@ class WriteTxn:
                 self.cache.setdefault(sid, seg)
                 self.mutable(sid).presence &= ~bits
         self.blocks -= len(seen)
+        self._count(op.ns, -len(seen))
         return RemoveResult(len(seen))
 
     def _all_segments(self) -> Iterable[tuple[int, Segment]]:
