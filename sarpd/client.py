@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeAlias, cast
 
@@ -228,6 +228,11 @@ class Client:
     async def check(self, fix: bool = False) -> Result:
         return await self.request("check", fix=fix)
 
+    async def report(self, source: str, counters: Mapping[str, float]) -> Result:
+        """Report this client's own counters (the `report` extension op): sarpd shows
+        the newest report of each source in `stats` and its metrics."""
+        return await self.request("report", source=source, counters=dict(counters))
+
     async def dump(
         self, tokens: Tokens | None = None, hashes: Ids | None = None, ns: str = ""
     ) -> Result:
@@ -421,6 +426,9 @@ class SyncClient:
         self, tokens: Tokens | None = None, hashes: Ids | None = None, ns: str = ""
     ) -> Result:
         return self._runner.run(self._client.dump(tokens, hashes, ns))
+
+    def report(self, source: str, counters: Mapping[str, float]) -> Result:
+        return self._runner.run(self._client.report(source, counters))
 
     def match(
         self,

@@ -109,6 +109,8 @@ class Metrics:
         self._index_stats_at = float("-inf")
         self._last_reads: int | None = None
         self.gauges: Callable[[], dict[str, float]] = dict
+        # source -> counters reported by sarpd's clients (the `report` op), once served
+        self.reported: Callable[[], dict[str, dict[str, float]]] = dict
         self.exported = False  # set by `serve`: only then are index stats copied
 
     # -- updates -------------------------------------------------------------------
@@ -195,6 +197,14 @@ class Metrics:
             yield from self._index()
         for name, value in self.gauges().items():
             yield GaugeMetricFamily(f"sarpd_{name}", f"sarpd {name.replace('_', ' ')}.", value)
+        rep = GaugeMetricFamily(
+            "sarpd_reported", "Counters sarpd's clients report (e.g. the vLLM bridge's events "
+            "applied by type, dropped, gaps, replays, lag_s), by source and name.",
+            labels=["source", "name"])
+        for source, counters in self.reported().items():
+            for name, value in counters.items():
+                rep.add_metric([source, name], value)
+        yield rep
 
     def _counters(self) -> Iterable[Metric]:
         req = CounterMetricFamily("sarpd_requests", "Requests answered, by op.", labels=["op"])

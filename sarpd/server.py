@@ -249,6 +249,7 @@ class Server:
 
     def set_ready(self, service: Service) -> None:
         service.extra_stats = lambda: {**self.gauges(), **self.metrics.snapshot()}
+        self.metrics.reported = service.reports.snapshot
         self.service = service
         self.status = "ready"
 

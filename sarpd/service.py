@@ -42,6 +42,7 @@ from sarpd.model import (
     Stats,
 )
 from sarpd.model import Snapshot as SnapshotReq
+from sarpd.reports import Report, Reports
 from sarpd.wire import Check, Dump  # extension ops
 
 log = logging.getLogger("sarpd.service")
@@ -65,7 +66,7 @@ class IndexLike(Protocol):
 
 
 def kind_of(req: Request) -> PhaseKind:
-    if isinstance(req, Match | Hello | Ping | Stats):
+    if isinstance(req, Match | Hello | Ping | Stats | Report):
         return "read"
     if isinstance(req, Insert | Remove | Clear):
         return "write"
@@ -127,6 +128,7 @@ class Service:
         self._clock = clock
         self._started = clock()
         self.recovered_in_s: float | None = None
+        self.reports = Reports(clock)  # what clients (e.g. the vLLM bridge) report
         # merged into `stats`: the server's gauges and metrics counters
         self.extra_stats: Callable[[], Mapping[str, object]] | None = None
         self.counters: dict[str, int] = {
@@ -197,6 +199,8 @@ class Service:
                 out[i] = self.hello()
             elif isinstance(req, Stats):
                 out[i] = self._guard(self.stats, "stats")
+            elif isinstance(req, Report):
+                out[i] = self._guard(lambda r=req: self.reports.record(r), "report")
             # Ping: None
         return out
 
@@ -286,6 +290,9 @@ class Service:
         out["recovered_in_s"] = self.recovered_in_s
         out["backend"] = self.backend_name
         out["sync"] = self.config.sync
+        reports = self.reports.snapshot()
+        if reports:
+            out["reports"] = reports
         if self.extra_stats is not None:
             out.update(self.extra_stats())
         return out

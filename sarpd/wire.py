@@ -97,6 +97,7 @@ from sarpd.model import (
     ids_from_bytes,
     ids_to_bytes,
 )
+from sarpd.reports import parse_report
 
 if TYPE_CHECKING:
     from sarpd.config import ServerConfig
@@ -500,6 +501,7 @@ _OPS: dict[str, Callable[[int, dict[str, Any], Limits], Request]] = {
     "clear": _op_clear,
     "check": _op_check,
     "dump": _op_dump,
+    "report": lambda rid, d, limits: parse_report(rid, d),
 }
 
 

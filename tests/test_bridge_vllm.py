@@ -128,7 +128,8 @@ def test_stream_matches_engine_model(
 ) -> None:  # fmt: skip
     engine = FakeEngine(capacity=120, int_hashes=int_hashes)
     wl = Workload(seed=7 if array_like else 8)
-    bt = start_bridge(bridge_cfg(publisher, sarpd_proc, tmp_path / "pos.json"), publisher)
+    bt = start_bridge(bridge_cfg(publisher, sarpd_proc, tmp_path / "pos.json",
+                                 report_interval_s=0.1), publisher)
     try:
         publish_requests(publisher, engine, wl, 60, array_like=array_like, lose_every=9)
         publisher.flush()
@@ -155,6 +156,16 @@ def test_stream_matches_engine_model(
         assert stats.restarts == 1 and stats.events["cleared"] >= 2
         assert stats.dropped == 0 and stats.unknown_parent == 0 and stats.rejected == 0
         assert stats.events["stored"] > 0 and stats.events["removed"] > 0
+        # the bridge reports its counters to sarpd: they show in sarpd's stats
+        deadline, seen = time.monotonic() + 10, {}
+        while time.monotonic() < deadline:
+            with SyncClient(sarpd_proc.socket) as c:
+                seen = c.stats().get("reports", {}).get(f"bridge-vllm-w{WORKER}", {})
+            if seen.get("events_stored") == stats.events["stored"]:
+                break
+            time.sleep(0.1)
+        assert seen.get("events_stored") == stats.events["stored"], seen
+        assert seen["restarts"] == 1 and seen["gaps"] == stats.gaps and "lag_s" in seen
     finally:
         bt.stop()
     saved = json.loads((tmp_path / "pos.json").read_text())

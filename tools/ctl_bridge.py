@@ -107,7 +107,8 @@ def bridge() -> None:
     type=click.FloatRange(0.1),
     default=10.0,
     show_default=True,
-    help="Seconds between status lines.",
+    help="Seconds between status lines, and between reports of the counters to sarpd "
+    "(shown in its `stats` under `reports` and in its metrics as sarpd_reported).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print status lines as JSON objects.")
 @click.option(
@@ -138,6 +139,7 @@ def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: 
         endpoint=endpoint, socket=ctx.obj["socket"], worker=worker, replay=replay,
         topic=topic, ns=ns, group=group,
         state=state if state is not None else Path(f"var/bridge-w{worker}.json"),
+        report_interval_s=report_interval,
     )  # fmt: skip
 
     def report(stats: BridgeStats) -> None:

@@ -60,6 +60,15 @@ class BridgeStats:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def flat(self) -> dict[str, float]:
+        """Every counter and gauge as one flat name -> number map (`events_<type>`),
+        the form of sarpd's `report` op."""
+        out: dict[str, float] = {f"events_{k}": v for k, v in self.events.items()}
+        for k, v in asdict(self).items():
+            if k != "events":
+                out[k] = v
+        return out
+
     def line(self) -> str:
         e = self.events
         return (

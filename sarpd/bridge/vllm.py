@@ -49,7 +49,7 @@ from sarpd.bridge.stats import (
     save_position,
 )
 from sarpd.client import Client, SarpConnectionError
-from sarpd.errors import Busy, SarpError, Unavailable, UnknownParent
+from sarpd.errors import Busy, SarpError, Unavailable, UnknownOp, UnknownParent
 
 log = logging.getLogger("sarpd.bridge")
 RETRYABLE = (Busy, Unavailable, SarpConnectionError, OSError)
@@ -71,6 +71,7 @@ class BridgeConfig:
     replay_timeout_s: float = 5.0
     save_interval_s: float = 0.5
     max_backoff_s: float = 2.0
+    report_interval_s: float = 5.0  # counters reported to sarpd (its stats/metrics); 0: never
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,7 @@ class VllmBridge:
         self._connected_once = False
         self._stop = asyncio.Event()
         self._ctx: zmq.asyncio.Context | None = None
+        self._reported_at = float("-inf")
 
     def stop(self) -> None:
         self._stop.set()
@@ -137,12 +139,14 @@ class VllmBridge:
             while not self._stop.is_set():
                 if not await sub.poll(100):
                     self._maybe_save()
+                    await self._maybe_report()
                     continue
                 items = []
                 for frames in await self._drain(sub):
                     await self._accept(frames, items)
                 await self._apply(items)
                 self._maybe_save()
+                await self._maybe_report()
         except Stopped:
             pass
         finally:
@@ -435,6 +439,24 @@ class VllmBridge:
         except TimeoutError:
             return
         raise Stopped
+
+    async def _maybe_report(self) -> None:
+        """Every report_interval_s, report the counters to sarpd (`report` op), so they
+        show in its `stats` and metrics; a sarpd that does not know the op (or any
+        failure) only costs this report."""
+        every = self.cfg.report_interval_s
+        now = time.monotonic()
+        if every <= 0 or self._client is None or now - self._reported_at < every:
+            return
+        self._reported_at = now
+        try:
+            await asyncio.wait_for(
+                self._client.report(f"bridge-vllm-w{self.cfg.worker}", self.stats.flat()), 2.0)
+        except UnknownOp:
+            log.info("sarpd does not take `report`: counters stay in this process")
+            self.cfg = dc_replace(self.cfg, report_interval_s=0.0)
+        except (*RETRYABLE, SarpError, TimeoutError) as exc:
+            log.debug("report to sarpd failed: %s", exc)
 
     def _maybe_save(self, force: bool = False) -> None:
         """Rewrite the position when it moved; fsync at most every save_interval_s."""
