@@ -131,9 +131,15 @@ class Directory:
         hit: npt.NDArray[np.bool_] = lo < self._keys.size
         hit[hit] = self._keys[lo[hit]] == keys[hit]
         if self._delta.n:
-            dk = self._delta.sorted_keys()
-            at = np.minimum(np.searchsorted(dk, keys), dk.size - 1)
-            hit |= dk[at] == keys
+            if keys.size <= 64:  # a few keys (an insert's window), maybe between appends
+                rows = self._delta.rows
+                for i, key in enumerate(keys.tolist()):
+                    if not hit[i] and key in rows:
+                        hit[i] = True
+            else:  # a batch's lattice: sorted delta keys, cached until the next append
+                dk = self._delta.sorted_keys()
+                at = np.minimum(np.searchsorted(dk, keys), dk.size - 1)
+                hit |= dk[at] == keys
         return hit
 
     def posting(self, key: int) -> tuple[U64Array, U64Array]:

@@ -128,8 +128,18 @@ class WriteTxn:
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
         """Locators of blocks ids[0..] at positions first_pos.. of the window whose head
         key is `head_key` (built in bulk when `locators` is first read)."""
-        if len(ids) and self.ix.cfg.block_locators:
+        n = len(ids)
+        if not n or not self.ix.cfg.block_locators:
+            return
+        if n > 8:
             self._pending_locators.append((ids, head_key, first_pos))
+            return
+        # a few blocks (a serving engine's event): per block is cheaper than numpy;
+        # pending records go first, so that a later record of a block still wins
+        locs = self.locators
+        raw = np.ascontiguousarray(ids, dtype="<u8").tobytes()
+        for i in range(n):
+            locs[BLOCK_PREFIX + raw[16 * i : 16 * i + 16]] = LOCATOR.pack(head_key, first_pos + i)
 
     @property
     def locators(self) -> dict[bytes, bytes]:
@@ -368,11 +378,12 @@ class WriteTxn:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
         keys = [block_key(id_bytes(r)) for r in ids]
-        values = self.ix.backend.get_many([k for k in keys if k not in self.locators])
+        locs = self.locators
+        values = self.ix.backend.get_many([k for k in keys if k not in locs])
         it = iter(values)
         out: list[tuple[int, int] | None] = []
         for k in keys:
-            v = self.locators.get(k) or next(it)
+            v = locs.get(k) or next(it)
             out.append(None if v is None else LOCATOR.unpack(v))
         return out
 
