@@ -107,6 +107,9 @@ class Directory:
         self._base_dead = False
         self._rcache: dict[int, tuple[int, int]] = {}
         self.merges = 0
+        # bumped by every change a reader of posting lists could see: caches derived
+        # from postings (the index's candidate rankings) compare it to stay valid
+        self.version = 0
         self.merge_s_max = 0.0  # the longest merge so far: a pause for every request
         self.merge_s_total = 0.0
 
@@ -165,6 +168,7 @@ class Directory:
     # -- writing ----------------------------------------------------------------
     def add(self, key: int, seg: int, filt: int) -> None:
         self._delta.append(key, seg, filt)
+        self.version += 1
 
     def _locate(self, key: int, seg: int) -> tuple[U64Array, int] | None:
         """The array (base slice or delta posting) and index holding (key, seg)."""
@@ -193,6 +197,7 @@ class Directory:
             if self._delta.segs[r] == s:
                 self._delta.filts[r] = filt
                 found = True
+        self.version += found
         return found
 
     def drop(self, key: int, seg: int) -> bool:
@@ -221,6 +226,7 @@ class Directory:
 
     def _merge(self) -> None:
         self._rcache.clear()
+        self.version += 1
         if self._base_dead:  # only `drop` marks base entries dead, and merges at once
             live = self._segs != DEAD
             self._keys, self._segs, self._filts = (

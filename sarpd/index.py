@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 WriteOp = Insert | Remove | Clear
 FORMAT_VERSION = 1  # on-disk format of the whole data set (manifest)
+RANKED_MAX = 65_536  # candidate rankings kept between writes (a bound for read-only runs)
 SEGMENT_CACHE = 4096  # decoded segments kept in memory between batches (~7 MB)
 ProgressFn = Callable[[int, int], None]
 
@@ -103,7 +104,9 @@ class SarpIndex:
         self.corrupt_segments = 0
         self.writes = 0
         self._seg_cache: OrderedDict[int, Segment] = OrderedDict()
-        self._ranked: dict[bytes, list[int]] = {}  # candidates(); valid until a write
+        # candidates() rankings, valid while the directory's version is unchanged
+        self._ranked: dict[bytes, list[int]] = {}
+        self._ranked_at = -1
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self._stale = False  # memory may differ from the disk: a commit failed
         self._resume = False  # the backend must be made writable before the next write
@@ -195,7 +198,6 @@ class SarpIndex:
         """Load the newest valid snapshot and re-route the segments changed after it;
         without one, re-route every segment (full scan)."""
         t0 = time.perf_counter()
-        self._ranked.clear()
         warning: str | None = None
         snap_seg, full = 0, False
         meta, arrays = None, None
@@ -281,7 +283,11 @@ class SarpIndex:
         if segs.size <= self.cfg.window_cap:  # all of them are read: no ranking needed
             return segs.tolist()  # type: ignore[no-any-return]
         # a ranking depends only on the posting list and the 16 blocks after the point:
-        # kept until the next write batch (a turn's insert re-routes what its match did)
+        # kept while the directory is unchanged (a turn's insert re-routes, before it
+        # changes anything, what its match ranked); bounded for read-only stretches
+        if self._ranked_at != self.dir.version or len(self._ranked) >= RANKED_MAX:
+            self._ranked.clear()
+            self._ranked_at = self.dir.version
         ck = qw[offset : offset + 17].tobytes()
         hit = self._ranked.get(ck)
         if hit is None:
@@ -539,8 +545,7 @@ class SarpIndex:
         txn = WriteTxn(self)
         out: list[InsertResult | RemoveResult | SarpError] = []
         try:
-            txn.prefetch(ops)  # may reuse rankings of the batch's matches ...
-            self._ranked.clear()  # ... but from here the directory changes
+            txn.prefetch(ops)  # may reuse rankings of the batch's matches
             for op in ops:
                 try:
                     out.append(txn.apply(op))
@@ -548,11 +553,9 @@ class SarpIndex:
                     raise
                 except SarpError as exc:
                     out.append(exc)
-            self._ranked.clear()
             self.counters = txn.commit(self.sync)
             self._ns_blocks.update(txn.ns_after)
         except Exception as exc:
-            self._ranked.clear()
             log.error("write batch failed (%s); reloading the index from disk", exc)
             self._stale, self._resume = True, hasattr(self.backend, "resume")
             try:
@@ -601,7 +604,6 @@ class SarpIndex:
     def check(self, fix: bool = False) -> CheckReport:
         from sarpd.fsck import run_check
 
-        self._ranked.clear()  # --fix may drop directory entries
         return run_check(self, fix)
 
     def stats(self) -> dict[str, int | float | str]:

@@ -238,9 +238,9 @@ class WriteTxn:
             raise BadRequest(f"meta: {meta.size} values for {n} blocks (need one per block)")
         return meta
 
-    def _count(self, ns: str, delta: int) -> None:
+    def _count(self, tag: int, delta: int) -> None:
+        """Blocks added (or removed) in the namespace with this tag (quotas)."""
         if delta:
-            tag = ns_tag(ns)
             self.ns_delta[tag] = self.ns_delta.get(tag, 0) + delta
 
     def _check_quota(self, ns: str) -> None:
@@ -289,7 +289,7 @@ class WriteTxn:
                 matched += got
                 matching = got == hi - lo
         self.blocks += new
-        self._count(op.seq.ns, new)
+        self._count(tag, new)
         return InsertResult(n, new, matched)
 
     def _best(self, w: int, qw: IdArray, extra: Segment | None,
@@ -424,7 +424,8 @@ class WriteTxn:
             for (w, head_key), targets in groups.items():
                 removed += self.set_presence(w, head_key, targets, False)
         self.blocks -= removed
-        self._count(op.seq.ns if op.seq is not None else op.ns, -removed)
+        if removed:
+            self._count(ns_tag(op.seq.ns if op.seq is not None else op.ns), -removed)
         return RemoveResult(removed)
 
     def clear(self, op: Clear) -> RemoveResult:
@@ -445,7 +446,7 @@ class WriteTxn:
                 self.cache.setdefault(sid, seg)
                 self.mutable(sid).presence &= ~bits
         self.blocks -= len(seen)
-        self._count(op.ns, -len(seen))
+        self._count(tag, -len(seen))
         return RemoveResult(len(seen))
 
     def _all_segments(self) -> Iterable[tuple[int, Segment]]:

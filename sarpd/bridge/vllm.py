@@ -114,6 +114,7 @@ class VllmBridge:
         self._stop = asyncio.Event()
         self._ctx: zmq.asyncio.Context | None = None
         self._reported_at = float("-inf")
+        self._report_every = cfg.report_interval_s  # 0 once sarpd refuses the op
 
     def stop(self) -> None:
         self._stop.set()
@@ -444,7 +445,7 @@ class VllmBridge:
         """Every report_interval_s, report the counters to sarpd (`report` op), so they
         show in its `stats` and metrics; a sarpd that does not know the op (or any
         failure) only costs this report."""
-        every = self.cfg.report_interval_s
+        every = self._report_every
         now = time.monotonic()
         if every <= 0 or self._client is None or now - self._reported_at < every:
             return
@@ -454,7 +455,7 @@ class VllmBridge:
                 self._client.report(f"bridge-vllm-w{self.cfg.worker}", self.stats.flat()), 2.0)
         except UnknownOp:
             log.info("sarpd does not take `report`: counters stay in this process")
-            self.cfg = dc_replace(self.cfg, report_interval_s=0.0)
+            self._report_every = 0.0
         except (*RETRYABLE, SarpError, TimeoutError) as exc:
             log.debug("report to sarpd failed: %s", exc)
 

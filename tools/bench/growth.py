@@ -33,7 +33,7 @@ import numpy as np
 
 from tools.bench.api import BenchIndex, Turn
 from tools.bench.cli import progress_bars
-from tools.bench.runner import batches, index_factories
+from tools.bench.runner import index_factories, replay
 from tools.bench.scale import fill
 from tools.bench.workloads import get_workload
 
@@ -77,31 +77,23 @@ def settle(index: BenchIndex, limit_s: float) -> float:
 
 
 def probe(index: BenchIndex, turns: Sequence[Turn]) -> dict[str, float]:
-    """Replay `turns` in batches of 16; per batch, time the match and the insert and
-    note whether the insert merged the directory."""
-    match_us: list[float] = []
-    behind: list[float] = []
+    """Replay `turns` as the benchmark does (batches of 16: match, then insert); note
+    after each batch whether its insert merged the directory, and how long a match
+    queued behind that insert would have waited."""
+    behind: list[float] = []  # previous batch's insert + this batch's match
     behind_merge = 0.0
-    last_insert: float | None = None
-    merged = False
-    total = 0.0
-    for b, chunk in batches(turns, 16):
-        ns = [t.ns for t in chunk]
-        t0 = time.perf_counter()
-        index.match_many([t.prompt for t in chunk], ns)
-        t1 = time.perf_counter()
-        if last_insert is not None:
-            behind.append(last_insert + (t1 - t0))
-            if merged:
+    last = {"insert_s": -1.0, "merged": 0.0, "merges": _stat(index, "directory_merges")}
+
+    def on_batch(match_s: float, insert_s: float) -> None:
+        nonlocal behind_merge
+        if last["insert_s"] >= 0:
+            behind.append(last["insert_s"] + match_s)
+            if last["merged"]:
                 behind_merge = max(behind_merge, behind[-1])
         merges = _stat(index, "directory_merges")
-        index.insert_many([t.sequence for t in chunk], ns,
-                          [np.full(len(t.sequence), b + i + 1, dtype=np.uint64)
-                           for i, t in enumerate(chunk)])
-        t2 = time.perf_counter()
-        last_insert, merged = t2 - t1, _stat(index, "directory_merges") > merges
-        match_us.extend([(t1 - t0) * 1e6 / len(chunk)] * len(chunk))
-        total += t2 - t0
+        last.update(insert_s=insert_s, merged=float(merges > last["merges"]), merges=merges)
+
+    match_us, total, _, _, _ = replay(index, turns, 16, on_batch=on_batch)
     arr = np.array(match_us or [0.0])
     return {"throughput_rps": len(turns) / total if total else 0.0,
             "match_us_mean": float(arr.mean()), "match_us_p99": float(np.percentile(arr, 99)),

@@ -114,8 +114,11 @@ def batches(turns: Sequence[Turn], size: int) -> list[tuple[int, Sequence[Turn]]
 
 
 def replay(index: BenchIndex, turns: Sequence[Turn], batch: int,
-           progress: ProgressFn | None = None) -> tuple[list[float], float, float, int, int]:
-    """(per-request match µs, total seconds, insert seconds, blocks reused, blocks queried)."""
+           progress: ProgressFn | None = None,
+           on_batch: Callable[[float, float], None] | None = None,
+           ) -> tuple[list[float], float, float, int, int]:
+    """(per-request match µs, total seconds, insert seconds, blocks reused, blocks queried).
+    `on_batch(match_s, insert_s)` is called after each batch."""
     match_us: list[float] = []
     total = inserting = 0.0
     reused = queried = 0
@@ -135,6 +138,8 @@ def replay(index: BenchIndex, turns: Sequence[Turn], batch: int,
         queried += sum(len(t.prompt) for t in chunk)
         if progress is not None:
             progress(len(chunk))
+        if on_batch is not None:
+            on_batch(t1 - t0, t2 - t1)
     return match_us, total, inserting, reused, queried
 
 
