@@ -7,13 +7,13 @@ WT_STAMP := $(VENV)/.sarp-wiredtiger
 WT_SHIM  := $(VENV)/wt-build-bin
 DATA   ?= ./var
 
-.PHONY: setup setup-wt run test lint typecheck pytest clean
+.PHONY: setup setup-wt run test lint imports typecheck pytest clean
 
 setup: $(STAMP)
 
 # Re-installs only when pyproject.toml, setup.py or the C extension change (the
 # install is editable, so Python changes need nothing).
-$(STAMP): pyproject.toml setup.py sarpd/verify/_cverify.c
+$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
@@ -46,6 +46,10 @@ run: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# The rooms' arrows and the leaves (pyproject.toml [tool.importlinter]).
+imports: setup
+	$(BIN)/lint-imports
+
 typecheck: setup
 	$(BIN)/mypy
 
@@ -53,9 +57,9 @@ typecheck: setup
 # second time on the numpy reference.
 pytest: setup setup-wt
 	$(BIN)/pytest -q
-	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/test_verify.py tests/test_index_exact.py -k "memory or verify"
+	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_verify.py tests/core/test_index.py -k "memory or verify"
 
-test: lint typecheck pytest
+test: lint imports typecheck pytest
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

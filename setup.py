@@ -1,7 +1,7 @@
 """Only the optional C verifier lives here; pyproject.toml holds the metadata.
 
 `optional=True`: without a C compiler the install prints setuptools' warning and
-goes on, and sarpd.verify falls back to numpy.
+goes on, and sarpd.core.verify falls back to numpy.
 """
 
 from setuptools import Extension, setup
@@ -9,8 +9,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "sarpd.verify._cverify",
-            ["sarpd/verify/_cverify.c"],
+            "sarpd.core.verify._cverify",
+            ["sarpd/core/verify/_cverify.c"],
             extra_compile_args=["-O2"],
             optional=True,
         )

@@ -47,6 +47,9 @@ class WriteBatch:
 @runtime_checkable
 class Backend(Protocol):
     name: str
+    # whether data written survives close() and a reopen (the in-memory test backend
+    # does not: the contract suite then skips its reopen and crash cases)
+    persistent: bool
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
 
@@ -56,6 +59,12 @@ class Backend(Protocol):
 
     def sync(self) -> None:
         """Make everything written so far durable."""
+        ...
+
+    def resume(self) -> None:
+        """Make the engine writable again after a failed write or sync (RocksDB stays
+        read-only after a background error until reopened); a no-op where the engine
+        needs nothing. Raises when the cause persists."""
         ...
 
     def close(self) -> None: ...

@@ -100,6 +100,9 @@ class BloomStoreBackend:
     def compact(self) -> None:
         _call(self._store.compact)
 
+    def resume(self) -> None:
+        """Nothing to do: a failed write leaves this engine writable."""
+
     def close(self) -> None:
         _call(self._store.close)
 

@@ -38,7 +38,7 @@ class FaultyBackend:
     def __init__(self, inner: Backend, control: Path | None = None) -> None:
         self.inner = inner
         self.name = inner.name
-        self.persistent = bool(getattr(inner, "persistent", True))
+        self.persistent = inner.persistent
         self.control = control
         self.faults = 0
         self._mode = ""
@@ -91,9 +91,7 @@ class FaultyBackend:
         self.inner.sync()
 
     def resume(self) -> None:
-        resume = getattr(self.inner, "resume", None)
-        if resume is not None:
-            resume()
+        self.inner.resume()
 
     def close(self) -> None:
         self.inner.close()

@@ -72,6 +72,9 @@ class MemoryBackend:
         with self._lock:
             self._check_open("sync")
 
+    def resume(self) -> None:
+        """Nothing to do: a failed write leaves this engine writable."""
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -61,4 +61,4 @@ def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
 
 def is_persistent(backend: Backend) -> bool:
     """Whether data written to `backend` survives close and reopen."""
-    return bool(getattr(backend, "persistent", True))
+    return backend.persistent

@@ -453,6 +453,9 @@ class WiredTigerBackend:
 
     # -- close and stats -----------------------------------------------------------------
 
+    def resume(self) -> None:
+        """Nothing to do: a failed write leaves this engine writable."""
+
     def close(self) -> None:
         """Wait for the calls in progress, checkpoint and close. Idempotent."""
         with self._lock:

@@ -29,7 +29,7 @@ import numpy as np
 
 from sarpd.errors import BadRequest, SarpError
 from sarpd.model import ids_to_bytes
-from sarpd.wire import encode_request, error_from_code
+from sarpd.protocol.wire import encode_request, error_from_code
 
 __all__ = ["Client", "ConnectFailed", "ConnectionLost", "SarpConnectionError", "SyncClient"]
 

@@ -18,6 +18,14 @@ class SarpError(Exception):
         self.message = message
 
 
+class ConfigError(SarpError):
+    """An operator's or configuration error: a TOML file, a setting, a backend name or
+    tunable, a state file. Never a client's request (those are `BadRequest`): it stops
+    sarpd (or a sarpctl command) at startup with a message naming the setting."""
+
+    code = "internal"
+
+
 class BadRequest(SarpError):
     """A field is missing, of the wrong type, or out of range (the message names it)."""
 

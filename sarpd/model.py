@@ -7,6 +7,7 @@ form of PROTOCOL.md read as two uint64. Metadata is a 1-D uint64 array.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -93,6 +94,28 @@ class Clear(Request):
     ns: str
     mask: int = 0
     value: int = 0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Check(Request):
+    """Extension op ``check``: verify the index (and repair it with ``fix``)."""
+
+    fix: bool = False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Dump(Request):
+    """Extension op ``dump``: the routing entries and segments of one sequence."""
+
+    seq: SeqSpec
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Report(Request):
+    """Extension op ``report``: a client's own counters, replacing its previous ones."""
+
+    source: str
+    counters: Mapping[str, float]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_helpers import Launcher, SarpdProc, launcher
+
+from tests.daemon_helpers import Launcher, SarpdProc, launcher
 
 
 @pytest.fixture
@@ -44,13 +45,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     import shutil
     import sysconfig
 
-    import sarpd.verify
+    from sarpd.core import verify
 
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     expected = os.environ.get("SARPD_NO_EXTENSIONS") != "1" and shutil.which(cc) is not None
-    if expected and sarpd.verify.IMPLEMENTATION != "c":
+    if expected and verify.IMPLEMENTATION != "c":
         raise pytest.UsageError(
-            f"sarpd.verify.IMPLEMENTATION is {sarpd.verify.IMPLEMENTATION!r}, expected 'c': "
-            f"a C compiler ({cc}) is here but sarpd.verify._cverify did not load; rebuild "
+            f"sarpd.core.verify.IMPLEMENTATION is {verify.IMPLEMENTATION!r}, expected 'c': "
+            f"a C compiler ({cc}) is here but sarpd.core.verify._cverify did not load; rebuild "
             "it with `pip install -e .` (or set SARPD_NO_EXTENSIONS=1 to test numpy only)"
         )

@@ -22,7 +22,7 @@ import numpy as np
 
 from backends.registry import open_backend
 from sarpd.config import IndexConfig
-from sarpd.index import SarpIndex
+from sarpd.core.index import SarpIndex
 from sarpd.model import Insert, Match, SeqSpec
 
 BT = 16

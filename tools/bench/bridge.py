@@ -25,9 +25,9 @@ from typing import Any
 
 import click
 
-from sarpd.bridge.publisher import Publisher, encode_batch, removed, stored
 from sarpd.bridge.vllm import BridgeConfig, VllmBridge
 from tools.bench.spawn import DaemonStartError, start_daemon, stop_daemon
+from tools.bench.vllm_publisher import Publisher, encode_batch, removed, stored
 
 
 def make_batches(

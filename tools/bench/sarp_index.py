@@ -22,7 +22,7 @@ import numpy.typing as npt
 from backends.base import Backend
 from backends.registry import open_backend
 from sarpd.config import IndexConfig
-from sarpd.index import SarpIndex
+from sarpd.core.index import SarpIndex
 from sarpd.model import Insert, Match, MatchResult, SeqSpec
 from tools.bench.api import Ids, RecoveryResult
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import click
 import numpy as np
 
+from sarpd.core.verify import _numpy
 from sarpd.model import IdArray
-from sarpd.verify import _numpy
 
 
 def pairs(n: int, blocks: int, seed: int) -> tuple[list[IdArray], list[IdArray]]:
@@ -44,7 +44,7 @@ def main(n: int, blocks: int, repeat: int) -> None:
     impls: dict[str, Callable[[Sequence[IdArray], Sequence[IdArray]], list[int]]] = {
         "numpy": _numpy.first_mismatch_many}
     try:
-        from sarpd.verify import _cverify
+        from sarpd.core.verify import _cverify
     except ImportError:
         click.echo("C extension not built: timing numpy only", err=True)
     else:

@@ -1,0 +1,123 @@
+"""Read-only inspection of one sequence for the `dump` op (`sarpctl dump`).
+
+For each 64-block window of the sequence, from window 0: every lattice offset's
+routing key and its posting list in the routing directory (live entries only), the
+candidate segments a match would read (`SarpIndex.route_window`), and the decoded
+contents of those segments, with the verified run of each against the query. It
+stops after the first window with no routing hit (a match cannot get past it) or
+after `MAX_WINDOWS` windows. Nothing is changed: no counters, no directory, no
+segment cache beyond what `SarpIndex.fetch` does for any read.
+
+Ids are shown in the external form (what `match` with `with_ids` returns and what
+`hashes`/`ids`/`parent` take): salted per namespace for both token and hash
+sequences (docs/DECISIONS.md, "Ids and namespaces").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sarpd.core import verify
+from sarpd.core.directory import DEAD
+from sarpd.core.ids import salt_ids, token_ids
+from sarpd.core.index import SarpIndex
+from sarpd.core.segment import Segment
+from sarpd.errors import SarpError, TooLarge
+from sarpd.model import IdArray, SeqSpec, ids_to_bytes
+
+MAX_WINDOWS = 64  # windows reported at most
+MAX_POSTINGS = 32  # posting entries listed per routing key (the count is always given)
+
+
+def query_ids(index: SarpIndex, seq: SeqSpec) -> IdArray:
+    """Internal block ids of a sequence, as the index computes them."""
+    if seq.tokens is not None:
+        limit = index.cfg.max_sequence_tokens
+        if len(seq.tokens) > limit:
+            raise TooLarge(f"tokens: {len(seq.tokens)} exceeds max_sequence_tokens ({limit})")
+        return token_ids(seq.ns, seq.tokens, index.cfg.block_tokens)
+    assert seq.hashes is not None
+    return salt_ids(seq.ns, seq.hashes)
+
+
+def dump_sequence(index: SarpIndex, seq: SeqSpec) -> dict[str, Any]:
+    """The `dump` result: a msgpack-able map (see PROTOCOL.md, `dump`)."""
+    q = query_ids(index, seq)
+    sb = index.geo.sb
+    windows: list[dict[str, Any]] = []
+    matched = 0
+    for w in range(min(MAX_WINDOWS, -(-len(q) // sb))):
+        qw = q[w * sb : (w + 1) * sb]
+        entry, run = _window(index, seq.ns, qw, w)
+        windows.append(entry)
+        if matched == w * sb:  # still gap-free: extend the prefix
+            matched += run
+        if not entry["candidates"]:
+            break
+    return {
+        "ns": seq.ns,
+        "blocks": len(q),
+        "matched_blocks": matched,
+        "windows": windows,
+        "truncated": len(q) > len(windows) * sb,
+    }
+
+
+def _window(index: SarpIndex, ns: str, qw: IdArray, w: int) -> tuple[dict[str, Any], int]:
+    probes = []
+    offsets = [o for o in index.geo.offsets if o < len(qw)]
+    hits = index.dir.probe(qw[offsets, 0].astype(np.uint64))
+    for o, hit in zip(offsets, hits, strict=True):
+        key = int(qw[o, 0])
+        segs, filts = index.dir.posting(key) if hit else (np.empty(0), np.empty(0))
+        live = segs != DEAD
+        segs, filts = segs[live], filts[live]
+        probes.append({
+            "offset": o,
+            "key": key,
+            "postings": int(segs.size),
+            "entries": [[int(s), int(f)] for s, f in
+                        zip(segs[:MAX_POSTINGS].tolist(), filts[:MAX_POSTINGS].tolist(),
+                            strict=True)],
+        })
+    candidates = [int(s) for s in index.route_window(qw, w)]
+    fetched = index.fetch(candidates)
+    segments = [_segment(ns, sid, fetched.get(sid), qw, w) for sid in candidates]
+    best = max((s.get("run", 0) for s in segments), default=0)
+    entry = {
+        "window": w,
+        "blocks": len(qw),
+        "probes": probes,
+        "candidates": candidates,
+        "segments": segments,
+        "run": best,
+    }
+    return entry, best
+
+
+def _segment(ns: str, sid: int, seg: Segment | None, qw: IdArray, w: int) -> dict[str, Any]:
+    if seg is None:
+        return {"id": sid, "error": "missing or failed its checks (see sarpctl check)"}
+    run = 0
+    if seg.window == w:
+        n = min(seg.nblocks, len(qw))
+        same = int(verify.first_mismatch(seg.ids[:n], qw[:n]))
+        run = min(same, seg.present_run(0))
+    return {
+        "id": sid,
+        "window": seg.window,
+        "nblocks": seg.nblocks,
+        "presence": seg.presence,
+        "ns_tag": seg.ns_tag,
+        "run": run,
+        "ids": ids_to_bytes(salt_ids(ns, seg.ids)),
+        "meta": np.ascontiguousarray(seg.meta, dtype="<u8").tobytes(),
+    }
+
+
+def dump_or_error(index: object, seq: SeqSpec) -> dict[str, Any] | SarpError:
+    if not isinstance(index, SarpIndex):
+        return SarpError(f"dump: the index ({type(index).__name__}) cannot be inspected")
+    return dump_sequence(index, seq)

@@ -1,0 +1,147 @@
+"""Atomic snapshots of the routing directory.
+
+File `dir-<watermark:016x>.snap` in the snapshot directory, little-endian:
+
+    off  size  field
+    0    8     magic b"SARPSNAP"
+    8    4     snapshot format (1)
+    12   4     segment format the entries refer to
+    16   8     watermark: newest change-log version folded into this directory
+    24   8     newest segment id at snapshot time
+    32   8     n: number of entries
+    40   4     block_tokens
+    44   4     segment_blocks
+    48   4     CRC-32 of the body
+    52   4     CRC-32 of bytes [0, 52)
+    56   8n    routing keys (sorted ascending)
+    56+8n 8n   segment ids
+    56+16n 8n  filters
+
+Written to a temp name, fsync'd, renamed, and the directory fsync'd: a snapshot is
+either whole or absent. Loading checks both CRCs, the sizes and the geometry; a
+snapshot that fails is skipped with a warning (the caller falls back to an older
+one or a full scan). The newest `keep` snapshots are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sarpd.core.directory import DirectoryArrays
+from sarpd.core.segment import SEGMENT_FORMAT
+from sarpd.errors import CorruptData, FormatVersionError, StorageError
+
+log = logging.getLogger(__name__)
+
+SNAP_FORMAT = 1
+MAGIC = b"SARPSNAP"
+HEAD = struct.Struct("<8sIIQQQIIII")
+assert HEAD.size == 56
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    watermark: int
+    newest_seg: int
+    block_tokens: int
+    segment_blocks: int
+
+
+def _name(watermark: int) -> str:
+    return f"dir-{watermark:016x}.snap"
+
+
+def write_snapshot(directory: Path, arrays: DirectoryArrays, meta: SnapshotMeta,
+                   keep: int = 2) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    body = [np.ascontiguousarray(a, dtype="<u8").tobytes()
+            for a in (arrays.keys, arrays.segs, arrays.filts)]
+    crc = 0
+    for part in body:
+        crc = zlib.crc32(part, crc)
+    head = HEAD.pack(MAGIC, SNAP_FORMAT, SEGMENT_FORMAT, meta.watermark, meta.newest_seg,
+                     len(arrays.keys), meta.block_tokens, meta.segment_blocks, crc, 0)
+    head = head[:52] + zlib.crc32(head[:52]).to_bytes(4, "little")
+    final = directory / _name(meta.watermark)
+    tmp = directory / (final.name + ".tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(head)
+            for part in body:
+                fh.write(part)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)  # a full disk keeps no partial snapshot
+        if isinstance(exc, OSError):
+            raise StorageError(f"snapshot {tmp} could not be written: {exc}") from exc
+        raise
+    os.replace(tmp, final)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    for old in list_snapshots(directory)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def list_snapshots(directory: Path) -> list[Path]:
+    """Snapshot files, newest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(directory.glob("dir-*.snap"), reverse=True)
+
+
+def read_snapshot(path: Path) -> tuple[SnapshotMeta, DirectoryArrays]:
+    data = path.read_bytes()
+    if len(data) < HEAD.size:
+        raise CorruptData(f"{path}: {len(data)} bytes is shorter than the header ({HEAD.size})")
+    (magic, fmt, seg_fmt, watermark, newest, n, bt, sb, crc, hcrc) = HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptData(f"{path}: bad magic {magic!r}")
+    if zlib.crc32(data[:52]) != hcrc:
+        raise CorruptData(f"{path}: header checksum mismatch")
+    if fmt != SNAP_FORMAT or seg_fmt != SEGMENT_FORMAT:
+        raise FormatVersionError(
+            f"{path}: snapshot format {fmt}/segment format {seg_fmt}; this build reads "
+            f"{SNAP_FORMAT}/{SEGMENT_FORMAT}"
+        )
+    if len(data) != HEAD.size + 24 * n:
+        raise CorruptData(
+            f"{path}: {len(data)} bytes, expected {HEAD.size + 24 * n} for {n} entries")
+    body = memoryview(data)[HEAD.size:]
+    if zlib.crc32(body) != crc:
+        raise CorruptData(f"{path}: body checksum mismatch")
+    arr = np.frombuffer(data, dtype="<u8", offset=HEAD.size).astype(np.uint64)
+    keys, segs, filts = arr[:n], arr[n : 2 * n], arr[2 * n :]
+    if n > 1 and bool((keys[1:] < keys[:-1]).any()):
+        raise CorruptData(f"{path}: routing keys are not sorted")
+    return SnapshotMeta(watermark, newest, bt, sb), DirectoryArrays(keys, segs, filts)
+
+
+def load_newest(directory: Path, block_tokens: int, segment_blocks: int
+                ) -> tuple[SnapshotMeta, DirectoryArrays] | tuple[None, str | None]:
+    """The newest valid snapshot, or (None, warning) when none could be used."""
+    warnings: list[str] = []
+    for path in list_snapshots(directory):
+        try:
+            meta, arrays = read_snapshot(path)
+        except (OSError, CorruptData, FormatVersionError) as exc:
+            warnings.append(str(exc))
+            log.warning("snapshot skipped: %s", exc)
+            continue
+        if (meta.block_tokens, meta.segment_blocks) != (block_tokens, segment_blocks):
+            warnings.append(f"{path}: geometry {meta.block_tokens}/{meta.segment_blocks} "
+                            f"differs from {block_tokens}/{segment_blocks}")
+            continue
+        return meta, arrays
+    return None, ("; ".join(warnings) or None)

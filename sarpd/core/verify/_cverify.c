@@ -1,0 +1,180 @@
+/* First-mismatch verification of 128-bit block ids: the C twin of _numpy.py.
+ *
+ * An id array is a C-contiguous uint64 buffer of shape (n, 2) (col 0 low, col 1
+ * high). first_mismatch returns the first row where two arrays differ, or
+ * min(n_cand, n_query) when every compared row agrees. The AVX2 path (picked at
+ * import when the CPU has it) compares 2 ids per 256-bit op with unaligned loads;
+ * the plain C path does one id at a time. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define SARP_X86 1
+#include <immintrin.h>
+#endif
+
+typedef Py_ssize_t (*mismatch_fn)(const uint64_t *, const uint64_t *, Py_ssize_t);
+
+static Py_ssize_t scalar_from(const uint64_t *a, const uint64_t *b, Py_ssize_t i,
+                              Py_ssize_t n) {
+    for (; i < n; i++) {
+        uint64_t x[2], y[2];  /* memcpy: the buffers may be unaligned */
+        memcpy(x, a + 2 * i, sizeof x);
+        memcpy(y, b + 2 * i, sizeof y);
+        if ((x[0] ^ y[0]) | (x[1] ^ y[1])) return i;
+    }
+    return n;
+}
+
+static Py_ssize_t mismatch_scalar(const uint64_t *a, const uint64_t *b, Py_ssize_t n) {
+    return scalar_from(a, b, 0, n);
+}
+
+#ifdef SARP_X86
+__attribute__((target("avx2")))
+static Py_ssize_t mismatch_avx2(const uint64_t *a, const uint64_t *b, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 2 <= n; i += 2) {  /* 2 ids = 4 uint64 lanes per op */
+        __m256i va = _mm256_loadu_si256((const __m256i *)(a + 2 * i));
+        __m256i vb = _mm256_loadu_si256((const __m256i *)(b + 2 * i));
+        int eq = _mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(va, vb)));
+        if (eq != 0xF) return i + (__builtin_ctz(~eq & 0xF) >> 1);
+    }
+    return scalar_from(a, b, i, n);  /* odd tail */
+}
+#endif
+
+static mismatch_fn mismatch = mismatch_scalar;
+static int have_avx2 = 0;
+
+/* Get `obj` as a C-contiguous (n, 2) uint64 buffer; on error set an exception
+ * naming `name` and return -1. */
+static int get_ids(PyObject *obj, const char *name, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyObject *type, *value, *tb;
+        int no_buffer = PyErr_ExceptionMatches(PyExc_TypeError);
+        PyErr_Fetch(&type, &value, &tb);
+        if (no_buffer)
+            PyErr_Format(PyExc_TypeError, "%s must be a uint64 array of shape (n, 2), got %.100s",
+                         name, Py_TYPE(obj)->tp_name);
+        else  /* numpy: ValueError; the buffer protocol: BufferError */
+            PyErr_Format(PyExc_ValueError,
+                         "%s must be a C-contiguous uint64 array of shape (n, 2) (%S)", name,
+                         value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || (PY_LITTLE_ENDIAN && *f == '<')) f++;  /* native order */
+    if (view->itemsize != 8 || !((f[0] == 'Q' || f[0] == 'L') && f[1] == '\0')) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must have dtype uint64, got buffer format '%s' (itemsize %zd)",
+                     name, view->format ? view->format : "B", view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (view->ndim != 2 || view->shape[1] != 2) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must have shape (n, 2), got ndim %d%s", name, view->ndim,
+                     view->ndim == 2 ? " with a second dimension other than 2" : "");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* First mismatch of one pair, or -1 with an exception set. */
+static Py_ssize_t pair(PyObject *cand, PyObject *query) {
+    Py_buffer a, b;
+    if (get_ids(cand, "cand", &a) < 0) return -1;
+    if (get_ids(query, "query", &b) < 0) { PyBuffer_Release(&a); return -1; }
+    Py_ssize_t n = a.shape[0] < b.shape[0] ? a.shape[0] : b.shape[0];
+    Py_ssize_t r = mismatch((const uint64_t *)a.buf, (const uint64_t *)b.buf, n);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return r;
+}
+
+static PyObject *first_mismatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "first_mismatch takes 2 arguments (cand, query), got %zd",
+                     nargs);
+        return NULL;
+    }
+    Py_ssize_t r = pair(args[0], args[1]);
+    return r < 0 ? NULL : PyLong_FromSsize_t(r);
+}
+
+static PyObject *first_mismatch_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "first_mismatch_many takes 2 arguments (cands, queries), got %zd", nargs);
+        return NULL;
+    }
+    PyObject *cs = PySequence_Fast(args[0], "cands must be a sequence of id arrays");
+    if (cs == NULL) return NULL;
+    PyObject *qs = PySequence_Fast(args[1], "queries must be a sequence of id arrays");
+    if (qs == NULL) { Py_DECREF(cs); return NULL; }
+    PyObject *out = NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(cs);
+    if (PySequence_Fast_GET_SIZE(qs) != m) {
+        PyErr_Format(PyExc_ValueError, "cands and queries must have the same length, got %zd and %zd",
+                     m, PySequence_Fast_GET_SIZE(qs));
+        goto done;
+    }
+    out = PyList_New(m);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        Py_ssize_t r = pair(PySequence_Fast_GET_ITEM(cs, i), PySequence_Fast_GET_ITEM(qs, i));
+        PyObject *v = r < 0 ? NULL : PyLong_FromSsize_t(r);
+        if (v == NULL) { Py_CLEAR(out); goto done; }
+        PyList_SET_ITEM(out, i, v);
+    }
+done:
+    Py_DECREF(cs);
+    Py_DECREF(qs);
+    return out;
+}
+
+/* Test hook: use the AVX2 path (when the CPU has it) or force plain C; returns the
+ * previous setting. */
+static PyObject *set_simd(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    int was = mismatch != mismatch_scalar;
+#ifdef SARP_X86
+    mismatch = (on && have_avx2) ? mismatch_avx2 : mismatch_scalar;
+#endif
+    return PyBool_FromLong(was);
+}
+
+static PyMethodDef methods[] = {
+    {"first_mismatch", (PyCFunction)(void (*)(void))first_mismatch, METH_FASTCALL,
+     "Index of the first row where cand and query differ; min(len) if none."},
+    {"first_mismatch_many", (PyCFunction)(void (*)(void))first_mismatch_many, METH_FASTCALL,
+     "first_mismatch of each (candidate, query) pair, in one call."},
+    {"_set_simd", set_simd, METH_O, "Use AVX2 if available (True) or plain C (False)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sarpd.core.verify._cverify",
+                                    "C/AVX2 first-mismatch verification.", -1, methods};
+
+PyMODINIT_FUNC PyInit__cverify(void) {
+#ifdef SARP_X86
+    __builtin_cpu_init();
+    have_avx2 = __builtin_cpu_supports("avx2") != 0;
+    if (have_avx2) mismatch = mismatch_avx2;
+#endif
+    PyObject *mod = PyModule_Create(&module);
+    if (mod == NULL) return NULL;
+    if (PyModule_AddObjectRef(mod, "HAVE_AVX2", have_avx2 ? Py_True : Py_False) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

@@ -1,0 +1,468 @@
+"""The write path: one `WriteTxn` per `write_many` call.
+
+A transaction caches every segment it reads (one multi-get for the batch's routing
+candidates up front, small ones for what later operations discover), edits working
+copies, registers routing points in the directory as it goes (so later operations of
+the same batch see earlier ones), and commits everything as ONE backend write batch:
+dirty segments, new block locators, change-log records and counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from backends.base import WriteBatch
+from sarpd.core.ids import chain_ids, id_bytes, ns_root, ns_tag, salt_ids
+from sarpd.core.segment import (
+    BLOCK_PREFIX,
+    COUNTERS_KEY,
+    LOCATOR,
+    LOCATOR_DTYPE,
+    SEG_PREFIX,
+    Counters,
+    Segment,
+    block_key,
+    decode_segment,
+    encode_segment,
+    log_key,
+    ns_count_key,
+    seg_id_of_key,
+    seg_key,
+)
+from sarpd.core.verify import first_mismatch
+from sarpd.errors import (
+    BadRequest,
+    CorruptData,
+    FormatVersionError,
+    QuotaExceeded,
+    TooLarge,
+    UnknownParent,
+)
+from sarpd.model import (
+    Clear,
+    IdArray,
+    Insert,
+    InsertResult,
+    Remove,
+    RemoveResult,
+    SeqSpec,
+    U64Array,
+)
+
+if TYPE_CHECKING:
+    from sarpd.core.index import SarpIndex
+
+log = logging.getLogger(__name__)
+
+Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
+
+# a locator's key (the block_key layout: prefix + id as two little-endian u64) and
+# value as packed numpy records; the raw views turn into bytes objects in one call
+_LOCATOR_KEY = np.dtype([("prefix", "S1"), ("id", "<u8", (2,))])
+_LOCATOR_KEY_RAW = np.dtype(f"V{_LOCATOR_KEY.itemsize}")
+_LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
+
+
+class WriteTxn:
+    def __init__(self, index: SarpIndex) -> None:
+        self.ix = index
+        self.cache: dict[int, Segment | None] = {}
+        self.dirty: set[int] = set()
+        self._locators: dict[bytes, bytes] = {}
+        self._pending_locators: list[tuple[IdArray, int, int]] = []
+        self.logged: list[int] = []
+        self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
+        self.routes: dict[tuple[int, int], list[int]] = {}  # (id(SeqSpec), window) -> cands
+        # segments created or grown in this txn, by (window, head key): the only
+        # candidates a prefetched route can be missing
+        self.touched: dict[tuple[int, int], list[int]] = {}
+        self.ns_delta: dict[int, int] = {}  # namespace tag -> blocks added - removed
+        self.ns_after: dict[int, int] = {}  # ... their committed totals (set by commit)
+        c = index.counters
+        self.next_seg = c.next_seg
+        self.blocks = c.blocks
+        self.segments = c.segments
+
+    # -- segment cache -------------------------------------------------------------
+    def load(self, seg_ids: Iterable[int]) -> None:
+        missing = [s for s in dict.fromkeys(seg_ids) if s not in self.cache]
+        if missing:
+            self.cache.update(self.ix.fetch(missing))
+
+    def seg(self, sid: int) -> Segment | None:
+        if sid not in self.cache:
+            self.load([sid])
+        return self.cache[sid]
+
+    def mutable(self, sid: int) -> Segment:
+        s = self.cache[sid]
+        assert s is not None
+        if sid not in self.dirty:
+            s = s.writable()
+            self.cache[sid] = s
+            self.dirty.add(sid)
+        return s
+
+    def create(self, window: int, tag: int, ids: IdArray, meta: U64Array, presence: int) -> Segment:
+        sid = self.next_seg
+        self.next_seg += 1
+        seg = Segment(sid, window, presence, tag, np.array(ids, dtype=np.uint64),
+                      np.array(meta, dtype=np.uint64))
+        self.cache[sid] = seg
+        self.dirty.add(sid)
+        self.segments += 1
+        self.touch(sid)
+        return seg
+
+    def touch(self, sid: int) -> None:
+        """Record a change-log entry: the segment was created or extended."""
+        self.logged.append(sid)
+        seg = self.cache[sid]
+        assert seg is not None
+        self.touched.setdefault((seg.window, int(seg.ids[0, 0])), []).append(sid)
+
+    def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
+        """Locators of blocks ids[0..] at positions first_pos.. of the window whose head
+        key is `head_key` (built in bulk when `locators` is first read)."""
+        n = len(ids)
+        if not n or not self.ix.cfg.block_locators:
+            return
+        if n > 8:
+            self._pending_locators.append((ids, head_key, first_pos))
+            return
+        # a few blocks (a serving engine's event): per block is cheaper than numpy;
+        # pending records go first, so that a later record of a block still wins
+        locs = self.locators
+        raw = np.ascontiguousarray(ids, dtype="<u8").tobytes()
+        for i in range(n):
+            locs[BLOCK_PREFIX + raw[16 * i : 16 * i + 16]] = LOCATOR.pack(head_key, first_pos + i)
+
+    @property
+    def locators(self) -> dict[bytes, bytes]:
+        """Every locator record of the txn (a later one for the same block wins), built
+        as packed numpy records in one pass: no per-block Python work."""
+        pending = self._pending_locators
+        if pending:
+            lens = np.array([len(ids) for ids, _, _ in pending])
+            starts = np.repeat(np.cumsum(lens) - lens, lens)
+            keys = np.empty(int(lens.sum()), dtype=_LOCATOR_KEY)
+            keys["prefix"] = BLOCK_PREFIX
+            keys["id"] = np.concatenate([ids for ids, _, _ in pending])
+            vals = np.empty(keys.size, dtype=LOCATOR_DTYPE)
+            vals["head"] = np.repeat(np.array([h for _, h, _ in pending], np.uint64), lens)
+            first = np.repeat(np.array([p for _, _, p in pending], np.int64), lens)
+            vals["pos"] = np.arange(keys.size) - starts + first
+            self._locators.update(zip(keys.view(_LOCATOR_KEY_RAW).tolist(),
+                                      vals.view(_LOCATOR_RAW).tolist(), strict=True))
+            pending.clear()
+        return self._locators
+
+    # -- commit --------------------------------------------------------------------
+    def commit(self, sync: bool) -> Counters:
+        ix = self.ix
+        wb = WriteBatch()
+        for sid in self.dirty:
+            seg = self.cache[sid]
+            assert seg is not None
+            wb.put(seg_key(sid), encode_segment(seg))
+        wb.put_many(self.locators)
+        version = ix.counters.next_version
+        for sid in dict.fromkeys(self.logged):
+            wb.put(log_key(version), sid.to_bytes(8, "big"))
+            version += 1
+        for tag, delta in self.ns_delta.items():
+            if delta:
+                self.ns_after[tag] = max(0, ix.ns_blocks(tag) + delta)
+                wb.put(ns_count_key(tag), self.ns_after[tag].to_bytes(8, "little"))
+        counters = Counters(self.next_seg, version, self.blocks, self.segments)
+        if counters != ix.counters:
+            wb.put(COUNTERS_KEY, counters.encode())
+        if len(wb):
+            ix.backend.write(wb, sync)
+        return counters
+
+    # -- operations ----------------------------------------------------------------
+    def apply(self, op: Insert | Remove | Clear) -> InsertResult | RemoveResult:
+        if isinstance(op, Insert):
+            return self.insert(op)
+        if isinstance(op, Remove):
+            return self.remove(op)
+        return self.clear(op)
+
+    def prefetch(self, ops: Sequence[Insert | Remove | Clear]) -> None:
+        """Route every insert of the batch at once (one vectorised directory probe) and
+        read all their candidates in ONE multi-get. Segments that earlier operations of
+        the batch create or grow are added to the candidates of their window."""
+        ix, sb = self.ix, self.ix.geo.sb
+        seqs, qs = [], []
+        for op in ops:
+            if not isinstance(op, Insert) or op.parent is not None:
+                continue
+            try:
+                q = self.seq_ids[id(op.seq)] = self._seq_ids(op.seq)
+            except TooLarge:
+                continue
+            seqs.append(op.seq)
+            qs.append(q)
+        wanted: dict[int, None] = {}
+        for seq, q, deepest in zip(seqs, qs, ix._deepest(qs), strict=True):
+            for w in range(-(-len(q) // sb)):
+                # past the first window without a hit nothing can match (chained ids)
+                c = ix.candidates(q[w * sb : (w + 1) * sb], w, deepest[w]) \
+                    if w < len(deepest) else []
+                self.routes[(id(seq), w)] = c
+                wanted.update(dict.fromkeys(c))
+        self.load(wanted)
+
+    def _seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
+        ix = self.ix
+        if parent is None and id(seq) in self.seq_ids:
+            return self.seq_ids[id(seq)]
+        if seq.tokens is not None:
+            if len(seq.tokens) > ix.cfg.max_sequence_tokens:
+                raise TooLarge(f"tokens: {len(seq.tokens)} exceeds max_sequence_tokens "
+                               f"({ix.cfg.max_sequence_tokens})")
+            return chain_ids(parent or ns_root(seq.ns), seq.tokens, ix.cfg.block_tokens)
+        assert seq.hashes is not None
+        return salt_ids(seq.ns, seq.hashes)
+
+    def _meta(self, op: Insert, n: int) -> U64Array:
+        if isinstance(op.meta, int):
+            return np.full(n, op.meta, dtype=np.uint64)
+        meta = np.asarray(op.meta, dtype=np.uint64)
+        if meta.shape != (n,):
+            raise BadRequest(f"meta: {meta.size} values for {n} blocks (need one per block)")
+        return meta
+
+    def _count(self, tag: int, delta: int) -> None:
+        """Blocks added (or removed) in the namespace with this tag (quotas)."""
+        if delta:
+            self.ns_delta[tag] = self.ns_delta.get(tag, 0) + delta
+
+    def _check_quota(self, ns: str) -> None:
+        quota = self.ix.cfg.quota(ns)
+        if quota:
+            tag = ns_tag(ns)
+            held = self.ix.ns_blocks(tag) + self.ns_delta.get(tag, 0)
+            if held >= quota:
+                raise QuotaExceeded(f"namespace {ns!r} holds {held:,} blocks, its quota is "
+                                    f"{quota:,}: insert refused (remove or clear blocks first)")
+
+    def insert(self, op: Insert) -> InsertResult:
+        sb = self.ix.geo.sb
+        self._check_quota(op.seq.ns)
+        hint: Segment | None = None
+        if op.parent is not None:
+            pid = salt_ids(op.seq.ns, op.parent)[0]
+            found = self.find_present(pid)
+            if found is None:
+                raise UnknownParent(f"parent {id_bytes(op.parent[0]).hex()} is not indexed "
+                                    f"in namespace {op.seq.ns!r}")
+            hint, ppos = found
+            q = self._seq_ids(op.seq, id_bytes(pid))
+            start = ppos + 1
+            head = hint.ids[: start % sb] if hint.window == start // sb else hint.ids[:0]
+            full = np.concatenate([head, q]) if len(head) else q
+        else:
+            q = self._seq_ids(op.seq)
+            start, full = 0, q
+        n = len(q)
+        meta = self._meta(op, n)
+        if n == 0:
+            return InsertResult(0, 0, 0)
+        base, end, tag = start - start % sb, start + n, ns_tag(op.seq.ns)
+        matched, new, matching = 0, 0, True
+        for w in range(start // sb, (end - 1) // sb + 1):
+            ws = w * sb
+            lo, hi = max(start, ws), min(end, ws + sb)
+            qw = full[ws - base : hi - base]
+            h = hint if hint is not None and hint.window == w else None
+            routed = self.routes.get((id(op.seq), w)) if op.parent is None else None
+            got, fresh = self._insert_window(w, tag, qw, meta[lo - start : hi - start], lo - ws,
+                                             h, routed)
+            new += fresh
+            if matching:
+                matched += got
+                matching = got == hi - lo
+        self.blocks += new
+        self._count(tag, new)
+        return InsertResult(n, new, matched)
+
+    def _best(self, w: int, qw: IdArray, extra: Segment | None,
+              routed: list[int] | None) -> tuple[Segment | None, int]:
+        if routed is None:
+            cands = self.ix.route_window(qw, w)
+        else:
+            cands = list(dict.fromkeys(routed + self.touched.get((w, int(qw[0, 0])), [])))
+        self.load(cands)
+        best, run = extra, (first_mismatch(extra.ids, qw) if extra is not None else 0)
+        for sid in cands:
+            c = self.cache.get(sid)
+            if c is None or c.window != w:
+                continue
+            r = first_mismatch(c.ids, qw)
+            if r > run or (best is not None and r == run and r > 0 and c.nblocks > best.nblocks):
+                best, run = c, r
+        return best, run
+
+    def _insert_window(self, w: int, tag: int, qw: IdArray, mw: U64Array, frm: int,
+                       hint: Segment | None, routed: list[int] | None) -> tuple[int, int]:
+        """Insert blocks [frm, len(qw)) of window w; qw holds the window's ids from its
+        start. Returns (blocks already present from frm on, blocks newly indexed)."""
+        sb, L = self.ix.geo.sb, len(qw)
+        best, run = self._best(w, qw, hint, routed)
+        full_mask = (1 << L) - 1
+        req_bits = full_mask & ~((1 << frm) - 1)
+        if best is None or run == 0:
+            seg = self.create(w, tag, qw, np.concatenate([np.zeros(frm, np.uint64), mw]), req_bits)
+            self.add_locators(qw[frm:], int(qw[0, 0]), w * sb + frm)
+            self.ix.register(seg, self, old_n=0, fresh_from=0)
+            return 0, L - frm
+        covered = min(run, L)
+        present = best.present_run(frm) if frm < best.nblocks else 0
+        got = max(0, min(present, covered - frm))
+        absent = ~best.presence & ((1 << covered) - 1) & ~((1 << frm) - 1)
+        holes = [i for i in range(frm, covered) if (absent >> i) & 1] if absent > 0 else []
+        if holes:
+            self.set_presence(w, int(qw[0, 0]),
+                              [(i, qw[i], int(mw[i - frm])) for i in holes], True)
+        if run >= L:
+            return got, len(holes)
+        old_n = 0
+        if run == best.nblocks:  # our window continues this segment: extend in place
+            seg = self.mutable(best.seg_id)
+            old_n = seg.nblocks
+            seg.ids = np.concatenate([seg.ids, qw[run:]])
+            seg.meta = np.concatenate([seg.meta, mw[run - frm :]])
+            seg.presence |= full_mask & ~((1 << run) - 1)
+            self.touch(seg.seg_id)
+        else:  # we leave `best` in the middle: a segment of our own with a copy of the head
+            cur = self.cache[best.seg_id]
+            assert cur is not None
+            seg = self.create(
+                w, tag, np.concatenate([cur.ids[:run], qw[run:]]),
+                np.concatenate([cur.meta[:run], mw[run - frm :]]),
+                (cur.presence & ((1 << run) - 1)) | (full_mask & ~((1 << run) - 1)),
+            )
+        self.add_locators(qw[run:], int(qw[0, 0]), w * sb + run)
+        self.ix.register(seg, self, old_n=old_n, fresh_from=run)
+        return got, (L - run) + len(holes)
+
+    def set_presence(self, w: int, head_key: int, targets: Sequence[Target], present: bool) -> int:
+        """Set (present=True, with meta) or clear the presence of blocks in EVERY segment
+        of window w that holds them (branch copies included). Returns how many of the
+        targets changed state somewhere."""
+        segs = [int(s) for s in self.ix.dir.posting(head_key)[0]]
+        self.load(segs)
+        changed: set[int] = set()
+        for sid in segs:
+            c = self.cache.get(sid)
+            if c is None or c.window != w:
+                continue
+            for o, idv, m in targets:
+                if o < c.nblocks and c.is_present(o) != present and bool((c.ids[o] == idv).all()):
+                    c = self.mutable(sid)
+                    c.presence ^= 1 << o
+                    if present:
+                        c.meta[o] = m
+                    changed.add(o)
+        return len(changed)
+
+    def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
+        """Block locators (head key, position) for internal ids; one multi-get."""
+        if not self.ix.cfg.block_locators:
+            raise BadRequest(f"{what}: this index keeps no block locators "
+                             "(index setting block_locators = false)")
+        keys = [block_key(id_bytes(r)) for r in ids]
+        locs = self.locators
+        values = self.ix.backend.get_many([k for k in keys if k not in locs])
+        it = iter(values)
+        out: list[tuple[int, int] | None] = []
+        for k in keys:
+            v = locs.get(k) or next(it)
+            out.append(None if v is None else LOCATOR.unpack(v))
+        return out
+
+    def find_present(self, idv: IdArray) -> tuple[Segment, int] | None:
+        """A segment in which block `idv` is present, and the block's position."""
+        loc = self.locate(idv.reshape(1, 2), "parent")[0]
+        if loc is None:
+            return None
+        head_key, pos = loc
+        sb = self.ix.geo.sb
+        w, o = divmod(pos, sb)
+        segs = [int(s) for s in self.ix.dir.posting(head_key)[0]]
+        self.load(segs)
+        for sid in segs:
+            c = self.cache.get(sid)
+            if (c is not None and c.window == w and o < c.nblocks and c.is_present(o)
+                    and bool((c.ids[o] == idv).all())):
+                return c, pos
+        return None
+
+    def remove(self, op: Remove) -> RemoveResult:
+        sb = self.ix.geo.sb
+        removed = 0
+        if op.seq is not None:
+            q = self._seq_ids(op.seq)
+            for w in range(op.start // sb, -(-len(q) // sb)):
+                ws = w * sb
+                lo, hi = max(op.start, ws), min(len(q), ws + sb)
+                targets = [(p - ws, q[p], 0) for p in range(lo, hi)]
+                removed += self.set_presence(w, int(q[ws, 0]), targets, False)
+        elif op.ids is not None and len(op.ids):
+            ids = salt_ids(op.ns, op.ids)
+            groups: dict[tuple[int, int], list[Target]] = {}
+            for i, loc in enumerate(self.locate(ids, "ids")):
+                if loc is not None:
+                    w, o = divmod(loc[1], sb)
+                    groups.setdefault((w, loc[0]), []).append((o, ids[i], 0))
+            for (w, head_key), targets in groups.items():
+                removed += self.set_presence(w, head_key, targets, False)
+        self.blocks -= removed
+        if removed:
+            self._count(ns_tag(op.seq.ns if op.seq is not None else op.ns), -removed)
+        return RemoveResult(removed)
+
+    def clear(self, op: Clear) -> RemoveResult:
+        """Unset every present block of the namespace whose meta & mask == value.
+        A full scan of the segments (an administrative operation)."""
+        tag, mask, value = ns_tag(op.ns), np.uint64(op.mask), np.uint64(op.value)
+        seen: set[tuple[int, int, int]] = set()
+        for sid, seg in self._all_segments():
+            if seg.ns_tag != tag or not seg.presence:
+                continue
+            hit = np.flatnonzero((seg.meta & mask) == value)
+            bits = 0
+            for o in hit.tolist():
+                if seg.is_present(o):
+                    bits |= 1 << o
+                    seen.add((seg.window, o, int(seg.ids[o, 0])))
+            if bits:
+                self.cache.setdefault(sid, seg)
+                self.mutable(sid).presence &= ~bits
+        self.blocks -= len(seen)
+        self._count(tag, -len(seen))
+        return RemoveResult(len(seen))
+
+    def _all_segments(self) -> Iterable[tuple[int, Segment]]:
+        seen: set[int] = set()
+        for key, value in self.ix.backend.scan(SEG_PREFIX, b"T"):
+            sid = seg_id_of_key(key)
+            seen.add(sid)
+            if sid in self.cache:
+                cached = self.cache[sid]
+                if cached is not None:
+                    yield sid, cached
+                continue
+            try:
+                yield sid, decode_segment(value, sid)
+            except (CorruptData, FormatVersionError) as exc:
+                log.error("clear: skipping segment %d: %s", sid, exc)
+        for sid, cached in list(self.cache.items()):
+            if sid not in seen and cached is not None:
+                yield sid, cached

@@ -1,0 +1,386 @@
+"""`sarpd`: the daemon's entry point.
+
+Start-up: lock the data directory, bind the socket at once (every request is answered
+`unavailable` while recovering), open the backend, recover the index in the worker
+thread with progress in the log and in sd_notify STATUS=, then serve (READY=1).
+SIGTERM / SIGINT: stop accepting, answer the requests already received, snapshot,
+close the backend, remove the socket, exit 0.
+
+Operations: `--log-format json` logs one JSON object per line (python-json-logger);
+`--metrics-port` serves Prometheus metrics on 127.0.0.1 (sarpd.daemon.metrics). Recovery
+progress, with an ETA, goes to the log, to sd_notify STATUS=, to the `unavailable`
+message every request gets meanwhile, and to the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from sarpd.config import ServerConfig, load_config
+from sarpd.core.index import RecoveryReport, SarpIndex
+from sarpd.daemon import sdnotify
+from sarpd.daemon.server import Server
+from sarpd.daemon.service import Service
+from sarpd.errors import SarpError
+
+log = logging.getLogger("sarpd")
+
+LOCK_NAME = "sarpd.pid"
+PROGRESS_EVERY_S = 2.0
+
+
+class DataDirLocked(SarpError):
+    code = "unavailable"
+
+
+class _Cancelled(Exception):
+    """Raised from the recovery progress callback when a stop signal arrived."""
+
+
+def lock_data_dir(data_dir: Path) -> IO[str]:
+    """An exclusive flock on data_dir/sarpd.pid (holding our pid), kept for the process
+    lifetime: two daemons can never share a data directory."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / LOCK_NAME
+    fh = open(path, "a+")  # noqa: SIM115 - held open for the process lifetime
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        fh.seek(0)
+        other = fh.read().strip() or "?"
+        fh.close()
+        raise DataDirLocked(
+            f"data dir {data_dir}: in use by another sarpd (pid {other}, lock {path})"
+        ) from exc
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
+class Daemon:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.server = Server(config)
+        self._stop = asyncio.Event()
+        self._stop_requested = threading.Event()  # read by the recovery thread
+        self._last_progress = 0.0
+        self._recovery_started = time.monotonic()
+        self._metrics_http: Any = None
+
+    def request_stop(self, signame: str) -> None:
+        if not self._stop.is_set():
+            log.info("%s: shutting down", signame)
+        self._stop_requested.set()
+        self._stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+        try:
+            await self.server.start()
+        except SarpError as exc:
+            log.error("%s", exc.message)
+            return 1
+        try:
+            self._start_metrics()
+            return await self._serve()
+        except SarpError as exc:
+            log.error("%s", exc.message)
+            await self.server.stop()
+            return 1
+        finally:
+            if self._metrics_http is not None:
+                self._metrics_http.shutdown()
+            self.server.remove_socket()
+            self.server.executor.shutdown(wait=True)
+
+    def _start_metrics(self) -> None:
+        cfg = self.config
+        if not cfg.metrics_port:
+            return
+        from sarpd.daemon.metrics import serve
+
+        try:
+            self._metrics_http = serve(self.server.metrics, cfg.metrics_host, cfg.metrics_port)
+        except OSError as exc:
+            raise SarpError(
+                f"metrics: cannot listen on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"
+            ) from exc
+        log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
+
+    async def _serve(self) -> int:
+        cfg = self.config
+        sdnotify.status("recovering")
+        try:
+            index, backend_name = await self.server.run_exclusive(self._open)
+        except (SarpError, OSError) as exc:
+            log.error("cannot open the %s backend in %s: %s", cfg.backend, cfg.data_dir, exc)
+            await self.server.stop()
+            return 1
+        report = await self._recover(index)
+        if report is None:
+            await self.server.stop()
+            await self._close(index, snapshot=False)
+            return 0 if self._stop.is_set() else 1
+        service = Service(index, cfg, backend_name)
+        service.recovered_in_s = report.seconds
+        self.server.metrics.set_ready(report.seconds)
+        self.server.set_ready(service)
+        sdnotify.notify("READY=1", f"STATUS=serving on {cfg.socket}")
+        log.info("ready: serving on %s (backend %s, sync %s)", cfg.socket, backend_name, cfg.sync)
+        snapshots = asyncio.create_task(self._periodic_snapshots(service))
+        await self._stop.wait()
+        sdnotify.notify("STOPPING=1", "STATUS=shutting down")
+        snapshots.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await snapshots
+        await self.server.stop()
+        await self._close(index, snapshot=True)
+        log.info("stopped")
+        return 0
+
+    def _open(self) -> tuple[SarpIndex, str]:
+        from backends.registry import open_backend
+
+        cfg = self.config
+        backend = open_backend(
+            cfg.backend, cfg.data_dir / cfg.backend, cache_bytes=cfg.cache_bytes
+        )
+        snapshot_dir = cfg.data_dir / "snapshots" / cfg.backend
+        snapshot_dir.mkdir(parents=True, exist_ok=True)
+        index = SarpIndex(backend, cfg.index, snapshot_dir, sync=cfg.sync == "always")
+        return index, str(getattr(backend, "name", cfg.backend))
+
+    async def _recover(self, index: SarpIndex) -> RecoveryReport | None:
+        log.info("recovering the index from %s", self.config.data_dir)
+        self._recovery_started = time.monotonic()
+        try:
+            report = await self.server.run_exclusive(lambda: index.recover(self._progress))
+        except _Cancelled:
+            log.info("recovery interrupted by a stop signal")
+            return None
+        except Exception:
+            log.exception("recovery failed")
+            sdnotify.status("recovery failed")
+            return None
+        if self._stop.is_set():
+            return None
+        log.info(
+            "recovered in %.3f s (snapshot up to segment %d, %d segments re-routed%s)",
+            report.seconds,
+            report.snapshot_segment_id,
+            report.segments_rerouted,
+            ", full scan" if report.full_scan else "",
+        )
+        if report.warning:
+            log.warning("recovery: %s", report.warning)
+        return report
+
+    def _progress(self, done: int, total: int) -> None:
+        """Called from the worker thread during recovery."""
+        if self._stop_requested.is_set():
+            raise _Cancelled("stop requested during recovery")
+        now = time.monotonic()
+        elapsed = now - self._recovery_started
+        eta = elapsed * (total - done) / done if done else None
+        text = f"recovering: {done} of {total} segments" + (
+            f" ({100 * done / total:.0f}%, ETA {eta:.1f} s)" if eta is not None and total else ""
+        )
+        self.server.status = text  # a str assignment: safe across threads
+        self.server.metrics.set_recovery(done, total, elapsed, eta)
+        if now - self._last_progress >= PROGRESS_EVERY_S:
+            self._last_progress = now
+            log.info(
+                "%s", text,
+                extra={"recovery_done": done, "recovery_total": total, "eta_s": eta},
+            )
+            sdnotify.status(text)
+
+    async def _periodic_snapshots(self, service: Service) -> None:
+        interval = self.config.index.snapshot_interval_s
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                res = await self.server.run_exclusive(service.periodic_snapshot)
+                log.info("snapshot up to segment %d in %.3f s", res.segment_id, res.seconds)
+            except Exception:
+                log.exception("periodic snapshot failed")
+
+    async def _close(self, index: SarpIndex, *, snapshot: bool) -> None:
+        def work() -> None:
+            if snapshot:
+                try:
+                    res = index.snapshot()
+                    log.info("final snapshot up to segment %d", res.segment_id)
+                except Exception:
+                    log.exception("final snapshot failed (the next start re-routes more)")
+            index.close()
+
+        try:
+            await self.server.run_exclusive(work)
+        except Exception:
+            log.exception("closing the index failed")
+
+
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """Text lines, or one JSON object per line (timestamp, level, logger, message and
+    any `extra` fields such as recovery_done / recovery_total / eta_s)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s",
+                rename_fields={"levelname": "level", "name": "logger", "asctime": "time"},
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def _backend_choices() -> list[str]:
+    try:
+        from backends.registry import backend_names
+
+        return sorted(backend_names())
+    except ImportError:  # registry not importable: let the registry complain at open
+        return ["rocksdb", "wiredtiger", "bloomstore", "memory"]
+
+
+HELP = """Serve the SARP prefix index of LLM KV-cache blocks on a Unix socket.
+
+Clients send msgpack requests (see docs/PROTOCOL.md): match a token prefix, insert
+the blocks of a sequence with their metadata, remove or clear blocks. The index lives
+on SSD under DATA_DIR/<backend>/, with directory snapshots in
+DATA_DIR/snapshots/<backend>/.
+Settings come from --config (TOML tables [server] and [index]); flags override them.
+
+\b
+Examples:
+  sarpd --data-dir ./var --socket ./var/sarpd.sock
+  sarpd --config /etc/sarpd/sarpd.toml
+"""
+
+
+@click.command(help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML file with [server] and [index] tables (see systemd/sarpd.toml).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of the index data (default /var/lib/sarpd).",
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Unix socket to listen on (default /run/sarpd/sarpd.sock).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(_backend_choices()),
+    help="Storage engine (default rocksdb).",
+)
+@click.option(
+    "--sync",
+    type=click.Choice(["always", "none"]),
+    help="always: fsync every write batch before answering (default); none: leave "
+    "it to the OS (acknowledged inserts may be lost on a crash).",
+)
+@click.option("--batch-window-ms", type=float, help="Gather requests this long per batch.")
+@click.option("--batch-max", type=int, help="Run a batch once this many requests are queued.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Log verbosity (default INFO).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="text (default) or json: one JSON object per line, for log shippers.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0 = off, the default).",
+)
+@click.version_option(package_name="sarp", prog_name="sarpd")
+def main(
+    config_file: Path | None,
+    data_dir: Path | None,
+    socket_path: Path | None,
+    backend: str | None,
+    sync: str | None,
+    batch_window_ms: float | None,
+    batch_max: int | None,
+    log_level: str | None,
+    log_format: str | None,
+    metrics_port: int | None,
+) -> None:
+    try:
+        cfg = load_config(
+            config_file,
+            data_dir=data_dir,
+            socket=socket_path,
+            backend=backend,
+            sync=sync,
+            batch_window_ms=batch_window_ms,
+            batch_max=batch_max,
+            log_level=log_level.upper() if log_level else None,
+            log_format=log_format,
+            metrics_port=metrics_port,
+        )
+    except SarpError as exc:
+        raise click.ClickException(exc.message) from exc
+    setup_logging(cfg.log_level, cfg.log_format)
+    try:
+        lock = lock_data_dir(cfg.data_dir)
+    except (SarpError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        rc = run(cfg)
+    finally:
+        lock.close()
+    sys.exit(rc)
+
+
+def run(cfg: ServerConfig, loop_factory: Callable[[], Any] | None = None) -> int:
+    """Run the daemon until a stop signal; the process exit code."""
+    if loop_factory is None:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+
+    async def amain() -> int:
+        return await Daemon(cfg).run()
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(amain())
+
+
+if __name__ == "__main__":
+    main()

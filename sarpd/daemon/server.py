@@ -1,0 +1,459 @@
+"""The asyncio side of sarpd: a Protocol server on a Unix socket and the batcher.
+
+Every connection has its own sans-I/O `Decoder`; decoded requests of all connections
+go into one queue. The batcher waits up to `batch_window_ms` after the oldest queued
+request (or until `batch_max` are queued), then runs `Service.run_batch` in a single
+worker thread, so batches run one at a time and in order, and writes each response
+to its connection (connections that are gone are skipped). The same worker thread
+runs recovery and the periodic snapshot, so they never overlap a batch.
+
+Bounds: `max_connections` (one `busy` error, then close), `max_inflight_per_conn`
+(reading from a connection pauses while it has that many unanswered requests),
+`max_queue` / `max_queue_bytes` (requests queued for the batcher over all
+connections, and their decoded arrays; past either a request is answered `busy` at
+once, except into an empty queue), `max_buffered_bytes` (unfinished messages over
+all connections: the connection whose bytes pass it gets one `busy` and is closed),
+a client that does not read its responses (the transport's pause_writing pauses
+reading from it too; past `max_write_buffer` bytes of unsent responses it is
+disconnected), and frames over `max_frame_size` or bytes that are not msgpack (one
+error with id 0, then close). Nothing a client does affects another client.
+
+Access (sarpd.daemon.access): the peer's SO_PEERCRED is checked against the allowlist when
+it connects, and every request against the namespace binding when one is set.
+Metrics (sarpd.daemon.metrics) are counted once per batch in the worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import stat
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar, cast
+
+import numpy as np
+
+from sarpd.config import ServerConfig
+from sarpd.daemon.access import PeerCred, Policy, peer_cred
+from sarpd.daemon.metrics import Metrics, op_name
+from sarpd.daemon.service import Service
+from sarpd.errors import Busy, FrameError, Internal, SarpError, Unavailable
+from sarpd.model import Match, Request
+from sarpd.protocol.wire import (
+    BadMessage,
+    Decoder,
+    Limits,
+    StreamError,
+    encode_error,
+    encode_result,
+)
+
+log = logging.getLogger("sarpd.daemon.server")
+
+T = TypeVar("T")
+
+
+class Connection(asyncio.Protocol):
+    """One client. Owns its decoder; the server owns the queue."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.decoder = Decoder(server.limits)
+        self.inflight = 0
+        self.closed = False
+        self._write_paused = False
+        self._read_paused = False
+        self._dead: SarpError | None = None  # a fatal stream error, answered last
+        self.peer = "?"
+        self.cred: PeerCred | None = None
+        self.buffered = 0  # this connection's share of server.buffered
+
+    # -- asyncio callbacks -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.peer = f"conn#{self.server.next_conn_number()}"
+        policy = self.server.policy
+        self.cred = peer_cred(transport.get_extra_info("socket"), groups=policy.needs_groups)
+        if self.cred is not None:
+            self.peer += f" ({self.cred})"
+        refused = policy.admit(self.cred)
+        if refused is not None:
+            log.warning("%s: refused: %s", self.peer, refused.message)
+            self.fatal(refused)
+        elif not self.server.admit(self):
+            limit = self.server.config.max_connections
+            self.fatal(Busy(f"connections: server is at max_connections ({limit}); retry later"))
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self._dead is not None:
+            return
+        fatal: SarpError | None = None
+        try:
+            items = self.decoder.feed(data)
+        except StreamError as exc:  # requests before the bad bytes are still answered
+            log.info("%s: closing after bad stream: %s", self.peer, exc.message)
+            items, fatal = exc.decoded, exc
+        except FrameError as exc:
+            log.info("%s: closing after bad stream: %s", self.peer, exc.message)
+            items, fatal = [], exc
+        except Exception as exc:  # a decoder bug must not take the daemon down
+            log.exception("%s: decoder failed", self.peer)
+            items, fatal = [], Internal(f"decoder failed: {exc!r}")
+        self._take(items)
+        if fatal is None:
+            fatal = self._account_buffered()
+        if fatal is not None:
+            self.fatal(fatal)
+
+    def _account_buffered(self) -> SarpError | None:
+        """Track the bytes of this connection's unfinished message in the server's
+        total; a `Busy` if that total is past max_buffered_bytes and this connection
+        holds some of it."""
+        server = self.server
+        now = self.decoder.buffered
+        server.buffered += now - self.buffered
+        self.buffered = now
+        limit = server.config.max_buffered_bytes
+        if now and server.buffered > limit:
+            return Busy(
+                f"buffers: {server.buffered} bytes of unfinished messages over all "
+                f"connections exceeds max_buffered_bytes ({limit}); retry later"
+            )
+        return None
+
+    def _take(self, items: list[Request | BadMessage]) -> None:
+        for item in items:
+            if isinstance(item, BadMessage):
+                self.send(encode_error(item.id, item.error))
+            else:
+                self.server.submit(self, item)
+        self._update_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.buffered -= self.buffered
+        self.buffered = 0
+        self.server.forget(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._update_reading()
+
+    # -- used by the server ------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            return
+        transport.write(data)
+        limit = self.server.config.max_write_buffer
+        if transport.get_write_buffer_size() > limit:
+            log.warning(
+                "%s: disconnected: %d bytes of unsent responses exceeds max_write_buffer (%d); "
+                "the client does not read its responses",
+                self.peer, transport.get_write_buffer_size(), limit,
+            )
+            transport.abort()
+            self.closed = True
+
+    def fatal(self, exc: SarpError) -> None:
+        """Stop reading; once the requests already queued are answered, send one error
+        response with id 0 and close (buffered data is flushed first)."""
+        self._dead = exc
+        self._update_reading()
+        if self.inflight <= 0:
+            self.send(encode_error(0, exc))
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self.closed = True
+
+    def answered(self, n: int) -> None:
+        self.inflight -= n
+        if self._dead is not None and self.inflight <= 0:
+            self.fatal(self._dead)
+        else:
+            self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self.closed or self.transport.is_closing():
+            return
+        limit = self.server.config.max_inflight_per_conn
+        want_pause = self._write_paused or self.inflight >= limit or self._dead is not None
+        if want_pause and not self._read_paused:
+            self.transport.pause_reading()
+            self._read_paused = True
+        elif not want_pause and self._read_paused:
+            self.transport.resume_reading()
+            self._read_paused = False
+
+
+Queued = tuple[Connection, Request]
+
+
+class Server:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.limits = Limits.from_config(config)
+        self.policy = Policy.from_config(config)
+        self.metrics = Metrics()
+        self.metrics.gauges = self.gauges
+        self.service: Service | None = None
+        self.status = "starting"
+        self.stopping = False
+        self.conns: set[Connection] = set()
+        self.queue: deque[Queued] = deque()
+        self.queue_bytes = 0  # decoded array bytes of the queued requests
+        self.buffered = 0  # bytes of unfinished messages over all connections
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="sarpd-worker")
+        self._conn_number = 0
+        self._first_at = 0.0
+        self._busy = False
+        self._wake = asyncio.Event()
+        self._full = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._srv: asyncio.AbstractServer | None = None
+        self._batcher: asyncio.Task[None] | None = None
+        self._socket_ino: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the socket (mode and group set right after bind) and start batching."""
+        path = self.config.socket
+        check_socket_path(path)
+        loop = asyncio.get_running_loop()
+        self._srv = await loop.create_unix_server(lambda: Connection(self), str(path), backlog=512)
+        try:
+            os.chmod(path, self.config.socket_mode)
+            if self.config.socket_group is not None:
+                shutil.chown(path, group=self.config.socket_group)
+        except (OSError, LookupError) as exc:
+            self._srv.close()
+            raise SarpError(
+                f"socket {path}: cannot set mode {self.config.socket_mode:o} / group "
+                f"{self.config.socket_group!r}: {exc}"
+            ) from exc
+        self._socket_ino = os.stat(path).st_ino
+        self._batcher = asyncio.create_task(self._batch_loop(), name="sarpd-batcher")
+        log.info("listening on %s", path)
+
+    def set_ready(self, service: Service) -> None:
+        service.extra_stats = lambda: {**self.gauges(), **self.metrics.snapshot()}
+        self.metrics.reported = service.reports.snapshot
+        self.service = service
+        self.status = "ready"
+
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run `fn` in the worker thread, between batches."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def stop(self) -> None:
+        """Stop accepting, answer every request already received, close connections,
+        remove the socket. New requests that arrive meanwhile get `unavailable`."""
+        self.stopping = True
+        self.status = "shutting down"
+        if self._srv is not None:
+            self._srv.close()
+        self._full.set()
+        while self.queue or self._busy:
+            self._idle.clear()
+            await self._idle.wait()
+        for conn in list(self.conns):
+            conn.close()
+        if self._batcher is not None:
+            self._batcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._batcher
+        self.remove_socket()
+
+    def remove_socket(self) -> None:
+        path = self.config.socket
+        with contextlib.suppress(OSError):
+            if self._socket_ino is not None and os.stat(path).st_ino == self._socket_ino:
+                path.unlink()
+
+    # -- connections ---------------------------------------------------------------
+
+    def next_conn_number(self) -> int:
+        self._conn_number += 1
+        return self._conn_number
+
+    def admit(self, conn: Connection) -> bool:
+        if self.stopping or len(self.conns) >= self.config.max_connections:
+            return False
+        self.conns.add(conn)
+        return True
+
+    def forget(self, conn: Connection) -> None:
+        self.conns.discard(conn)
+
+    def gauges(self) -> dict[str, float]:
+        """Server-side gauges for `stats` and /metrics (safe from any thread)."""
+        return {
+            "queue_depth": len(self.queue),
+            "queue_bytes": self.queue_bytes,
+            "buffered_bytes": self.buffered,
+            "connections": len(self.conns),
+        }
+
+    def reject(self, conn: Connection, req: Request, err: SarpError) -> None:
+        self.metrics.record_rejected(op_name(req), err.code)
+        conn.send(encode_error(req.id, err))
+
+    def submit(self, conn: Connection, req: Request) -> None:
+        if self.service is None or self.stopping:
+            self.reject(conn, req, Unavailable(self.status))
+            return
+        if self.policy.checks_requests:
+            refused = self.policy.authorize(conn.cred, req)
+            if refused is not None:
+                self.reject(conn, req, refused)
+                return
+        if len(self.queue) >= self.config.max_queue:
+            limit = self.config.max_queue
+            self.reject(conn, req, Busy(f"queue: {len(self.queue)} requests queued reaches "
+                                        f"max_queue ({limit}); retry later"))
+            return
+        size = request_bytes(req)
+        if self.queue and self.queue_bytes + size > self.config.max_queue_bytes:
+            limit = self.config.max_queue_bytes
+            self.reject(conn, req, Busy(
+                f"queue: {self.queue_bytes} + {size} bytes queued exceeds max_queue_bytes "
+                f"({limit}); retry later"))
+            return
+        self.queue_bytes += size
+        if not self.queue:
+            self._first_at = asyncio.get_running_loop().time()
+        self.queue.append((conn, req))
+        conn.inflight += 1
+        self._wake.set()
+        if len(self.queue) >= self.config.batch_max:
+            self._full.set()
+
+    # -- batching ------------------------------------------------------------------
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        window = max(0.0, self.config.batch_window_ms / 1000.0)
+        bmax = max(1, self.config.batch_max)
+        while True:
+            if not self.queue:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            remaining = self._first_at + window - loop.time()
+            if len(self.queue) < bmax and remaining > 0 and not self.stopping:
+                self._full.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._full.wait()
+            batch = [self.queue.popleft() for _ in range(min(bmax, len(self.queue)))]
+            self.queue_bytes -= sum(request_bytes(req) for _, req in batch)
+            self._first_at = float("-inf")  # leftovers have waited long enough
+            self._busy = True
+            try:
+                await self._run(batch)
+            except Exception:  # never let the batcher die
+                log.exception("batch of %d requests failed", len(batch))
+            finally:
+                self._busy = False
+
+    async def _run(self, batch: list[Queued]) -> None:
+        service = self.service
+        assert service is not None
+        block_tokens = self.config.index.block_tokens
+        keyed = [(id(conn), req) for conn, req in batch]
+        metrics = self.metrics
+
+        def work() -> list[bytes]:
+            try:
+                results = service.run_batch(keyed)
+                if len(results) != len(keyed):
+                    raise RuntimeError(f"{len(results)} results for {len(keyed)} requests")
+            except Exception as exc:
+                log.exception("run_batch failed")
+                results = [Internal(f"batch failed: {exc!r}")] * len(keyed)
+            try:
+                reqs = [req for _, req in keyed]
+                metrics.record_batch(reqs, results, block_tokens)
+                matches = sum(isinstance(r, Match) for r in reqs)
+                reads = getattr(service.index, "segment_reads", None)
+                metrics.record_index(service.index.stats, matches, reads)
+            except Exception:  # metrics must never cost an answer
+                log.exception("recording metrics failed")
+            return [
+                _encode(req, res, block_tokens)
+                for (_, req), res in zip(keyed, results, strict=True)
+            ]
+
+        frames = await asyncio.get_running_loop().run_in_executor(self.executor, work)
+        per_conn: dict[Connection, list[bytes]] = {}
+        for (conn, _), frame in zip(batch, frames, strict=True):
+            per_conn.setdefault(conn, []).append(frame)
+        for conn, parts in per_conn.items():
+            conn.send(b"".join(parts))
+            conn.answered(len(parts))
+
+
+def request_bytes(req: Request) -> int:
+    """Bytes of the arrays a decoded request holds (tokens or ids, meta, ids)."""
+    n = 0
+    seq = getattr(req, "seq", None)
+    if seq is not None:
+        arr = seq.tokens if seq.tokens is not None else seq.hashes
+        n += 0 if arr is None else int(arr.nbytes)
+    for name in ("meta", "ids"):
+        value = getattr(req, name, None)
+        if isinstance(value, np.ndarray):
+            n += int(value.nbytes)
+    return n
+
+
+def _encode(req: Request, result: object, block_tokens: int) -> bytes:
+    try:
+        return encode_result(req.id, result, block_tokens=block_tokens)
+    except Exception as exc:
+        log.exception("cannot encode the result of request %d", req.id)
+        return encode_error(req.id, Internal(f"cannot encode result: {exc!r}"))
+
+
+def check_socket_path(path: Path) -> None:
+    """Refuse a path that is too long, is not a socket, or has a live server behind it;
+    remove a stale socket file left by a crash."""
+    if len(os.fsencode(path)) >= 108:
+        raise SarpError(f"socket {path}: path is {len(os.fsencode(path))} bytes; limit is 107")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SarpError(f"socket {path}: exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # stale: nobody listens
+        return
+    finally:
+        probe.close()
+    raise SarpError(f"socket {path}: another server is listening on it")
+

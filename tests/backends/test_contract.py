@@ -1,0 +1,493 @@
+"""The one contract every storage backend keeps (backends/base.py).
+
+Parametrised over every name in backends.registry.BACKENDS, so a newly registered
+engine runs all of it. MemoryBackend is the oracle of the randomized test. Persistent
+backends (`persistent` not False) also get reopen, kill -9 and disk-full tests.
+The last section holds RocksDB-specific checks (table options kept on reopen,
+double open, pickle-mode directories).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.base import Backend, WriteBatch, get_one, put_all
+from backends.memory import MemoryBackend
+from backends.registry import backend_names, is_persistent, open_backend
+from sarpd.errors import BadRequest, StorageError
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+HELPER_PATH = HERE / "crash_helper.py"
+CACHE = 8 << 20
+NAMES = backend_names()
+
+
+def _load_helper() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("backend_crash_helper", HELPER_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+helper = _load_helper()
+be8: Callable[[int], bytes] = helper.be8
+
+
+def batch_of(puts: dict[bytes, bytes] | None = None, deletes: Sequence[bytes] = ()) -> WriteBatch:
+    wb = WriteBatch()
+    for k in deletes:
+        wb.delete(k)
+    for k, v in (puts or {}).items():
+        wb.put(k, v)
+    return wb
+
+
+Opener = Callable[[], Backend]
+
+
+@pytest.fixture(params=NAMES)
+def name(request: pytest.FixtureRequest) -> str:
+    value: str = request.param
+    return value
+
+
+@pytest.fixture
+def opener(name: str, tmp_path: Path) -> Iterator[Opener]:
+    """Opens `name` on one directory; closes whatever it opened at teardown."""
+    opened: list[Backend] = []
+
+    def open_() -> Backend:
+        backend = open_backend(name, tmp_path / "db", cache_bytes=CACHE)
+        opened.append(backend)
+        return backend
+
+    yield open_
+    for backend in opened:
+        backend.close()
+
+
+@pytest.fixture
+def backend(opener: Opener) -> Backend:
+    return opener()
+
+
+@pytest.fixture
+def persistent_opener(opener: Opener) -> Opener:
+    probe = opener()
+    probe.close()
+    if not is_persistent(probe):
+        pytest.skip(f"{probe.name} keeps nothing across close")
+    return opener
+
+
+def _run_helper(mode: str, name: str, path: Path, **kw: Any) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, str(HELPER_PATH), mode, name, str(path)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
+
+
+# --- registry -------------------------------------------------------------------------
+
+
+def test_registry_names_and_unknown_name(tmp_path: Path) -> None:
+    assert {"rocksdb", "memory"} <= set(NAMES)
+    with pytest.raises(BadRequest) as err:
+        open_backend("leveldb", tmp_path, cache_bytes=CACHE)
+    assert "'leveldb'" in err.value.message and "rocksdb" in err.value.message
+    assert err.value.code == "bad_request"
+
+
+def test_backend_implements_protocol(backend: Backend, name: str) -> None:
+    assert isinstance(backend, Backend)
+    assert backend.name == name
+    assert isinstance(backend.stats()["disk_bytes"], int)
+
+
+# --- get_many / write -----------------------------------------------------------------
+
+
+def test_get_many_hits_misses_duplicates_order(backend: Backend) -> None:
+    put_all(backend, [(b"a", b"1"), (b"b", b"2"), (b"c", b"")], sync=False)
+    keys = [b"c", b"zz", b"a", b"a", b"missing", b"b", b"c"]
+    assert backend.get_many(keys) == [b"", None, b"1", b"1", None, b"2", b""]
+    assert get_one(backend, b"b") == b"2"
+    assert backend.get_many((b"b", b"a")) == [b"2", b"1"]  # any Sequence
+
+
+def test_get_many_empty(backend: Backend) -> None:
+    assert backend.get_many([]) == []
+    put_all(backend, [(b"a", b"1")], sync=True)
+    assert backend.get_many([]) == []
+
+
+def test_write_batch_puts_and_deletes_together(backend: Backend) -> None:
+    put_all(backend, [(b"k%d" % i, b"old%d" % i) for i in range(10)], sync=True)
+    wb = batch_of({b"k1": b"new1", b"k20": b"v20", b"k21": b"v21"}, [b"k2", b"k3", b"k9"])
+    assert len(wb) == 6
+    backend.write(wb, sync=True)
+    got = backend.get_many([b"k%d" % i for i in (0, 1, 2, 3, 9, 20, 21)])
+    assert got == [b"old0", b"new1", None, None, None, b"v20", b"v21"]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_later_operation_on_same_key_wins(backend: Backend, sync: bool) -> None:
+    put_all(backend, [(b"x", b"0"), (b"y", b"0")], sync=sync)
+    wb = WriteBatch()
+    wb.put(b"x", b"1")
+    wb.delete(b"x")  # put then delete: deleted
+    wb.delete(b"y")
+    wb.put(b"y", b"2")  # delete then put: present
+    wb.put(b"z", b"3")
+    wb.put(b"z", b"4")  # put twice: last value
+    backend.write(wb, sync=sync)
+    assert backend.get_many([b"x", b"y", b"z"]) == [None, b"2", b"4"]
+    # across batches too
+    backend.write(batch_of({b"z": b"5"}), sync=sync)
+    backend.write(batch_of(deletes=[b"y"]), sync=sync)
+    assert backend.get_many([b"y", b"z"]) == [None, b"5"]
+
+
+def test_delete_of_missing_key(backend: Backend) -> None:
+    put_all(backend, [(b"a", b"1")], sync=False)
+    backend.write(batch_of(deletes=[b"nope", b"nope2"]), sync=True)
+    assert backend.get_many([b"a", b"nope"]) == [b"1", None]
+    assert list(backend.scan(b"", b"\xff")) == [(b"a", b"1")]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_empty_batch(backend: Backend, sync: bool) -> None:
+    put_all(backend, [(b"a", b"1")], sync=False)
+    backend.write(WriteBatch(), sync=sync)
+    assert list(backend.scan(b"", b"\xff")) == [(b"a", b"1")]
+
+
+def test_large_values(backend: Backend) -> None:
+    values = {b"big%d" % i: os.urandom(1 << 20) for i in range(3)}
+    backend.write(batch_of(values), sync=True)
+    assert backend.get_many(list(values)) == list(values.values())
+    assert dict(backend.scan(b"big", b"bih")) == values
+
+
+# --- scan -----------------------------------------------------------------------------
+
+IDS = [0, 1, 255, 256, 65535, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+
+
+def _seed_ids(backend: Backend) -> None:
+    items = [(b"S" + be8(i), b"v%d" % i) for i in reversed(IDS)]
+    items += [(b"R" + be8(5), b"before"), (b"T", b"after"), (b"S", b"bare prefix")]
+    put_all(backend, items, sync=False)
+
+
+def _ids(pairs: list[tuple[bytes, bytes]]) -> list[int]:
+    return [int.from_bytes(k[1:], "big") for k, _ in pairs]
+
+
+def test_scan_big_endian_ids_in_order(backend: Backend) -> None:
+    _seed_ids(backend)
+    everything = list(backend.scan(b"S" + be8(0), b"S" + be8((1 << 64) - 1) + b"\x00"))
+    assert _ids(everything) == IDS
+    assert all(v == b"v%d" % int.from_bytes(k[1:], "big") for k, v in everything)
+    assert all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in everything)
+
+
+def test_scan_bounds_inclusive_start_exclusive_end(backend: Backend) -> None:
+    _seed_ids(backend)
+    assert _ids(list(backend.scan(b"S" + be8(1), b"S" + be8(1 << 32)))) == [1, 255, 256, 65535]
+    assert _ids(list(backend.scan(b"S" + be8(2), b"S" + be8(256)))) == [255]
+    # "newer than X": start just after X
+    newer = list(backend.scan(b"S" + be8((1 << 63) - 1 + 1), b"T"))
+    assert _ids(newer) == [1 << 63, (1 << 64) - 1]
+    # a bare prefix key sorts before every longer key it prefixes
+    assert [k for k, _ in backend.scan(b"S", b"S" + be8(1))] == [b"S", b"S" + be8(0)]
+    assert [k for k, _ in backend.scan(b"", b"S")] == [b"R" + be8(5)]
+    assert [k for k, _ in backend.scan(b"T", b"\xff" * 9)] == [b"T"]
+
+
+def test_scan_empty_ranges(backend: Backend) -> None:
+    _seed_ids(backend)
+    assert list(backend.scan(b"S" + be8(1), b"S" + be8(1))) == []  # start == end
+    assert list(backend.scan(b"S" + be8(9), b"S" + be8(2))) == []  # start > end
+    assert list(backend.scan(b"S" + be8(2), b"S" + be8(255))) == []  # no key inside
+    assert list(backend.scan(b"U", b"\xff")) == []  # past the last key
+
+
+def test_scan_sees_later_writes(backend: Backend) -> None:
+    _seed_ids(backend)
+    assert _ids(list(backend.scan(b"S" + be8(1), b"S" + be8(1 << 32)))) == [1, 255, 256, 65535]
+    backend.write(batch_of({b"S" + be8(2): b"v2"}), sync=False)
+    assert _ids(list(backend.scan(b"S" + be8(1), b"S" + be8(256)))) == [1, 2, 255]
+    backend.write(batch_of(deletes=[b"S" + be8(255), b"S" + be8(256)]), sync=False)
+    assert _ids(list(backend.scan(b"S" + be8(1), b"S" + be8(1 << 32)))) == [1, 2, 65535]
+
+
+# --- errors after close ---------------------------------------------------------------
+
+
+def test_calls_after_close_raise_storage_error(backend: Backend) -> None:
+    put_all(backend, [(b"a", b"1")], sync=True)
+    backend.close()
+    backend.close()  # idempotent
+    with pytest.raises(StorageError) as err:
+        backend.write(batch_of({b"b": b"2"}), sync=True)
+    assert err.value.code == "unavailable"
+    with pytest.raises(StorageError):
+        backend.write(WriteBatch(), sync=False)
+    with pytest.raises(StorageError):
+        backend.get_many([b"a"])
+    with pytest.raises(StorageError):
+        list(backend.scan(b"", b"\xff"))
+    assert "disk_bytes" in backend.stats()
+
+
+def test_write_failure_is_storage_error_and_invisible(
+    persistent_opener: Opener, name: str, tmp_path: Path
+) -> None:
+    """A real I/O failure: the file size limit (RLIMIT_FSIZE, 1 MiB) makes the engine's
+    append of a 2 MiB value fail with EFBIG in a child process."""
+    proc = _run_helper("efbig", name, tmp_path / "db")
+    out, errs = proc.communicate(timeout=60)
+    assert proc.returncode == 0, errs
+    result = json.loads(out.splitlines()[0])
+    assert result["error"]["type"] == "StorageError", result
+    assert str(tmp_path / "db") in result["error"]["message"]
+    assert result["seen"] == [True, False, False]  # nothing of the failed batch
+    backend = persistent_opener()
+    assert backend.get_many([b"small", b"big", b"other"]) == [b"x", None, None]
+
+
+# --- persistence ----------------------------------------------------------------------
+
+
+def test_reopen_after_close_keeps_data(persistent_opener: Opener) -> None:
+    backend = persistent_opener()
+    big = os.urandom(1 << 20)
+    put_all(backend, [(b"S" + be8(i), b"v%d" % i) for i in range(500)], sync=False)
+    backend.write(batch_of({b"big": big}, [b"S" + be8(7)]), sync=False)
+    backend.close()
+    again = persistent_opener()
+    assert again.get_many([b"S" + be8(6), b"S" + be8(7), b"big"]) == [b"v6", None, big]
+    assert len(list(again.scan(b"S", b"T"))) == 499
+    assert int(again.stats()["disk_bytes"]) > 1 << 20
+
+
+def test_acknowledged_batches_survive_kill_9(
+    persistent_opener: Opener, name: str, tmp_path: Path
+) -> None:
+    proc = _run_helper("crash", name, tmp_path / "db")
+    assert proc.stdout is not None
+    acked = -1
+    while acked < 40:
+        line = proc.stdout.readline()
+        if not line:
+            pytest.fail(f"helper died before 40 acks: {proc.communicate()[1]}")
+        acked = int(line.split()[1])
+    proc.send_signal(signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    for line in rest.splitlines():  # acks printed before the kill landed count too
+        if line.startswith("acked "):
+            acked = int(line.split()[1])
+
+    backend = persistent_opener()
+    last_raw = get_one(backend, b"last")
+    assert last_raw is not None
+    last = int.from_bytes(last_raw, "big")
+    assert last >= acked  # every acknowledged batch, maybe one more
+    present: dict[int, dict[int, bytes]] = {}
+    for key, value in backend.scan(b"b", b"c"):
+        present.setdefault(int.from_bytes(key[1:9], "big"), {})[key[9]] = value
+    assert sorted(present) == list(range(last + 1))  # a prefix of the batches
+    for i, values in present.items():  # each batch whole: atomic
+        assert values == {j: helper.crash_value(i, j) for j in range(4)}
+    assert list(backend.scan(b"d", b"e")) == [(b"d" + be8(last), b"x")]
+
+
+# --- randomized comparison with the oracle --------------------------------------------
+
+POOL = [b"S" + be8(i) for i in (0, 1, 2, 255, 256, 1 << 40, (1 << 64) - 1)]
+POOL += [b"S", b"a", b"ab", b"b", b"\x00", b"\xff", b"\xff\xff"]
+KEYS = st.one_of(st.sampled_from(POOL), st.binary(min_size=1, max_size=3))
+BOUNDS = st.one_of(st.sampled_from([b"", *POOL]), st.binary(max_size=9))
+VALUES = st.binary(max_size=40)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("write"),
+            st.lists(st.tuples(KEYS, st.none() | VALUES), max_size=8),
+            st.booleans(),
+        ),
+        st.tuples(st.just("get"), st.lists(KEYS, max_size=8)),
+        st.tuples(st.just("scan"), BOUNDS, BOUNDS),
+        st.tuples(st.just("reopen")),
+    ),
+    max_size=30,
+)
+
+
+def _apply(backend: Backend, ops: list[tuple[bytes, bytes | None]], sync: bool) -> None:
+    wb = WriteBatch()
+    for key, value in ops:
+        if value is None:
+            wb.delete(key)
+        else:
+            wb.put(key, value)
+    backend.write(wb, sync)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_random_ops_match_memory_oracle(name: str, tmp_path: Path) -> None:
+    probe = open_backend(name, tmp_path / "probe", cache_bytes=CACHE)
+    probe.close()
+    if not is_persistent(probe):
+        pytest.skip(f"{name} is the oracle's kind (not persistent)")
+
+    @settings(
+        max_examples=150,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(ops=OPS)
+    def run(ops: list[tuple[Any, ...]]) -> None:
+        path = Path(tempfile.mkdtemp(dir=tmp_path))
+        oracle = MemoryBackend()
+        real = open_backend(name, path, cache_bytes=1 << 20)
+        try:
+            for op in ops:
+                if op[0] == "write":
+                    _apply(oracle, op[1], op[2])
+                    _apply(real, op[1], op[2])
+                elif op[0] == "get":
+                    assert real.get_many(op[1]) == oracle.get_many(op[1])
+                elif op[0] == "scan":
+                    assert list(real.scan(op[1], op[2])) == list(oracle.scan(op[1], op[2]))
+                else:
+                    real.close()
+                    real = open_backend(name, path, cache_bytes=1 << 20)
+            assert list(real.scan(b"", b"\xff" * 10)) == list(oracle.scan(b"", b"\xff" * 10))
+        finally:
+            real.close()
+            shutil.rmtree(path, ignore_errors=True)
+
+    run()
+
+
+# --- RocksDB specifics ----------------------------------------------------------------
+
+
+def test_rocksdb_reopen_keeps_table_options(tmp_path: Path) -> None:
+    """The gotcha: a reopen without column_families={"default": opts} silently loads the
+    stored OPTIONS (8 MiB cache, no bloom filter)."""
+    from backends.rocksdb import RocksDBBackend, read_table_options
+
+    path = tmp_path / "db"
+    first = RocksDBBackend(path, cache_bytes=3 << 20)
+    put_all(first, [(b"S" + be8(i), b"v" * 100) for i in range(2000)], sync=False)
+    assert first.stats()["block_cache_bytes"] == 3 << 20
+    first.close()  # flushes: the reads below go to an SST file with its filter
+
+    again = RocksDBBackend(path, cache_bytes=5 << 20, statistics=True)
+    try:
+        assert again.stats()["block_cache_bytes"] == 5 << 20
+        table = read_table_options(path)
+        assert table["filter_policy"] == "bloomfilter"
+        assert table["no_block_cache"] == "false"
+        assert table["cache_index_and_filter_blocks"] == "false"
+        misses = [b"S" + be8(i) + b"?" for i in range(300)]
+        assert again.get_many(misses) == [None] * 300
+        assert int(again.stats()["bloom_useful"]) > 250  # the filter answered
+        assert again.get_many([b"S" + be8(5)]) == [b"v" * 100]
+    finally:
+        again.close()
+
+
+def test_rocksdb_second_open_in_process_is_refused(tmp_path: Path) -> None:
+    from backends.rocksdb import RocksDBBackend
+
+    first = RocksDBBackend(tmp_path / "db")
+    with pytest.raises(StorageError, match="already open in this process"):
+        RocksDBBackend(tmp_path / "." / "db")
+    first.close()
+    RocksDBBackend(tmp_path / "db").close()
+
+
+def test_rocksdb_close_during_scan_releases_directory(tmp_path: Path) -> None:
+    from backends.rocksdb import RocksDBBackend
+
+    backend = RocksDBBackend(tmp_path / "db")
+    put_all(backend, [(b"S" + be8(i), b"v") for i in range(10)], sync=False)
+    scan = backend.scan(b"S", b"T")
+    assert next(scan)[0] == b"S" + be8(0)
+    backend.close()
+    with pytest.raises(StorageError, match="closed during a scan"):
+        next(scan)
+    again = RocksDBBackend(tmp_path / "db")  # the iterator no longer pins the DB
+    assert len(list(again.scan(b"S", b"T"))) == 10
+    again.close()
+
+
+def test_rocksdb_bad_directories(tmp_path: Path) -> None:
+    import rocksdict
+
+    from backends.rocksdb import RocksDBBackend
+
+    a_file = tmp_path / "file"
+    a_file.write_bytes(b"not a directory")
+    with pytest.raises(StorageError, match=str(a_file)):
+        RocksDBBackend(a_file)
+    pickled = rocksdict.Rdict(str(tmp_path / "pickle"))  # rocksdict's default mode
+    pickled["k"] = "v"
+    pickled.close()
+    for _ in range(2):  # the failed open released its claim on the directory
+        with pytest.raises(StorageError, match="pickle mode"):
+            RocksDBBackend(tmp_path / "pickle")
+    with pytest.raises(BadRequest, match="-1"):
+        RocksDBBackend(tmp_path / "neg", cache_bytes=-1)
+
+
+def test_rocksdb_sync_flag_reaches_the_wal(tmp_path: Path) -> None:
+    """kill -9 cannot tell a synced WAL from one in the page cache; RocksDB's own
+    counter of WAL syncs can."""
+    from backends.rocksdb import RocksDBBackend
+
+    backend = RocksDBBackend(tmp_path / "db", statistics=True)
+    try:
+
+        def syncs() -> int:
+            return int(backend.stats()["wal_syncs"])
+
+        base = syncs()
+        for i in range(3):
+            backend.write(batch_of({be8(i): b"v"}), sync=False)
+        assert syncs() == base
+        backend.write(batch_of({b"s": b"v"}), sync=True)
+        assert syncs() == base + 1
+        backend.write(WriteBatch(), sync=True)  # an empty batch still syncs what came before
+        backend.sync()
+        assert syncs() == base + 3
+    finally:
+        backend.close()

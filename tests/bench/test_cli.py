@@ -1,0 +1,170 @@
+"""The harness end to end: `sarpctl bench` on a tiny trace runs every index in one
+run, prints the JSON the issue specifies, agrees with the exact index, and writes a
+report a person can read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tools.bench.runner import batches, index_factories
+from tools.bench.workloads import get_workload
+from tools.sarpctl import main
+
+FIELDS = {"index": str, "backend": str, "requests": int, "seconds": float,
+          "throughput_rps": float, "match_us_mean": float, "match_us_p99": float,
+          "tokens_reused": int, "tokens_queried": int, "recovery_s": float,
+          "memory_bytes": int, "disk_bytes": int}
+
+
+def tiny_trace(tmp_path: Path) -> Path:
+    """Sessions that share a prompt, grow turn by turn, and branch."""
+    rows = []
+    shared = list(range(1, 9))
+    for s in range(6):
+        ids = shared + [100 * (s + 1) + i for i in range(3)]
+        for turn in range(4):
+            ids = ids + [10_000 * (s + 1) + 10 * turn + i for i in range(2 + turn)]
+            rows.append({"timestamp": len(rows), "input_length": 16 * len(ids) - 5,
+                         "output_length": 10, "hash_ids": ids, "session_id": f"s{s}"})
+    path = tmp_path / "tiny.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_json(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    tmp = tmp_path_factory.mktemp("bench")
+    trace = tiny_trace(tmp)
+    names = ",".join(n for n in index_factories() if n != "segment-hash-head")
+    res = CliRunner().invoke(main, ["bench", "--workload", f"trace:{trace}", "--index", names,
+                                    "--data-dir", str(tmp / "data"), "--json", "-",
+                                    "--report", str(tmp / "report")])
+    assert res.exit_code == 0, res.output
+    doc: dict[str, object] = json.loads(res.stdout.strip().splitlines()[-1])
+    doc["_report"] = str(tmp / "report")
+    return doc
+
+
+def test_json_has_the_specified_fields(bench_json: dict[str, object]) -> None:
+    assert isinstance(bench_json["workload"], str) and bench_json["workload"].startswith("trace")
+    assert bench_json["requests"] == 24
+    assert isinstance(bench_json["blocks"], int) and bench_json["blocks"] > 0
+    results = bench_json["results"]
+    assert isinstance(results, list)
+    assert {r["index"] for r in results} >= {"sarp", "dram-blockhash", "ssd-blockhash",
+                                             "segment-hash", "segment-radix", "redis"}
+    for r in results:
+        for field, typ in FIELDS.items():
+            assert isinstance(r[field], typ), (r["index"], field, r[field])
+        assert r["requests"] == 24
+        assert r["tokens_queried"] > 0 and r["recovery_s"] > 0
+
+
+def test_every_index_reuses_exactly_what_the_exact_index_does(
+        bench_json: dict[str, object]) -> None:
+    results = bench_json["results"]
+    assert isinstance(results, list)
+    reused = {r["index"]: r["tokens_reused"] for r in results}
+    queried = {r["tokens_queried"] for r in results}
+    assert len(queried) == 1  # every index saw the same requests
+    assert reused["dram-blockhash"] > 0
+    assert set(reused.values()) == {reused["dram-blockhash"]}, reused
+
+
+def test_report_is_written(bench_json: dict[str, object]) -> None:
+    report = Path(str(bench_json["_report"]))
+    md = next(report.glob("*.md")).read_text()
+    assert "| sarp |" in md and "| redis |" in md
+    pngs = sorted(p.name for p in report.glob("*.png"))
+    assert any(p.endswith("throughput.png") for p in pngs)
+    assert any(p.endswith("recovery.png") for p in pngs)
+    assert any(p.endswith("latency-cdf.png") for p in pngs)
+    assert all((report / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_table_output_and_unknown_index(tmp_path: Path) -> None:
+    trace = tiny_trace(tmp_path)
+    runner = CliRunner()
+    res = runner.invoke(main, ["bench", "-w", f"trace:{trace}", "--index", "sarp,dram-blockhash"])
+    assert res.exit_code == 0, res.output
+    assert "x sarp" in res.output and "dram-blockhash" in res.output
+    bad = runner.invoke(main, ["bench", "-w", f"trace:{trace}", "--index", "nope"])
+    assert bad.exit_code == 2 and "nope" in bad.output
+    bad = runner.invoke(main, ["bench", "-w", "no-such-workload"])
+    assert bad.exit_code == 2 and "codeact" in bad.output
+
+
+def test_batches_keep_one_turn_per_session() -> None:
+    turns = list(get_workload("codeact").turns())
+    seen = 0
+    for start, chunk in batches(turns, 16):
+        assert start == seen
+        keys = [(t.ns, t.session) for t in chunk]
+        assert len(keys) == len(set(keys)) and 0 < len(chunk) <= 16
+        seen += len(chunk)
+    assert seen == len(turns)
+
+
+def test_recovery_only_at_scale(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["bench", "--recovery-only", "--blocks", "5000",
+                                    "--index", "sarp,dram-blockhash,redis",
+                                    "--data-dir", str(tmp_path), "--json", "-"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["blocks"] == 5000
+    got = {r["index"]: r for r in doc["results"]}
+    assert set(got) == {"sarp", "dram-blockhash", "redis"}
+    for r in got.values():
+        assert r["recovery_s"] > 0 and r["build_s"] > 0 and r["disk_bytes"] > 0
+    assert got["sarp"]["memory_bytes"] < got["dram-blockhash"]["memory_bytes"]
+
+
+def test_json_names_the_verifier(bench_json: dict[str, object]) -> None:
+    results = bench_json["results"]
+    assert isinstance(results, list)
+    sarp = next(r for r in results if r["index"] == "sarp")
+    from sarpd.core import verify
+
+    assert sarp["verifier"] == verify.IMPLEMENTATION
+
+
+def test_growth_measures_each_size(tmp_path: Path) -> None:
+    from tools.bench.growth import main as growth
+
+    out, png = tmp_path / "g.json", tmp_path / "g.png"
+    res = CliRunner().invoke(growth, ["--sizes", "3000,6000", "--probe", "codeact",
+                                      "--data-dir", str(tmp_path / "d"), "--json", str(out),
+                                      "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    points = json.loads(out.read_text())
+    blocks = [p["blocks"] for p in points]  # the probes' own inserts add to the fill
+    assert blocks[0] >= 3000 and blocks[1] >= blocks[0] + 3000
+    for p in points:
+        assert p["index"] == "sarp" and p["probe_turns"] > 100
+        assert p["throughput_rps"] > 0 and p["recovery_s"] > 0
+        assert p["match_us_max"] >= p["match_us_p99"] >= 0 and p["disk_bytes"] > 0
+        assert 0 < p["directory_bytes_per_block"] < 2
+    assert png.stat().st_size > 0
+
+
+def test_verifier_bench_times_both_implementations() -> None:
+    from sarpd.core import verify
+    from tools.bench.verifier import main as verifier
+
+    res = CliRunner().invoke(verifier, ["--pairs", "16", "--blocks", "37", "--repeat", "10"])
+    assert res.exit_code == 0, res.output
+    assert "numpy:" in res.output
+    if verify.IMPLEMENTATION == "c":
+        assert " c:" in res.output and "faster than numpy" in res.output
+
+
+def test_growth_times_one_merge() -> None:
+    from tools.bench.growth import main as growth
+
+    res = CliRunner().invoke(growth, ["--merge-base", "20000"])
+    assert res.exit_code == 0, res.output
+    assert "one merge of 8,193 delta entries into 20,000:" in res.output

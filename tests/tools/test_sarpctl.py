@@ -1,0 +1,135 @@
+"""sarpctl against a real sarpd (click's CliRunner in-process, plus the installed
+console script once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.daemon_helpers import REPO, SarpdProc
+from tools.sarpctl import main
+
+TOKENS = list(range(1, 16 * 5 + 3))  # 5 whole blocks and a partial one
+
+
+def run(daemon: SarpdProc, *args: str, stdin: str | None = None) -> Result:
+    return CliRunner().invoke(main, ["--socket", str(daemon.socket), *args], input=stdin)
+
+
+def test_status(shared_sarpd: SarpdProc) -> None:
+    res = run(shared_sarpd, "status")
+    assert res.exit_code == 0, res.output
+    assert "ready" in res.output and "backend rocksdb" in res.output
+    assert "recovered in" in res.output
+
+
+def test_insert_from_stdin_then_match(shared_sarpd: SarpdProc) -> None:
+    res = run(shared_sarpd, "insert", "--ns", "ctl", "--meta", "42", stdin=json.dumps(TOKENS))
+    assert res.exit_code == 0, res.output
+    assert "inserted 5 blocks: 5 new" in res.output
+    res = run(shared_sarpd, "match", "--ns", "ctl", "--json", stdin=" ".join(map(str, TOKENS)))
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["blocks"] == 5 and out["tokens"] == 80 and out["meta"] == [42] * 5
+    res = run(shared_sarpd, "match", "--ns", "ctl", stdin=json.dumps(TOKENS))
+    assert "matched 5 blocks (80 tokens)" in res.output
+
+
+def test_match_and_remove_from_a_file(shared_sarpd: SarpdProc, tmp_path: Path) -> None:
+    path = tmp_path / "tokens.txt"
+    path.write_text("\n".join(map(str, TOKENS)) + "\n")
+    assert run(shared_sarpd, "insert", "--ns", "ctl-file", str(path)).exit_code == 0
+    res = run(shared_sarpd, "remove", "--ns", "ctl-file", "--from", "3", "--json", str(path))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == {"removed": 2}
+    res = run(shared_sarpd, "match", "--ns", "ctl-file", "--json", str(path))
+    assert json.loads(res.output)["blocks"] == 3
+
+
+def test_stats_json_parses(shared_sarpd: SarpdProc) -> None:
+    res = run(shared_sarpd, "stats", "--json")
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.output)
+    for name in ("blocks", "segments", "directory_bytes", "requests", "recovered_in_s"):
+        assert name in stats
+    plain = run(shared_sarpd, "stats")
+    assert plain.exit_code == 0 and "directory_bytes" in plain.output
+
+
+def test_snapshot_and_check(shared_sarpd: SarpdProc) -> None:
+    res = run(shared_sarpd, "snapshot")
+    assert res.exit_code == 0 and "snapshot up to segment" in res.output
+    res = run(shared_sarpd, "check")
+    assert res.exit_code == 0, res.output
+    assert "clean" in res.output
+    res = run(shared_sarpd, "check", "--json")
+    assert res.exit_code == 0 and json.loads(res.output)["clean"] is True
+    res = run(shared_sarpd, "check", "--fix")
+    assert res.exit_code == 0 and "0 fixed" in res.output
+
+
+def test_bad_token_input_is_a_usage_error(shared_sarpd: SarpdProc) -> None:
+    res = run(shared_sarpd, "match", stdin="1 2 three")
+    assert res.exit_code == 2
+    assert "whitespace-separated ints" in res.output
+
+
+def test_server_errors_exit_2_with_the_code(shared_sarpd: SarpdProc) -> None:
+    res = run(shared_sarpd, "insert", "--ns", "x" * 5000, stdin=json.dumps(TOKENS))
+    assert res.exit_code == 2
+    assert "bad_request" in res.output and "ns" in res.output
+
+
+def test_unreachable_socket(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["--socket", str(tmp_path / "nope.sock"), "status"])
+    assert res.exit_code == 2
+    assert "nope.sock" in res.output and "does not exist" in res.output
+
+
+def test_socket_from_environment(shared_sarpd: SarpdProc) -> None:
+    res = CliRunner().invoke(main, ["status"], env={"SARPD_SOCKET": str(shared_sarpd.socket)})
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        ([], "sarpctl check"),
+        (["status"], "ready"),
+        (["match"], "JSON list"),
+        (["insert"], "--meta"),
+        (["remove"], "--from"),
+        (["stats"], "--json"),
+        (["check"], "--fix"),
+        (["snapshot"], "snapshot"),
+    ],
+)
+def test_help_texts(args: list[str], text: str) -> None:
+    res = CliRunner().invoke(main, [*args, "--help"])
+    assert res.exit_code == 0
+    assert text in res.output
+    assert "SARPD_SOCKET" in res.output or args
+
+
+def test_console_scripts_installed() -> None:
+    """`make setup` installs both entry points next to the interpreter."""
+    bindir = Path(sys.executable).parent
+    for name in ("sarpctl", "sarpd"):
+        exe = bindir / name
+        if not exe.exists():
+            exe = Path(shutil.which(name) or "")
+        if not exe.is_file():
+            pytest.skip(f"{name} is not installed (run make setup)")
+        out = subprocess.run(
+            [str(exe), "--help"], capture_output=True, text=True, timeout=60, cwd=REPO,
+            env={**os.environ},
+        )
+        assert out.returncode == 0, out.stderr
+        assert "Usage:" in out.stdout
