@@ -17,6 +17,7 @@ from sarpd.bridge.mapping import MAX_WORKER
 from sarpd.bridge.stats import BridgeStats
 from sarpd.bridge.vllm import BridgeConfig, serve
 from sarpd.errors import SarpError
+from tools.ctl_common import EXIT_ERROR
 
 
 def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> str | None:
@@ -34,7 +35,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) 
 
 
 class BridgeFailed(click.ClickException):
-    exit_code = 2  # sarpctl's exit code for errors
+    exit_code = EXIT_ERROR
 
 
 @click.group()

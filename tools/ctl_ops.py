@@ -2,8 +2,8 @@
 `dump` (routing directory and segment inspection for one sequence).
 
 Like the rest of sarpctl they only call `sarpd.client.SyncClient` (`stats`, `dump`)
-and format what comes back. sarpctl's helpers are imported when a command runs
-(`tools.sarpctl` registers these commands while it is being imported).
+and format what comes back, with the helpers of tools/ctl_common.py; tools/sarpctl.py
+registers them.
 """
 
 from __future__ import annotations
@@ -13,14 +13,7 @@ from typing import IO, Any
 
 import click
 
-TOKENS_HELP = """FILE holds token ids: a JSON list (`[1, 2, 3]`) or whitespace-separated ints;
-`-` or no FILE reads standard input. Only whole 16-token blocks count."""
-
-
-def fmt(value: Any) -> str:
-    from tools.sarpctl import fmt as sarpctl_fmt
-
-    return sarpctl_fmt(value)
+from tools.ctl_common import TOKENS_HELP, connect, emit_json, fmt, human_bytes, read_tokens
 
 # (stats key, label) of the counters shown as rates per second
 RATES = (
@@ -43,8 +36,6 @@ def rates(prev: dict[str, Any], cur: dict[str, Any], dt: float) -> dict[str, flo
 
 def render_top(cur: dict[str, Any], rate: dict[str, float], path: str) -> list[str]:
     """The lines of one `top` screen."""
-    from tools.sarpctl import human_bytes
-
     directory = cur.get("directory_bytes")
     dbytes = human_bytes(directory) if isinstance(directory, int | float) else "-"
     errors = sorted((k[7:], v) for k, v in cur.items() if k.startswith("errors_") and v)
@@ -78,8 +69,6 @@ def top(ctx: click.Context, interval: float, count: int, no_clear: bool) -> None
     """Live view of the daemon: request rates, queue depth, hit ratio, index size.
 
     Polls the `stats` op every --interval seconds; rates are over the last interval."""
-    from tools.sarpctl import connect
-
     path = ctx.obj["socket"]
     shown = 0
     with connect(ctx) as c:
@@ -150,8 +139,6 @@ presence bits, metadata and verified run. Read-only.
 @click.option("--json", "as_json", is_flag=True, help="Print the raw result as JSON.")
 @click.pass_context
 def dump(ctx: click.Context, file: IO[str], ns: str, show_ids: bool, as_json: bool) -> None:
-    from tools.sarpctl import connect, emit_json, read_tokens
-
     tokens = read_tokens(file)
     with connect(ctx) as c:
         result = c.dump(tokens=tokens, ns=ns)
@@ -159,8 +146,3 @@ def dump(ctx: click.Context, file: IO[str], ns: str, show_ids: bool, as_json: bo
         emit_json(result)
         return
     click.echo("\n".join(render_dump(result, show_ids)))
-
-
-def register(group: click.Group) -> None:
-    group.add_command(top)
-    group.add_command(dump)

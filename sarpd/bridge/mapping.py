@@ -47,7 +47,7 @@ from sarpd.bridge.events import (
     EventBatch,
     OtherEvent,
 )
-from sarpd.errors import BadRequest
+from sarpd.errors import ConfigError
 
 WORKER_SHIFT = 48
 WORKER_MASK = 0xFFFF << WORKER_SHIFT
@@ -145,11 +145,11 @@ class Translator:
         ns_of: dict[int, str] | None = None,
     ) -> None:
         if not 0 <= worker <= MAX_WORKER:
-            raise BadRequest(f"worker: {worker} is outside 0..{MAX_WORKER}")
+            raise ConfigError(f"worker: {worker} is outside 0..{MAX_WORKER}")
         try:
             ns_template.format(worker=worker, medium="gpu")
         except (KeyError, IndexError, ValueError) as exc:
-            raise BadRequest(
+            raise ConfigError(
                 f"ns: {ns_template!r} is not a valid template ({exc!r}); only {{worker}} "
                 "and {medium} expand, write {{ and }} for literal braces"
             ) from exc

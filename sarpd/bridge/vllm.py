@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,13 +42,8 @@ import zmq.asyncio
 
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_seq
 from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
-from sarpd.bridge.stats import (
-    BridgeStats,
-    load_nsmap,
-    load_position,
-    save_nsmap,
-    save_position,
-)
+from sarpd.bridge.state import StateFile
+from sarpd.bridge.stats import BridgeStats, serve_metrics
 from sarpd.client import Client, SarpConnectionError
 from sarpd.errors import Busy, SarpError, Unavailable, UnknownOp, UnknownParent
 
@@ -98,16 +94,13 @@ class VllmBridge:
     def __init__(self, cfg: BridgeConfig, stats: BridgeStats | None = None) -> None:
         self.cfg = cfg
         self.stats = stats or BridgeStats()
-        pos = load_position(cfg.state, cfg.endpoint, cfg.worker)
-        ns_of = load_nsmap(cfg.state, pos.last_seq)
+        self.state = StateFile(cfg.state, cfg.endpoint, cfg.worker, cfg.save_interval_s)
+        pos, ns_of = self.state.load()
         self.translator = Translator(
             cfg.worker, cfg.ns, cfg.group, known=pos.namespaces, ns_of=ns_of
         )
         self.last: int | None = pos.last_seq  # newest batch taken
         self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
-        self._saved: tuple[int | None, int] = (self.applied, len(self.translator.known))
-        self._saved_at = 0.0
-        self._synced = True
         self._replayed: tuple[int, int] | None = None
         self._client: Client | None = None
         self._connected_once = False
@@ -139,21 +132,21 @@ class VllmBridge:
                 on_ready()
             while not self._stop.is_set():
                 if not await sub.poll(100):
-                    self._maybe_save()
+                    self.state.save(self.applied, self.translator.known)
                     await self._maybe_report()
                     continue
                 items = []
                 for frames in await self._drain(sub):
                     await self._accept(frames, items)
                 await self._apply(items)
-                self._maybe_save()
+                self.state.save(self.applied, self.translator.known)
                 await self._maybe_report()
         except Stopped:
             pass
         finally:
-            self._maybe_save(force=True)
-            if self.cfg.state is not None and self.translator.trust_map:
-                save_nsmap(self.cfg.state, self.applied, self.translator.ns_of)
+            self.state.save(self.applied, self.translator.known, force=True)
+            if self.translator.trust_map:
+                self.state.save_map(self.applied, self.translator.ns_of)
             sub.close(linger=0)
             if self._client is not None:
                 await self._client.close()
@@ -459,20 +452,6 @@ class VllmBridge:
         except (*RETRYABLE, SarpError, TimeoutError) as exc:
             log.debug("report to sarpd failed: %s", exc)
 
-    def _maybe_save(self, force: bool = False) -> None:
-        """Rewrite the position when it moved; fsync at most every save_interval_s."""
-        path = self.cfg.state
-        now = time.monotonic()
-        current = (self.applied, len(self.translator.known))
-        durable = force or now - self._saved_at >= self.cfg.save_interval_s
-        if path is None or (current == self._saved and (self._synced or not durable)):
-            return
-        save_position(path, self.cfg.endpoint, self.cfg.worker, self.applied,
-                      self.translator.known, durable=durable)  # fmt: skip
-        self._saved, self._synced = current, durable
-        if durable:
-            self._saved_at = now
-
 
 async def serve(
     cfg: BridgeConfig,
@@ -482,10 +461,6 @@ async def serve(
 ) -> BridgeStats:
     """Run a bridge until SIGTERM/SIGINT, calling `report` every `interval_s` and at
     the end; with `metrics_port`, also export the counters for Prometheus."""
-    import signal
-
-    from sarpd.bridge.stats import serve_metrics
-
     bridge = VllmBridge(cfg)
     if metrics_port is not None:
         serve_metrics(bridge.stats, metrics_port, cfg.worker)

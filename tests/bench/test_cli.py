@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tools.bench.runner import batches, index_factories
-from tools.bench.workloads import get_workload
+from tools.bench.runner import index_factories
 from tools.sarpctl import main
 
 FIELDS = {"index": str, "backend": str, "requests": int, "seconds": float,
@@ -98,17 +97,6 @@ def test_table_output_and_unknown_index(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "codeact" in bad.output
 
 
-def test_batches_keep_one_turn_per_session() -> None:
-    turns = list(get_workload("codeact").turns())
-    seen = 0
-    for start, chunk in batches(turns, 16):
-        assert start == seen
-        keys = [(t.ns, t.session) for t in chunk]
-        assert len(keys) == len(set(keys)) and 0 < len(chunk) <= 16
-        seen += len(chunk)
-    assert seen == len(turns)
-
-
 def test_recovery_only_at_scale(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["bench", "--recovery-only", "--blocks", "5000",
                                     "--index", "sarp,dram-blockhash,redis",
@@ -130,41 +118,3 @@ def test_json_names_the_verifier(bench_json: dict[str, object]) -> None:
     from sarpd.core import verify
 
     assert sarp["verifier"] == verify.IMPLEMENTATION
-
-
-def test_growth_measures_each_size(tmp_path: Path) -> None:
-    from tools.bench.growth import main as growth
-
-    out, png = tmp_path / "g.json", tmp_path / "g.png"
-    res = CliRunner().invoke(growth, ["--sizes", "3000,6000", "--probe", "codeact",
-                                      "--data-dir", str(tmp_path / "d"), "--json", str(out),
-                                      "--plot", str(png)])
-    assert res.exit_code == 0, res.output
-    points = json.loads(out.read_text())
-    blocks = [p["blocks"] for p in points]  # the probes' own inserts add to the fill
-    assert blocks[0] >= 3000 and blocks[1] >= blocks[0] + 3000
-    for p in points:
-        assert p["index"] == "sarp" and p["probe_turns"] > 100
-        assert p["throughput_rps"] > 0 and p["recovery_s"] > 0
-        assert p["match_us_max"] >= p["match_us_p99"] >= 0 and p["disk_bytes"] > 0
-        assert 0 < p["directory_bytes_per_block"] < 2
-    assert png.stat().st_size > 0
-
-
-def test_verifier_bench_times_both_implementations() -> None:
-    from sarpd.core import verify
-    from tools.bench.verifier import main as verifier
-
-    res = CliRunner().invoke(verifier, ["--pairs", "16", "--blocks", "37", "--repeat", "10"])
-    assert res.exit_code == 0, res.output
-    assert "numpy:" in res.output
-    if verify.IMPLEMENTATION == "c":
-        assert " c:" in res.output and "faster than numpy" in res.output
-
-
-def test_growth_times_one_merge() -> None:
-    from tools.bench.growth import main as growth
-
-    res = CliRunner().invoke(growth, ["--merge-base", "20000"])
-    assert res.exit_code == 0, res.output
-    assert "one merge of 8,193 delta entries into 20,000:" in res.output

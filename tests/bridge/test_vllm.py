@@ -5,27 +5,20 @@ engine's cache says (`vllm_engine.FakeEngine`)."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import tomllib
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sarpd.bridge.stats import nsmap_path
+from sarpd.bridge.state import nsmap_path
 from sarpd.bridge.vllm import BridgeConfig
 from sarpd.client import SyncClient
 from tests.bridge.vllm_engine import BridgeThread, FakeEngine, Req, as_u64
-from tests.daemon_helpers import REPO, Launcher, RawConn, SarpdProc
+from tests.daemon_helpers import Launcher, RawConn, SarpdProc
 from tools.bench.vllm_publisher import Publisher, encode_batch, stored
 
 WORKER = 3
@@ -37,12 +30,6 @@ def publisher() -> Iterator[Publisher]:
     pub = Publisher()
     yield pub
     pub.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bridge_cfg(pub: Publisher, sarpd: SarpdProc, state: Path, **kw: Any) -> BridgeConfig:
@@ -250,51 +237,6 @@ def test_unknown_parent_bad_payloads_and_filters(
         assert c.match(hashes=[21], ns="m/w3/gpu")["blocks"] == 0
         cpu = c.match(hashes=[31, 32], ns="m/w3/cpu")
         assert cpu["blocks"] == 2 and cpu["meta"] == [(3 << 48) | (1 << 40)] * 2
-
-
-def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_path: Path) -> None:
-    state = tmp_path / "state.json"
-    conf = tmp_path / "w5.toml"
-    conf.write_text(
-        f'endpoint = "{publisher.endpoint}"\nreplay = "{publisher.replay_endpoint}"\n'
-        f'worker = 5\nstate = "{state}"\nns = "cli"\nreport-interval = 0.1\n'
-        f"metrics-port = {free_port()}\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "tools.sarpctl", "--socket", str(sarpd_proc.socket)]
-    proc = subprocess.Popen(
-        [*cmd, "bridge", "vllm", "--config", str(conf), "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=tmp_path,
-        text=True,
-    )
-    try:
-        assert publisher.subscribed.wait(30), "sarpctl bridge never subscribed"
-        publisher.publish(encode_batch([stored([7, 8, 9], None, list(range(48)))]))
-        publisher.flush()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with SyncClient(sarpd_proc.socket) as c:
-                if c.match(hashes=[7, 8, 9], ns="cli")["blocks"] == 3:
-                    break
-            time.sleep(0.05)
-        else:
-            pytest.fail("blocks never indexed through sarpctl bridge")
-        port = tomllib.loads(conf.read_text())["metrics-port"]
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-        assert b'sarp_bridge_events_total{type="stored",worker="5"} 1.0' in metrics
-        assert b'sarp_bridge_blocks_new_total{worker="5"} 3.0' in metrics
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    last = json.loads(out.strip().splitlines()[-1])
-    assert last["events"]["stored"] == 1 and last["blocks_new"] == 3 and last["last_seq"] == 0
-    assert json.loads(state.read_text())["worker"] == 5
-    with SyncClient(sarpd_proc.socket) as c:
-        assert c.match(hashes=[7, 8, 9], ns="cli")["meta"] == [5 << 48] * 3
 
 
 def test_backs_off_while_sarpd_answers_busy(

@@ -9,17 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from tools.bench.runner import BenchResult, IndexResult
+from tools.ctl_common import human_bytes
 
 COLUMNS = ("index", "req/s", "x sarp", "match us", "p99 us", "reused tok", "loss %",
            "recover s", "rec x sarp", "memory", "disk")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _exact(res: BenchResult) -> int | None:
@@ -41,7 +34,7 @@ def rows(res: BenchResult) -> list[list[str]]:
                     f"{r.match_us_mean:,.1f}", f"{r.match_us_p99:,.1f}",
                     f"{r.tokens_reused:,}", f"{loss:.4f}",
                     f"{r.recovery_s:.4f}", "1" if r.index == "sarp" else f"{rec:.2f}",
-                    _size(r.memory_bytes), _size(r.disk_bytes)])
+                    human_bytes(r.memory_bytes), human_bytes(r.disk_bytes)])
     return out
 
 
@@ -55,7 +48,7 @@ def text_table(res: BenchResult) -> str:
     sarp = res.by_name().get("sarp")
     verifier = f", sarp verifier: {sarp.verifier}" if sarp and sarp.verifier else ""
     head = (f"workload {res.workload}: {res.requests:,} requests, {res.blocks:,} unique blocks, "
-            f"cache budget {_size(res.cache_bytes)}{verifier}\n{res.description}")
+            f"cache budget {human_bytes(res.cache_bytes)}{verifier}\n{res.description}")
     return "\n".join([head, line(COLUMNS), *(line(r) for r in body)]) + (
         "\n'x sarp': sarp's throughput / this index's; 'rec x sarp': this index's recovery "
         "time / sarp's; loss: tokens reused below the exact dram-blockhash")

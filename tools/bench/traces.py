@@ -11,7 +11,7 @@ streamed and hashed in batches of about 65k fine blocks; a malformed line raises
 ValueError naming path:line and the field.
 
 Fine ids: each coarse id becomes B/16 fine ids of 16-token blocks, from the chained
-hash of `tools.bench.workloads.chain_segments` whose block content is (coarse id, j): a
+hash of `tools.bench.chains.chain_segments` whose block content is (coarse id, j): a
 fine id depends on every coarse id before it, so two requests sharing k coarse ids
 share their first k*B/16 fine ids and no more. Only the input_length // 16 whole
 blocks are ids, so a partial last coarse block contributes its whole fine blocks.
@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tools.bench.api import BLOCK_TOKENS, Ids, Turn
-from tools.bench.workloads import U64, chain_segments, mix64, root_state
+from tools.bench.chains import U64, chain_segments, mix64, root_state
 
 _TRACE_TAG = 0x7472616365  # salts the chain root of trace ids
 _COARSE_SALT = U64(0xC0A25E1D5A17B10C)

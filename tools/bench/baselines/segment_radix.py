@@ -6,11 +6,9 @@ next window (starting at e = a multiple of 64) or a branch that leaves it at s <
 (the branch holds only its own blocks [p, ...), never a copy of the shared head).
 A partial tail grows in place while its window has room.
 
-On the backend (every node, always, written in the insert's batch):
-  P + node id            -> the node's ids then metas (raw little-endian uint64)
-  C + parent id + first  -> child id, id of its last block, s, e ("<QQII")
-  L + version            -> node id, parent id, first (change log since the snapshot)
-  M                      -> next node id, next version
+On the backend (every node, always, written in the insert's batch): its payload,
+its edge from its parent and a change-log record (keys and snapshot file in
+tools/bench/baselines/_radix_store.py).
 In memory, up to `cap_bytes`: the top of the tree. A resident node holds its ids
 (node, parent, first, last), s, e and a dict of its resident children; when the
 estimate passes the cap, the resident node with the largest start position (the
@@ -26,8 +24,6 @@ from __future__ import annotations
 
 import gc
 import heapq
-import os
-import struct
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -59,21 +55,25 @@ from tools.bench.baselines._radix_node import (
     node_cost,
     verify_path,
 )
+from tools.bench.baselines._radix_store import (
+    EDGE,
+    LOG,
+    META,
+    SNAPSHOT,
+    SNAPSHOT_FORMAT,
+    C,
+    L,
+    M,
+    P,
+    after,
+    edge_columns,
+    read_snapshot,
+    write_snapshot,
+)
 
-P, C, L, M = b"P", b"C", b"L", b"M"
-_REC = struct.Struct("<QQII")  # child id, last id, s, e
-_LOG = struct.Struct("<QQQ")  # node id, parent id, first id
-_META = struct.Struct("<QQ")  # next node id, next version
-SNAPSHOT = "radix-snapshot.npz"
-SNAPSHOT_FORMAT = 1
 SORTED_FROM = 16  # children from which a node keeps a sorted numpy key array
 
 Getter = Callable[[list[bytes]], list[bytes | None]]
-
-
-def _after(prefix: bytes) -> bytes:
-    """The first key past every key starting with the 1-byte `prefix`."""
-    return bytes([prefix[0] + 1])
 
 
 def _window_end(pos: int) -> int:
@@ -315,15 +315,13 @@ class SegmentRadix(BackendBaseline):
     def _read_meta(self) -> None:
         raw = self.backend.get_many([M])[0]
         if raw is not None:
-            self._next_id, self._version = _META.unpack(raw)
+            self._next_id, self._version = META.unpack(raw)
 
     def _load(self) -> None:
         self._reset()
         self._read_meta()
-        path = self.data_dir / SNAPSHOT
         try:
-            with np.load(path) as snap:
-                arrays = {k: snap[k] for k in snap.files}
+            arrays = read_snapshot(self.data_dir)
         except FileNotFoundError:
             self._load_scan()
             return
@@ -389,7 +387,7 @@ class SegmentRadix(BackendBaseline):
         """Apply the change log from `version` on: extended nodes grow, created ones
         are admitted (a node older than the snapshot that was not resident may have
         children anywhere, so it is admitted incomplete)."""
-        records = [_LOG.unpack(v) for _, v in self.backend.scan(be_key(L, version), _after(L))]
+        records = [LOG.unpack(v) for _, v in self.backend.scan(be_key(L, version), after(L))]
         if not records:
             return 0
         recs = self.backend.get_many([be_key(C, pid, first) for _, pid, first in records])
@@ -397,7 +395,7 @@ class SegmentRadix(BackendBaseline):
             if rec is None:
                 raise BaselineError(f"segment-radix: change log names node {nid} "
                                     "whose edge is missing")
-            _, last, s, e = _REC.unpack(rec)
+            _, last, s, e = EDGE.unpack(rec)
             node = nodes.get(nid)
             if node is not None:
                 self._set_end(node, e, last)
@@ -411,46 +409,17 @@ class SegmentRadix(BackendBaseline):
     def _load_scan(self) -> None:
         """Rebuild the resident top from every edge on the backend (no snapshot, or
         the cap was raised)."""
-        keys: list[bytes] = []
-        recs: list[bytes] = []
-        for key, rec in self.backend.scan(C, _after(C)):
-            keys.append(key[1:])
-            recs.append(rec)
-        kk = np.frombuffer(b"".join(keys), dtype=">u8").reshape(-1, 2).astype(np.uint64)
-        rr = np.frombuffer(b"".join(recs), dtype=np.dtype(
-            [("id", "<u8"), ("last", "<u8"), ("s", "<u4"), ("e", "<u4")]))
-        cols: dict[str, npt.NDArray[Any]] = {
-            "id": rr["id"].astype(np.uint64), "pid": kk[:, 0], "first": kk[:, 1],
-            "s": rr["s"].astype(np.uint64), "e": rr["e"].astype(np.uint64),
-            "last": rr["last"].astype(np.uint64)}
-        order = np.lexsort((cols["id"], cols["s"]))
-        cols = {f: a[order] for f, a in cols.items()}
-        cols["complete"] = np.ones(len(order), dtype=bool)
+        cols = edge_columns(self.backend)
         self._reset()
         self._read_meta()
         self._build(cols)
-        self.load_detail += f"{len(self._heap)} of {len(order)} nodes resident from a full scan"
+        self.load_detail += (f"{len(self._heap)} of {len(cols['id'])} nodes resident "
+                             "from a full scan")
 
     def _snapshot(self) -> None:
         nodes = sorted((n for _, _, n in self._heap), key=lambda n: (n.s, n.id))
-        cols: dict[str, Any] = {
-            k: np.array([getattr(n, k) for n in nodes], dtype=np.uint64)
-            for k in ("id", "pid", "first", "s", "e", "last")}
-        cols["complete"] = np.array([n.complete for n in nodes], dtype=bool)
-        cols.update(format=SNAPSHOT_FORMAT, version=self._version, next_id=self._next_id,
-                    root_complete=self._root.complete)
-        path = self.data_dir / SNAPSHOT
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, **cols)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(self.data_dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_snapshot(self.data_dir, nodes, root_complete=self._root.complete,
+                       version=self._version, next_id=self._next_id)
         wb = WriteBatch()  # the log before the snapshot is no longer needed
         for key, _ in self.backend.scan(L, be_key(L, self._version)):
             wb.delete(key)
@@ -495,7 +464,7 @@ class SegmentRadix(BackendBaseline):
         values = get(be_keys(q[lo:hi], be_key(C, node.id)))
         for i, v in enumerate(values):
             if v is not None:
-                nid, last, s, e = _REC.unpack(v)
+                nid, last, s, e = EDGE.unpack(v)
                 return Node(nid, node.id, int(q[lo + i]), s, e, last)
         return None
 
@@ -561,7 +530,7 @@ class SegmentRadix(BackendBaseline):
                     matched = metas_array(cast("list[U64]", walk.parts))
                     allm = np.concatenate([matched, np.asarray(new, np.uint64)[walk.m:]])
                     self._place(q, walk, allm, wb)
-            wb.put(M, _META.pack(self._next_id, self._version))
+            wb.put(M, META.pack(self._next_id, self._version))
             backend.write(wb, self.sync)
         except BaseException:
             self._load()  # memory never holds what the backend does not
@@ -581,7 +550,7 @@ class SegmentRadix(BackendBaseline):
                                                       seg[length:], allm[parent.e:end]))
                 self._set_end(parent, end, int(q[end - 1]))
                 wb.put(be_key(C, parent.pid, parent.first),
-                       _REC.pack(parent.id, parent.last, parent.s, end))
+                       EDGE.pack(parent.id, parent.last, parent.s, end))
                 self._log(wb, parent)
                 m = end
         while m < n:
@@ -594,11 +563,11 @@ class SegmentRadix(BackendBaseline):
         node = Node(self._next_id, parent.id, int(q[s]), s, e, int(q[e - 1]))
         self._next_id += 1
         wb.put(be_key(P, node.id), pack_u64(q[s:e], allm[s:e]))
-        wb.put(be_key(C, parent.id, node.first), _REC.pack(node.id, node.last, s, e))
+        wb.put(be_key(C, parent.id, node.first), EDGE.pack(node.id, node.last, s, e))
         self._log(wb, node)
         self._admit(parent, node)
         return node
 
     def _log(self, wb: WriteBatch, node: Node) -> None:
-        wb.put(be_key(L, self._version), _LOG.pack(node.id, node.pid, node.first))
+        wb.put(be_key(L, self._version), LOG.pack(node.id, node.pid, node.first))
         self._version += 1

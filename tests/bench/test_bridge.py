@@ -1,0 +1,39 @@
+"""The bridge benchmark (tools.bench.bridge): the generated event batches, and a
+short run through the real bridge into a real sarpd."""
+
+from __future__ import annotations
+
+import re
+
+from click.testing import CliRunner
+
+from sarpd.bridge.events import BlockRemoved, BlockStored, decode_batch
+from tools.bench.bridge import main, make_batches
+
+
+def test_batches_store_chains_and_remove_old_blocks() -> None:
+    payloads, count = make_batches(20, 5, 3, remove_every=4, seed=1, array_like=True)
+    assert len(payloads) == 20 and count == 100
+    events = [e for p in payloads for e in decode_batch(p).events]
+    stores = [e for e in events if isinstance(e, BlockStored)]
+    removes = [e for e in events if isinstance(e, BlockRemoved)]
+    assert len(stores) + len(removes) == 100 and len(removes) == 25
+    assert all(len(e.block_hashes) == 3 for e in stores)
+    removed_ids = {h for e in removes for h in e.block_hashes}
+    stored_ids = [h for e in stores for h in e.block_hashes]
+    assert len(stored_ids) == len(set(stored_ids)) and removed_ids <= set(stored_ids)
+    parents = [e.parent for e in stores if e.parent is not None]
+    assert parents and set(parents) <= set(stored_ids)
+    again, _ = make_batches(20, 5, 3, remove_every=4, seed=1, array_like=True)
+    assert [decode_batch(p).events for p in again] == [decode_batch(p).events for p in payloads]
+    as_map, _ = make_batches(2, 2, 1, remove_every=0, seed=1, array_like=False)
+    assert all(isinstance(e, BlockStored) for p in as_map for e in decode_batch(p).events)
+
+
+def test_a_short_run_through_a_real_sarpd() -> None:
+    res = CliRunner().invoke(main, ["--batches", "30", "--events", "4", "--sync", "none"])
+    assert res.exit_code == 0, res.output
+    m = re.search(r"120 events \((\d+) stored, (\d+) removed\) in 30 batches, 4 blocks per "
+                  r"store, sync none: .* events/s, .* blocks/s; unknown_parent (\d+)", res.output)
+    assert m is not None, res.output
+    assert int(m[1]) + int(m[2]) == 120 and int(m[3]) == 0

@@ -1,0 +1,90 @@
+"""The replay behind `sarpctl bench` (tools.bench.runner): batches, the cache
+budget, one replay through an index, a whole run on two indexes, results as JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tools.bench.api import Turn
+from tools.bench.baselines import baseline_class
+from tools.bench.runner import (
+    BenchResult,
+    batches,
+    cache_budget,
+    index_factories,
+    replay,
+    run_bench,
+)
+from tools.bench.workloads import get_workload
+
+
+def turn(session: int, prompt: list[int], extra: list[int] | None = None,
+         ns: str = "") -> Turn:
+    seq = np.array(prompt + (extra or []), dtype=np.uint64)
+    return Turn(session=session, ns=ns, prompt=seq[: len(prompt)], sequence=seq)
+
+
+def test_batches_keep_one_turn_per_session() -> None:
+    turns = list(get_workload("codeact").turns())
+    seen = 0
+    for start, chunk in batches(turns, 16):
+        assert start == seen
+        keys = [(t.ns, t.session) for t in chunk]
+        assert len(keys) == len(set(keys)) and 0 < len(chunk) <= 16
+        seen += len(chunk)
+    assert seen == len(turns)
+
+
+def test_batches_split_at_the_size_and_at_a_repeated_session() -> None:
+    turns = [turn(0, [1]), turn(1, [2]), turn(0, [1, 3]), turn(2, [4]), turn(3, [5])]
+    assert [(s, len(c)) for s, c in batches(turns, 2)] == [(0, 2), (2, 2), (4, 1)]
+    assert [(s, len(c)) for s, c in batches(turns, 16)] == [(0, 2), (2, 3)]
+    assert batches([], 4) == []
+
+
+def test_cache_budget_is_a_tenth_of_the_blockhash_store() -> None:
+    assert cache_budget([]) == (0, 1 << 20)
+    few = [turn(0, [1, 2, 3]), turn(1, [1, 2], [9])]
+    assert cache_budget(few) == (4, 1 << 20)  # at least 1 MiB
+    many = [turn(0, list(range(1, 700_001)))]
+    assert cache_budget(many) == (700_000, 1_120_000)
+
+
+def test_replay_counts_reuse_and_sees_the_previous_turn(tmp_path: Path) -> None:
+    index = baseline_class("dram-blockhash")()
+    index.open(tmp_path / "d", "memory", 0)
+    turns = [turn(0, [1, 2], [3]), turn(1, [1, 7]), turn(0, [1, 2, 3, 4]), turn(1, [1, 7, 8])]
+    seen: list[tuple[float, float]] = []
+    try:
+        match_us, total, inserting, reused, queried = replay(
+            index, turns, 16, on_batch=lambda m, i: seen.append((m, i)))
+        metas = index.match_many([np.array([1, 2, 3, 4], dtype=np.uint64)], [""])[0]
+    finally:
+        index.close()
+    assert len(match_us) == 4 and len(seen) == 2  # two batches: a session repeats
+    assert reused == 0 + 0 + 3 + 2 and queried == 2 + 2 + 4 + 3
+    assert total >= inserting >= 0
+    assert metas.tolist() == [1, 1, 1, 3]  # meta = the turn's number; first insert wins
+
+
+def test_run_bench_on_two_indexes_and_json_roundtrip(tmp_path: Path) -> None:
+    wl = get_workload("codeact")
+    res = run_bench(wl, ["dram-blockhash", "ssd-blockhash"], "rocksdb", tmp_path)
+    a, b = res.results
+    assert (a.index, b.index) == ("dram-blockhash", "ssd-blockhash")
+    assert a.tokens_reused == b.tokens_reused > 0 and a.requests == res.requests
+    assert a.backend == "rocksdb" and a.recovery_s > 0 and b.disk_bytes > 0
+    back = BenchResult.from_json(res.to_json())
+    assert back.by_name()["ssd-blockhash"].tokens_reused == b.tokens_reused
+    assert back.by_name()["ssd-blockhash"].match_us == []  # per-request list not saved
+    assert "match_us" not in res.to_json()["results"][0]
+    with pytest.raises(ValueError, match="unknown index nope"):
+        run_bench(wl, ["nope"], "rocksdb", tmp_path)
+
+
+def test_index_factories_put_sarp_first() -> None:
+    names = list(index_factories())
+    assert names[:2] == ["sarp", "sarp-no-locators"] and "segment-radix" in names

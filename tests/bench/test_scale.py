@@ -1,0 +1,51 @@
+"""Recovery at scale (tools.bench.scale, `sarpctl bench --recovery-only`): the
+generated sequences, the fill, and a measured cold recovery on tiny sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tools.bench.baselines import baseline_class
+from tools.bench.scale import SEQ_BLOCKS, fill, recovery_at_scale, sequences
+
+
+def test_sequences_total_the_blocks_and_share_prompts() -> None:
+    seqs = list(sequences(5 * SEQ_BLOCKS + 100, seed=2))
+    assert [len(s) for s in seqs] == [SEQ_BLOCKS] * 5 + [100]
+    heads = [s[:64].tobytes() for s in seqs]
+    assert len(set(heads)) < len(heads) or len(seqs) < 8  # some share a prompt
+    everything = np.concatenate(seqs)
+    assert (everything != 0).all()
+    assert [s.tobytes() for s in sequences(3000, 2)] == [s.tobytes() for s in sequences(3000, 2)]
+
+
+def test_fill_inserts_every_block(tmp_path: Path) -> None:
+    index = baseline_class("dram-blockhash")()
+    index.open(tmp_path / "d", "memory", 0)
+    done: list[int] = []
+    try:
+        fill(index, 3 * SEQ_BLOCKS, done.append)
+        first = next(sequences(3 * SEQ_BLOCKS))
+        assert len(index.match_many([first], [""])[0]) == SEQ_BLOCKS
+    finally:
+        index.close()
+    assert sum(done) == 3 * SEQ_BLOCKS
+
+
+def test_recovery_at_scale_on_tiny_sizes(tmp_path: Path) -> None:
+    bars: list[str] = []
+
+    def progress(name: str, total: int) -> object:
+        bars.append(name)
+        return lambda n: None
+
+    res = recovery_at_scale(["sarp", "ssd-blockhash"], 2000, "rocksdb", tmp_path,
+                            progress)  # type: ignore[arg-type]
+    assert [r.index for r in res] == bars == ["sarp", "ssd-blockhash"]
+    for r in res:
+        assert r.blocks == 2000 and r.build_s > 0 and r.recovery_s > 0 and r.disk_bytes > 0
+    with pytest.raises(ValueError, match="unknown index nope"):
+        recovery_at_scale(["nope"], 10, "rocksdb", tmp_path)
