@@ -42,6 +42,10 @@ class FakeIndex:
         self.present: set[int] = set()
         self.fail_commit = False
         self.explode = False
+        # the index's activity counters (read by the metrics)
+        self.matched_blocks = 0
+        self.queried_blocks = 0
+        self.segment_reads = 0
 
     def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:
         self.calls.append(("match", [r.id for r in reqs]))
@@ -204,8 +208,7 @@ def test_unexpected_exception_becomes_internal_with_trace_id(
 
 
 def test_stats_merges_index_and_service_counters() -> None:
-    svc, _ = make()
-    svc.recovered_in_s = 0.25
+    svc = Service(FakeIndex(), ServerConfig(), "memory", recovered_in_s=0.25)
     svc.run_batch([("a", Insert(1, seq(1), meta=0)), ("a", Match(2, seq(1)))])
     (stats,) = svc.run_batch([("a", Stats(3))])
     assert isinstance(stats, dict)
