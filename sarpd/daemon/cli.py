@@ -120,7 +120,7 @@ class Daemon:
         try:
             self._metrics_http = serve(self.server.metrics, cfg.metrics_host, cfg.metrics_port)
         except OSError as exc:
-            raise SarpError(
+            raise ConfigError(
                 f"metrics: cannot listen on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"
             ) from exc
         log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)

@@ -53,7 +53,7 @@ from sarpd.config import ServerConfig
 from sarpd.daemon.access import PeerCred, Policy, peer_cred
 from sarpd.daemon.metrics import Activity, Metrics, op_name
 from sarpd.daemon.service import Service
-from sarpd.errors import Busy, FrameError, Internal, SarpError, Unavailable
+from sarpd.errors import Busy, ConfigError, FrameError, Internal, SarpError, Unavailable
 from sarpd.model import Request
 from sarpd.protocol.wire import (
     BadMessage,
@@ -254,7 +254,7 @@ class Server:
                 shutil.chown(path, group=self.config.socket_group)
         except (OSError, LookupError) as exc:
             self._srv.close()
-            raise SarpError(
+            raise ConfigError(
                 f"socket {path}: cannot set mode {self.config.socket_mode:o} / group "
                 f"{self.config.socket_group!r}: {exc}"
             ) from exc
@@ -460,14 +460,14 @@ def check_socket_path(path: Path) -> None:
     """Refuse a path that is too long, is not a socket, or has a live server behind it;
     remove a stale socket file left by a crash."""
     if len(os.fsencode(path)) >= 108:
-        raise SarpError(f"socket {path}: path is {len(os.fsencode(path))} bytes; limit is 107")
+        raise ConfigError(f"socket {path}: path is {len(os.fsencode(path))} bytes; limit is 107")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise SarpError(f"socket {path}: exists and is not a socket; refusing to replace it")
+        raise ConfigError(f"socket {path}: exists and is not a socket; refusing to replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(path))
@@ -476,5 +476,5 @@ def check_socket_path(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise SarpError(f"socket {path}: another server is listening on it")
+    raise ConfigError(f"socket {path}: another server is listening on it")
 
