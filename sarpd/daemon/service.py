@@ -147,8 +147,8 @@ class Service:
 
     `extra_stats` (given by the server) adds its gauges and metrics to `stats`;
     `recovered_in_s` is how long the daemon's recovery took. The service owns its
-    request counters (`counters`) and the clients' reports (`reports`): the metrics
-    read them."""
+    batch and request counters (`counters`, answered by `stats`) and the clients'
+    reports (`reports`, which the metrics read through the server)."""
 
     def __init__(
         self,
