@@ -48,9 +48,13 @@ class TooLarge(SarpError):
     code = "too_large"
 
 
-class FrameError(TooLarge):
-    """The byte stream itself is unusable (oversized frame or not msgpack): the
-    connection closes after one error response. `code` is `too_large` or `bad_request`."""
+class FrameError(SarpError):
+    """The byte stream itself is unusable: the connection closes after one error
+    response. `code` is ``too_large`` (an oversized frame, string or container: the
+    default) or ``bad_request`` (bytes that are not msgpack). Not a `TooLarge`: a
+    stream error is not a per-request limit, and it may be either code."""
+
+    code = "too_large"
 
     def __init__(self, message: str, code: str = "too_large") -> None:
         super().__init__(message)

@@ -29,12 +29,13 @@ from typing import IO, Any
 
 import click
 
+from backends.registry import backend_names
 from sarpd.config import ServerConfig, load_config
 from sarpd.core.index import RecoveryReport, SarpIndex
 from sarpd.daemon import sdnotify
 from sarpd.daemon.server import Server
 from sarpd.daemon.service import Service
-from sarpd.errors import SarpError
+from sarpd.errors import BadRequest, ConfigError, SarpError
 
 log = logging.getLogger("sarpd")
 
@@ -119,7 +120,7 @@ class Daemon:
         try:
             self._metrics_http = serve(self.server.metrics, cfg.metrics_host, cfg.metrics_port)
         except OSError as exc:
-            raise SarpError(
+            raise ConfigError(
                 f"metrics: cannot listen on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"
             ) from exc
         log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
@@ -138,8 +139,10 @@ class Daemon:
             await self.server.stop()
             await self._close(index, snapshot=False)
             return 0 if self._stop.is_set() else 1
-        service = Service(index, cfg, backend_name)
-        service.recovered_in_s = report.seconds
+        service = Service(
+            index, cfg, backend_name,
+            recovered_in_s=report.seconds, extra_stats=self.server.extra_stats,
+        )
         self.server.metrics.set_ready(report.seconds)
         self.server.set_ready(service)
         sdnotify.notify("READY=1", f"STATUS=serving on {cfg.socket}")
@@ -165,7 +168,7 @@ class Daemon:
         snapshot_dir = cfg.data_dir / "snapshots" / cfg.backend
         snapshot_dir.mkdir(parents=True, exist_ok=True)
         index = SarpIndex(backend, cfg.index, snapshot_dir, sync=cfg.sync == "always")
-        return index, str(getattr(backend, "name", cfg.backend))
+        return index, backend.name
 
     async def _recover(self, index: SarpIndex) -> RecoveryReport | None:
         log.info("recovering the index from %s", self.config.data_dir)
@@ -258,15 +261,6 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
-def _backend_choices() -> list[str]:
-    try:
-        from backends.registry import backend_names
-
-        return sorted(backend_names())
-    except ImportError:  # registry not importable: let the registry complain at open
-        return ["rocksdb", "wiredtiger", "bloomstore", "memory"]
-
-
 HELP = """Serve the SARP prefix index of LLM KV-cache blocks on a Unix socket.
 
 Clients send msgpack requests (see docs/PROTOCOL.md): match a token prefix, insert
@@ -302,7 +296,7 @@ Examples:
 )
 @click.option(
     "--backend",
-    type=click.Choice(_backend_choices()),
+    type=click.Choice(sorted(backend_names())),
     help="Storage engine (default rocksdb).",
 )
 @click.option(
@@ -354,7 +348,7 @@ def main(
             log_format=log_format,
             metrics_port=metrics_port,
         )
-    except SarpError as exc:
+    except (ConfigError, BadRequest) as exc:  # BadRequest: until sarpd.config raises ConfigError
         raise click.ClickException(exc.message) from exc
     setup_logging(cfg.log_level, cfg.log_format)
     try:

@@ -1,12 +1,19 @@
 """Prometheus metrics of sarpd (prometheus_client, its own registry).
 
-Counting stays off the per-request path: the worker thread calls `record_batch` once
-per batch with the batch's requests and results, which adds to plain dicts and
-numpy bucket arrays under one lock; a custom collector turns them into metric
-families only when /metrics is scraped. Index gauges (blocks, directory bytes, ...)
-come from a copy of the index's `stats()` that the worker refreshes at most once per
-`INDEX_STATS_EVERY_S` while metrics are served, so the scrape thread never touches
-the index.
+Counting stays off the per-request path: the server calls `record_batch` once per
+batch with the batch's requests and results, which adds to plain dicts and numpy
+bucket arrays under one lock; a custom collector turns them into metric families only
+when /metrics is scraped.
+
+Metrics own only what nobody else counts: answers by op and code (including those the
+server gives outside a batch), and the histograms. Everything else is READ from its
+owner through `Sources`, given at construction (the server is one): the server's
+gauges, the clients' reports (`sarpd.daemon.reports`), and the index's activity
+counters (matched / queried blocks, segment reads), which plain int reads make safe
+from the scrape thread. Index gauges that cost a walk of the index or the backend
+(blocks, directory bytes, ...) come from the index's `stats()`, which only the worker
+thread may call: `refresh_index` keeps its newest result, at most once per
+`INDEX_STATS_EVERY_S` while metrics are served.
 
 Exported (all prefixed ``sarpd_``):
 
@@ -28,9 +35,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
@@ -49,6 +56,48 @@ INDEX_STATS_EVERY_S = 1.0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384, 65536)
 READS_BUCKETS = (0, 0.25, 0.5, 1, 2, 4, 8, 16)
+
+
+class Activity(Protocol):
+    """The index's activity counters (`SarpIndex` keeps them; read, never copied)."""
+
+    @property
+    def matched_blocks(self) -> int: ...
+
+    @property
+    def queried_blocks(self) -> int: ...
+
+    @property
+    def segment_reads(self) -> int: ...
+
+
+class Sources(Protocol):
+    """What the metrics read from the state's owners (safe from any thread)."""
+
+    def gauges(self) -> Mapping[str, float]:
+        """Server-side gauges (queue depth, connections, ...)."""
+        ...
+
+    def reported(self) -> Mapping[str, Mapping[str, float]]:
+        """source -> the counters sarpd's clients report (the `report` op)."""
+        ...
+
+    def activity(self) -> Activity | None:
+        """The index's activity counters, once the index is serving."""
+        ...
+
+
+class NoSources:
+    """`Sources` of nothing (a `Metrics` on its own, e.g. in tests)."""
+
+    def gauges(self) -> Mapping[str, float]:
+        return {}
+
+    def reported(self) -> Mapping[str, Mapping[str, float]]:
+        return {}
+
+    def activity(self) -> Activity | None:
+        return None
 
 
 def op_name(req: Request) -> str:
@@ -94,51 +143,53 @@ class Recovery:
 class Metrics:
     """Counters fed by the server; thread-safe (one lock per update)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, sources: Sources | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lock = threading.Lock()
+        self._sources: Sources = sources if sources is not None else NoSources()
         self._clock = clock
         self.requests: dict[str, int] = {}
         self.errors: dict[tuple[str, str], int] = {}
         self.batch = _Hist(BATCH_BUCKETS)
         self.depth = _Hist(DEPTH_BUCKETS)
         self.reads = _Hist(READS_BUCKETS)
-        self.queried_blocks = 0
-        self.hit_blocks = 0
         self.recovery = Recovery()
         self.index_stats: dict[str, Any] = {}
         self._index_stats_at = float("-inf")
-        self._last_reads: int | None = None
-        self.gauges: Callable[[], dict[str, float]] = dict
-        # source -> counters reported by sarpd's clients (the `report` op), once served
-        self.reported: Callable[[], dict[str, dict[str, float]]] = dict
-        self.exported = False  # set by `serve`: only then are index stats copied
+        self._last_reads: int | None = None  # segment reads after the previous batch
+        self.exported = False  # set by `serve`: only then are index stats refreshed
 
     # -- updates -------------------------------------------------------------------
 
-    def record_batch(
-        self, reqs: Sequence[Request], results: Sequence[object], block_tokens: int
-    ) -> None:
-        """Once per batch, in the worker thread."""
+    def record_batch(self, reqs: Sequence[Request], results: Sequence[object]) -> None:
+        """Once per batch, after it ran (between batches: the index's segment-read
+        counter then holds this batch's reads)."""
         ops: dict[str, int] = {}
         errs: dict[tuple[str, str], int] = {}
         depths: list[int] = []
-        queried = 0
+        matches = 0
         for req, res in zip(reqs, results, strict=True):
             op = op_name(req)
             ops[op] = ops.get(op, 0) + 1
+            if isinstance(req, Match):
+                matches += 1
             if isinstance(res, SarpError):
                 key = (op, res.code)
                 errs[key] = errs.get(key, 0) + 1
             elif isinstance(res, MatchResult) and isinstance(req, Match):
                 depths.append(res.blocks)
-                queried += _blocks_of(req, block_tokens)
+        activity = self._sources.activity()
+        reads = None if activity is None else activity.segment_reads
         with self._lock:
             _merge(self.requests, ops)
             _merge(self.errors, errs)
             self.batch.add([len(reqs)])
             self.depth.add(depths)
-            self.queried_blocks += queried
-            self.hit_blocks += sum(depths)
+            if matches and reads is not None and self._last_reads is not None:
+                self.reads.add([(reads - self._last_reads) / matches])
+            if reads is not None:
+                self._last_reads = reads
 
     def record_rejected(self, op: str, code: str) -> None:
         """A request answered outside a batch (busy, unavailable, forbidden)."""
@@ -146,23 +197,20 @@ class Metrics:
             self.requests[op] = self.requests.get(op, 0) + 1
             self.errors[(op, code)] = self.errors.get((op, code), 0) + 1
 
-    def record_index(
-        self, stats_fn: Callable[[], dict[str, Any]], matches: int, reads: int | None
-    ) -> None:
-        """After a batch (worker thread): backend reads per match of this batch (`reads`:
-        the index's segment-read counter now), and a fresh copy of the index stats at
-        most once per INDEX_STATS_EVERY_S."""
+    def index_stats_due(self) -> bool:
+        """Whether `refresh_index` would call the index now."""
+        return self.exported and self._clock() - self._index_stats_at >= INDEX_STATS_EVERY_S
+
+    def refresh_index(self, stats_fn: Callable[[], Mapping[str, Any]]) -> None:
+        """In the worker thread (the only one that may call the index): keep the newest
+        index stats for the gauges, at most once per INDEX_STATS_EVERY_S."""
+        if not self.index_stats_due():
+            return
         now = self._clock()
-        stale = self.exported and now - self._index_stats_at >= INDEX_STATS_EVERY_S
-        stats = stats_fn() if stale else None
+        stats = dict(stats_fn())
         with self._lock:
-            if stats is not None:
-                self.index_stats = stats
-                self._index_stats_at = now
-            if matches and reads is not None and self._last_reads is not None:
-                self.reads.add([(reads - self._last_reads) / matches])
-            if reads is not None:
-                self._last_reads = reads
+            self.index_stats = stats
+            self._index_stats_at = now
 
     def set_recovery(self, done: int, total: int, seconds: float, eta_s: float | None) -> None:
         with self._lock:
@@ -180,8 +228,16 @@ class Metrics:
                 f"errors_{code}": n
                 for code, n in _by_code(self.errors).items()
             }
-            out["hit_ratio"] = self.hit_blocks / self.queried_blocks if self.queried_blocks else 0.0
-            return out
+        hit, queried = self._match_blocks()
+        out["hit_ratio"] = hit / queried if queried else 0.0
+        return out
+
+    def _match_blocks(self) -> tuple[int, int]:
+        """(matched, queried) blocks of every match since start: the index's counters."""
+        activity = self._sources.activity()
+        if activity is None:
+            return 0, 0
+        return activity.matched_blocks, activity.queried_blocks
 
     # -- export --------------------------------------------------------------------
 
@@ -195,13 +251,13 @@ class Metrics:
             )
             yield from self._recovery()
             yield from self._index()
-        for name, value in self.gauges().items():
+        for name, value in self._sources.gauges().items():
             yield GaugeMetricFamily(f"sarpd_{name}", f"sarpd {name.replace('_', ' ')}.", value)
         rep = GaugeMetricFamily(
             "sarpd_reported", "Counters sarpd's clients report (e.g. the vLLM bridge's events "
             "applied by type, dropped, gaps, replays, lag_s), by source and name.",
             labels=["source", "name"])
-        for source, counters in self.reported().items():
+        for source, counters in self._sources.reported().items():
             for name, value in counters.items():
                 rep.add_metric([source, name], value)
         yield rep
@@ -215,15 +271,15 @@ class Metrics:
         )
         for (op, code), n in sorted(self.errors.items()):
             err.add_metric([op, code], n)
-        q = self.queried_blocks
+        hit, q = self._match_blocks()
         yield req
         yield err
         yield CounterMetricFamily(
             "sarpd_match_queried_blocks", "Whole blocks asked for by matches.", q
         )
-        yield CounterMetricFamily("sarpd_match_hit_blocks", "Blocks matched.", self.hit_blocks)
+        yield CounterMetricFamily("sarpd_match_hit_blocks", "Blocks matched.", hit)
         yield GaugeMetricFamily(
-            "sarpd_match_hit_ratio", "Matched / queried blocks.", self.hit_blocks / q if q else 0.0
+            "sarpd_match_hit_ratio", "Matched / queried blocks.", hit / q if q else 0.0
         )
 
     def _recovery(self) -> Iterable[Metric]:
@@ -246,9 +302,10 @@ class Metrics:
         ):
             if isinstance(s.get(key), int | float):
                 yield GaugeMetricFamily(name, doc, s[key])
-        if isinstance(s.get("segment_reads"), int):
+        activity = self._sources.activity()
+        if activity is not None:
             yield CounterMetricFamily(
-                "sarpd_segment_reads", "Segments read from the backend.", s["segment_reads"]
+                "sarpd_segment_reads", "Segments read from the backend.", activity.segment_reads
             )
 
 
@@ -262,13 +319,6 @@ def _by_code(errors: dict[tuple[str, str], int]) -> dict[str, int]:
     for (_, code), n in errors.items():
         out[code] = out.get(code, 0) + n
     return out
-
-
-def _blocks_of(req: Match, block_tokens: int) -> int:
-    seq = req.seq
-    if seq.tokens is not None:
-        return len(seq.tokens) // block_tokens
-    return 0 if seq.hashes is None else len(seq.hashes)
 
 
 class _Collector(Collector):

@@ -20,7 +20,15 @@ error with id 0, then close). Nothing a client does affects another client.
 
 Access (sarpd.daemon.access): the peer's SO_PEERCRED is checked against the allowlist when
 it connects, and every request against the namespace binding when one is set.
-Metrics (sarpd.daemon.metrics) are counted once per batch in the worker thread.
+Metrics (sarpd.daemon.metrics) are counted once per batch, before its answers are
+sent; they read the server's gauges, the service's reports and the index's activity
+through the server (`gauges`, `reported`, `activity`), which owns none of them but
+the gauges.
+
+Unexpected exceptions: `Service.run_batch` turns them into ``internal`` answers (the
+one place for request execution; it never raises); `Connection.data_received` closes
+a connection whose decoder failed (the one place for decoding), `_encode` answers
+``internal`` for a result that cannot be encoded (the one place for encoding).
 """
 
 from __future__ import annotations
@@ -33,8 +41,9 @@ import shutil
 import socket
 import stat
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -42,10 +51,10 @@ import numpy as np
 
 from sarpd.config import ServerConfig
 from sarpd.daemon.access import PeerCred, Policy, peer_cred
-from sarpd.daemon.metrics import Metrics, op_name
+from sarpd.daemon.metrics import Activity, Metrics, op_name
 from sarpd.daemon.service import Service
-from sarpd.errors import Busy, FrameError, Internal, SarpError, Unavailable
-from sarpd.model import Match, Request
+from sarpd.errors import Busy, ConfigError, FrameError, Internal, SarpError, Unavailable
+from sarpd.model import Request
 from sarpd.protocol.wire import (
     BadMessage,
     Decoder,
@@ -105,7 +114,7 @@ class Connection(asyncio.Protocol):
         except FrameError as exc:
             log.info("%s: closing after bad stream: %s", self.peer, exc.message)
             items, fatal = [], exc
-        except Exception as exc:  # a decoder bug must not take the daemon down
+        except Exception as exc:  # a decoder bug costs this connection, nothing else
             log.exception("%s: decoder failed", self.peer)
             items, fatal = [], Internal(f"decoder failed: {exc!r}")
         self._take(items)
@@ -211,8 +220,7 @@ class Server:
         self.config = config
         self.limits = Limits.from_config(config)
         self.policy = Policy.from_config(config)
-        self.metrics = Metrics()
-        self.metrics.gauges = self.gauges
+        self.metrics = Metrics(self)  # reads gauges(), reported(), activity()
         self.service: Service | None = None
         self.status = "starting"
         self.stopping = False
@@ -246,7 +254,7 @@ class Server:
                 shutil.chown(path, group=self.config.socket_group)
         except (OSError, LookupError) as exc:
             self._srv.close()
-            raise SarpError(
+            raise ConfigError(
                 f"socket {path}: cannot set mode {self.config.socket_mode:o} / group "
                 f"{self.config.socket_group!r}: {exc}"
             ) from exc
@@ -255,8 +263,7 @@ class Server:
         log.info("listening on %s", path)
 
     def set_ready(self, service: Service) -> None:
-        service.extra_stats = lambda: {**self.gauges(), **self.metrics.snapshot()}
-        self.metrics.reported = service.reports.snapshot
+        """Serve `service` (build it with ``extra_stats=server.extra_stats``)."""
         self.service = service
         self.status = "ready"
 
@@ -304,14 +311,30 @@ class Server:
     def forget(self, conn: Connection) -> None:
         self.conns.discard(conn)
 
+    # -- what stats and metrics read (safe from any thread) -------------------------
+
     def gauges(self) -> dict[str, float]:
-        """Server-side gauges for `stats` and /metrics (safe from any thread)."""
+        """Server-side gauges for `stats` and /metrics."""
         return {
             "queue_depth": len(self.queue),
             "queue_bytes": self.queue_bytes,
             "buffered_bytes": self.buffered,
             "connections": len(self.conns),
         }
+
+    def reported(self) -> Mapping[str, Mapping[str, float]]:
+        """What sarpd's clients reported (kept by the service), once serving."""
+        service = self.service
+        return {} if service is None else service.reports.snapshot()
+
+    def activity(self) -> Activity | None:
+        """The index's activity counters, once serving (see `IndexLike`)."""
+        service = self.service
+        return None if service is None else service.index
+
+    def extra_stats(self) -> dict[str, object]:
+        """The server's part of the `stats` op: gauges and metrics counters."""
+        return {**self.gauges(), **self.metrics.snapshot()}
 
     def reject(self, conn: Connection, req: Request, err: SarpError) -> None:
         self.metrics.record_rejected(op_name(req), err.code)
@@ -371,8 +394,11 @@ class Server:
             self._busy = True
             try:
                 await self._run(batch)
-            except Exception:  # never let the batcher die
-                log.exception("batch of %d requests failed", len(batch))
+            except Exception:
+                # Last resort, not an answer: the service answers every request and
+                # `_run` sends the answers even when the metrics fail, so only a bug
+                # gets here, and a bug must not stop the batcher (the daemon's loop).
+                log.exception("batcher: unexpected error after a batch of %d", len(batch))
             finally:
                 self._busy = False
 
@@ -381,30 +407,25 @@ class Server:
         assert service is not None
         block_tokens = self.config.index.block_tokens
         keyed = [(id(conn), req) for conn, req in batch]
-        metrics = self.metrics
 
-        def work() -> list[bytes]:
-            try:
-                results = service.run_batch(keyed)
-                if len(results) != len(keyed):
-                    raise RuntimeError(f"{len(results)} results for {len(keyed)} requests")
-            except Exception as exc:
-                log.exception("run_batch failed")
-                results = [Internal(f"batch failed: {exc!r}")] * len(keyed)
-            try:
-                reqs = [req for _, req in keyed]
-                metrics.record_batch(reqs, results, block_tokens)
-                matches = sum(isinstance(r, Match) for r in reqs)
-                reads = getattr(service.index, "segment_reads", None)
-                metrics.record_index(service.index.stats, matches, reads)
-            except Exception:  # metrics must never cost an answer
-                log.exception("recording metrics failed")
-            return [
+        def work() -> tuple[list[object], list[bytes]]:
+            results = service.run_batch(keyed)  # never raises
+            frames = [
                 _encode(req, res, block_tokens)
                 for (_, req), res in zip(keyed, results, strict=True)
             ]
+            return results, frames
 
-        frames = await asyncio.get_running_loop().run_in_executor(self.executor, work)
+        results, frames = await self.run_exclusive(work)
+        try:  # before the answers go out, so that a client sees its own requests counted
+            self.metrics.record_batch([req for _, req in batch], results)
+        finally:  # metrics never cost an answer
+            self._send(batch, frames)
+        if self.metrics.index_stats_due():
+            await self.run_exclusive(partial(self.metrics.refresh_index, service.index.stats))
+
+    @staticmethod
+    def _send(batch: list[Queued], frames: list[bytes]) -> None:
         per_conn: dict[Connection, list[bytes]] = {}
         for (conn, _), frame in zip(batch, frames, strict=True):
             per_conn.setdefault(conn, []).append(frame)
@@ -439,14 +460,14 @@ def check_socket_path(path: Path) -> None:
     """Refuse a path that is too long, is not a socket, or has a live server behind it;
     remove a stale socket file left by a crash."""
     if len(os.fsencode(path)) >= 108:
-        raise SarpError(f"socket {path}: path is {len(os.fsencode(path))} bytes; limit is 107")
+        raise ConfigError(f"socket {path}: path is {len(os.fsencode(path))} bytes; limit is 107")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise SarpError(f"socket {path}: exists and is not a socket; refusing to replace it")
+        raise ConfigError(f"socket {path}: exists and is not a socket; refusing to replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(path))
@@ -455,5 +476,5 @@ def check_socket_path(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise SarpError(f"socket {path}: another server is listening on it")
+    raise ConfigError(f"socket {path}: another server is listening on it")
 

@@ -24,10 +24,14 @@ import time
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from functools import partial
+from typing import Literal, Protocol
 
 import sarpd
 from sarpd.config import ServerConfig
+from sarpd.core.ids import HASH_NAME
+from sarpd.core.inspection import dump_or_error
+from sarpd.daemon.metrics import Activity
 from sarpd.daemon.reports import Reports
 from sarpd.errors import Internal, SarpError, StorageError
 from sarpd.model import (
@@ -53,12 +57,17 @@ PhaseKind = Literal["read", "write", "barrier"]
 Keyed = tuple[Hashable, Request]
 
 
-class IndexLike(Protocol):
-    """What the service needs of `sarpd.core.index.SarpIndex` (a fake implements it in tests)."""
+class IndexLike(Activity, Protocol):
+    """What the service needs of `sarpd.core.index.SarpIndex` (a fake implements it in
+    tests). Its activity counters (`Activity`) are read by the metrics, never copied.
 
-    def match_many(self, reqs: Sequence[Match]) -> list[Any]: ...
+    Until `SarpIndex.activity` (issue 11, the core's half) is merged, the counters are
+    attributes of the index itself; after it, this protocol declares
+    ``activity: Activity`` instead and `Server.activity` returns ``index.activity``."""
 
-    def write_many(self, ops: Sequence[Insert | Remove | Clear]) -> list[Any]: ...
+    def match_many(self, reqs: Sequence[Match]) -> Sequence[object]: ...
+
+    def write_many(self, ops: Sequence[Insert | Remove | Clear]) -> Sequence[object]: ...
 
     def snapshot(self) -> SnapshotResult: ...
 
@@ -112,9 +121,34 @@ def _internal(exc: BaseException, what: str) -> Internal:
     return Internal(f"internal error in {what} (trace {trace}); see the sarpd log")
 
 
+def contain(what: str, n: int, fn: Callable[[], Sequence[object]]) -> list[object]:
+    """The n answers of `fn` (one call answering n requests). THE one place where an
+    unexpected exception becomes an ``internal`` answer (with a trace id in the log):
+    a `SarpError` raised by `fn` answers all n requests, any other exception, a wrong
+    number of results, or a non-SarpError exception among them answers `internal`."""
+    try:
+        results = fn()
+    except SarpError as exc:
+        return [exc] * n
+    except Exception as exc:
+        return [_internal(exc, what)] * n
+    if len(results) != n:
+        bug = RuntimeError(f"{what} returned {len(results)} results for {n} requests")
+        return [_internal(bug, what)] * n
+    return [
+        r if not isinstance(r, Exception) or isinstance(r, SarpError) else _internal(r, what)
+        for r in results
+    ]
+
+
 class Service:
     """Answers batches of (connection key, request). Not thread-safe: the server runs
-    one batch at a time in its single worker thread."""
+    one batch at a time in its single worker thread.
+
+    `extra_stats` (given by the server) adds its gauges and metrics to `stats`;
+    `recovered_in_s` is how long the daemon's recovery took. The service owns its
+    batch and request counters (`counters`, answered by `stats`) and the clients'
+    reports (`reports`, which the metrics read through the server)."""
 
     def __init__(
         self,
@@ -122,17 +156,18 @@ class Service:
         config: ServerConfig,
         backend_name: str,
         *,
-        clock: Any = time.monotonic,
+        recovered_in_s: float | None = None,
+        extra_stats: Callable[[], Mapping[str, object]] = dict,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.index = index
         self.config = config
         self.backend_name = backend_name
+        self.recovered_in_s = recovered_in_s
+        self._extra_stats = extra_stats
         self._clock = clock
         self._started = clock()
-        self.recovered_in_s: float | None = None
         self.reports = Reports(clock)  # what clients (e.g. the vLLM bridge) report
-        # merged into `stats`: the server's gauges and metrics counters
-        self.extra_stats: Callable[[], Mapping[str, object]] | None = None
         self.counters: dict[str, int] = {
             "requests": 0,
             "matches": 0,
@@ -151,7 +186,7 @@ class Service:
     # -- batch -----------------------------------------------------------------
 
     def run_batch(self, batch: Sequence[Keyed]) -> list[object]:
-        """One result (or SarpError) per request, in batch order."""
+        """One result (or SarpError) per request, in batch order. Never raises."""
         out: list[object] = [None] * len(batch)
         self.counters["batches"] += 1
         self.counters["requests"] += len(batch)
@@ -163,18 +198,14 @@ class Service:
         reqs = [req for _, req in batch]
         for phase in phases:
             members = [reqs[i] for i in phase.members]
-            try:
-                results = self._run_phase(phase.kind, members)
-            except SarpError as exc:
-                results = [exc] * len(members)
-            except Exception as exc:
-                results = [_internal(exc, f"{phase.kind} phase")] * len(members)
+            what = f"{phase.kind} phase"
+            results = contain(what, len(members), partial(self._run_phase, phase.kind, members))
             for i, res in zip(phase.members, results, strict=True):
                 out[i] = res
         self.counters["errors"] += sum(isinstance(r, SarpError) for r in out)
         return out
 
-    def _run_phase(self, kind: PhaseKind, reqs: list[Request]) -> list[object]:
+    def _run_phase(self, kind: PhaseKind, reqs: list[Request]) -> Sequence[object]:
         if kind == "read":
             return self._run_reads(reqs)
         if kind == "write":
@@ -182,31 +213,32 @@ class Service:
         return [self._run_barrier(req) for req in reqs]
 
     def _run_reads(self, reqs: list[Request]) -> list[object]:
+        """Every request of a read phase answered apart: a failing `match_many` costs
+        the matches, not the pings, hellos and stats beside them."""
         out: list[object] = [None] * len(reqs)
         matches = [(i, r) for i, r in enumerate(reqs) if isinstance(r, Match)]
         if matches:
             self.counters["matches"] += len(matches)
             self.counters["match_calls"] += 1
-            try:
-                raw = self.index.match_many([r for _, r in matches])
-                results = self._checked(raw, len(matches), "match_many")
-            except SarpError as exc:
-                results = [exc] * len(matches)
-            except Exception as exc:
-                results = [_internal(exc, "match_many")] * len(matches)
-            for (i, _), res in zip(matches, results, strict=True):
+            call = partial(self.index.match_many, [r for _, r in matches])
+            for (i, _), res in zip(matches, contain("match_many", len(matches), call),
+                                   strict=True):
                 out[i] = res
         for i, req in enumerate(reqs):
             if isinstance(req, Hello):
                 out[i] = self.hello()
             elif isinstance(req, Stats):
-                out[i] = self._guard(self.stats, "stats")
+                out[i] = contain("stats", 1, lambda: [self.stats()])[0]
             elif isinstance(req, Report):
-                out[i] = self._guard(lambda r=req: self.reports.record(r), "report")
+                out[i] = contain("report", 1, partial(self._record_report, req))[0]
             # Ping: None
         return out
 
-    def _run_writes(self, reqs: list[Request]) -> list[object]:
+    def _record_report(self, req: Report) -> list[object]:
+        self.reports.record(req)
+        return [None]
+
+    def _run_writes(self, reqs: list[Request]) -> Sequence[object]:
         ops: list[Insert | Remove | Clear] = []
         for req in reqs:
             assert isinstance(req, Insert | Remove | Clear)
@@ -219,58 +251,23 @@ class Service:
                 self.counters["clears"] += 1
         self.counters["write_calls"] += 1
         try:
-            results = self.index.write_many(ops)
+            return self.index.write_many(ops)
         except StorageError as exc:
             log.error("write batch of %d ops failed: %s", len(ops), exc)
-            return [exc] * len(ops)
-        return self._checked(results, len(ops), "write_many")
+            raise
 
     def _run_barrier(self, req: Request) -> object:
+        """A barrier runs alone in its phase, so `run_batch` contains its failure."""
         if isinstance(req, SnapshotReq):
             self.counters["snapshots"] += 1
-            return self._guard(self.index.snapshot, "snapshot")
+            return self.index.snapshot()
         if isinstance(req, Dump):
-            from sarpd.core.inspection import dump_or_error
-
-            seq = req.seq
-            return self._guard(lambda: dump_or_error(self.index, seq), "dump")
+            return dump_or_error(self.index, req.seq)
         self.counters["checks"] += 1
         assert isinstance(req, Check)
-        fix = req.fix
-        return self._guard(lambda: self.index.check(fix), "check")
-
-    @staticmethod
-    def _checked(results: list[Any], n: int, what: str) -> list[object]:
-        if len(results) != n:
-            err = _internal(
-                RuntimeError(f"{what} returned {len(results)} results for {n} requests"), what
-            )
-            return [err] * n
-        return [
-            r if not isinstance(r, Exception) or isinstance(r, SarpError) else _internal(r, what)
-            for r in results
-        ]
-
-    @staticmethod
-    def _guard(fn: Any, what: str) -> object:
-        try:
-            return fn()
-        except SarpError as exc:
-            return exc
-        except Exception as exc:
-            return _internal(exc, what)
+        return self.index.check(req.fix)
 
     # -- ops answered by the service itself ------------------------------------
-
-    def hash_name(self) -> str:
-        name = getattr(self.index, "hash_name", None)
-        if isinstance(name, str):
-            return name
-        try:
-            from sarpd.core import ids
-        except ImportError:
-            return "unknown"
-        return str(getattr(ids, "HASH_NAME", "unknown"))
 
     def hello(self) -> dict[str, object]:
         return {
@@ -279,7 +276,7 @@ class Service:
             "protocol": sarpd.PROTOCOL_VERSION,
             "block_tokens": self.config.index.block_tokens,
             "segment_blocks": self.config.index.segment_blocks,
-            "hash": self.hash_name(),
+            "hash": HASH_NAME,
             "backend": self.backend_name,
         }
 
@@ -295,8 +292,7 @@ class Service:
         reports = self.reports.snapshot()
         if reports:
             out["reports"] = reports
-        if self.extra_stats is not None:
-            out.update(self.extra_stats())
+        out.update(self._extra_stats())
         return out
 
     # -- daemon housekeeping (run in the worker thread, between batches) -------
@@ -304,4 +300,3 @@ class Service:
     def periodic_snapshot(self) -> SnapshotResult:
         self.counters["snapshots"] += 1
         return self.index.snapshot()
-

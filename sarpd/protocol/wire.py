@@ -54,10 +54,9 @@ Extension ops (PROTOCOL.md, "Extensions"): ``check`` with optional ``fix`` (bool
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -87,13 +86,10 @@ from sarpd.model import (
 from sarpd.protocol.requests import (  # the validation half (re-exported: its public names)
     BadMessage,
     Limits,
-    _OddMap,
-    _too_deep,
+    OddMap,
     parse_message,
+    too_deep,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "BadMessage",
@@ -107,9 +103,6 @@ __all__ = [
     "error_from_code",
     "parse_message",
 ]
-
-log = logging.getLogger(__name__)
-
 
 
 class StreamError(FrameError):
@@ -161,11 +154,11 @@ class _Budget:
         self._count(len(items))
         return items
 
-    def on_map(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any] | _OddMap:
+    def on_map(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any] | OddMap:
         self._count(len(pairs))
         for key, _ in pairs:
             if type(key) is not str:
-                return _OddMap(pairs)
+                return OddMap(pairs)
         return dict(pairs)
 
 
@@ -267,7 +260,7 @@ class Decoder:
             except Exception as exc:  # over a limit, or a malformed ext value
                 raise self._stream_error(exc) from exc
             if self._budget.containers > self.limits.max_depth:
-                deep = _too_deep(obj, self.limits.max_depth)
+                deep = too_deep(obj, self.limits.max_depth)
                 if deep is not None:
                     out.append(deep)
                     continue

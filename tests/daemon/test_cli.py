@@ -1,14 +1,14 @@
-"""A real sarpd process (RocksDB on a temp dir, --sync always) through its socket."""
+"""`sarpd` (sarpd.daemon.cli): a real sarpd process (RocksDB on a temp dir, --sync
+always) through its socket, its logs, its recovery progress and its start-up checks."""
 
 from __future__ import annotations
 
 import asyncio
 import grp
+import json
 import os
 import signal
-import socket
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from sarpd.client import Client, SyncClient
-from sarpd.daemon import sdnotify
+from sarpd.config import ServerConfig
+from sarpd.daemon.cli import Daemon
 from sarpd.errors import UnknownParent
 from tests.daemon_helpers import Launcher, RawConn, SarpdProc
 
@@ -223,38 +224,6 @@ def test_sigterm_exits_0_and_a_restart_matches_everything(sarpd_factory: Launche
     assert proc.stop(signal.SIGINT) == 0, proc.log()
 
 
-def test_sd_notify_ready_on_an_abstract_socket(sarpd_factory: Launcher) -> None:
-    name = f"sarp-test-notify-{os.getpid()}-{threading.get_ident()}"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind("\0" + name)
-    sock.settimeout(60)
-    try:
-        proc = sarpd_factory(start=False, env={"NOTIFY_SOCKET": "@" + name})
-        proc.start(wait=False)
-        seen: list[str] = []
-        while not any("READY=1" in m for m in seen):
-            seen.append(sock.recv(4096).decode())
-        assert any(line.startswith("STATUS=") for m in seen for line in m.split("\n"))
-        with RawConn(proc.socket) as conn:  # READY means serving
-            assert conn.call("ping")["ok"]
-        proc.send_signal(signal.SIGTERM)
-        while not any("STOPPING=1" in m for m in seen):
-            seen.append(sock.recv(4096).decode())
-        assert proc.stop() == 0
-    finally:
-        sock.close()
-
-
-def test_sd_notify_on_a_path_and_without_notify_socket() -> None:
-    with tempfile.TemporaryDirectory(prefix="sarp-", dir="/tmp") as tmp:
-        path = str(Path(tmp) / "notify")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.bind(path)
-            assert sdnotify.notify("READY=1", "STATUS=hi", env={"NOTIFY_SOCKET": path})
-            assert sock.recv(100) == b"READY=1\nSTATUS=hi"
-    assert not sdnotify.notify("READY=1", env={})
-
-
 def test_two_daemons_cannot_share_a_data_dir(sarpd_factory: Launcher) -> None:
     first = sarpd_factory()
     second = SarpdProc(first.data_dir)
@@ -299,3 +268,32 @@ def test_socket_mode_group_and_connection_limit(sarpd_factory: Launcher) -> None
     while "snapshot up to segment" not in proc.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "snapshot up to segment" in proc.log()
+
+
+@pytest.fixture(scope="module")
+def json_log_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SarpdProc]:
+    from tests.daemon_helpers import launcher
+
+    with launcher(tmp_path_factory.mktemp("jsonlog")) as lau:
+        yield lau(extra_args=("--log-format", "json"))
+
+
+def test_json_logs(json_log_daemon: SarpdProc) -> None:
+    lines = [json.loads(line) for line in json_log_daemon.log().splitlines()
+             if line.startswith("{")]
+    assert lines, json_log_daemon.log()
+    assert {"time", "level", "logger", "message"} <= set(lines[0])
+    assert any(line["message"].startswith("ready: serving on") for line in lines)
+
+
+def test_recovery_progress_has_an_eta_in_status_and_metrics() -> None:
+    daemon = Daemon(ServerConfig())
+    daemon._recovery_started -= 2.0  # 2 s in, a quarter done: ~6 s left
+    daemon._progress(1000, 4000)
+    status = daemon.server.status
+    assert status.startswith("recovering: 1000 of 4000 segments (25%, ETA ")
+    eta = float(status.split("ETA ")[1].split(" s")[0])
+    assert 5.5 < eta < 7.5
+    r = daemon.server.metrics.recovery
+    assert (r.done, r.total, r.ready) == (1000, 4000, False) and r.eta_s == pytest.approx(eta, 0.1)
+    daemon.server.executor.shutdown()

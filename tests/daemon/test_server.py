@@ -18,7 +18,7 @@ import pytest
 from sarpd.config import ServerConfig
 from sarpd.daemon.server import Server, check_socket_path
 from sarpd.daemon.service import Service
-from sarpd.errors import SarpError
+from sarpd.errors import ConfigError
 from tests.daemon.test_service import FakeIndex
 
 
@@ -147,16 +147,95 @@ def test_stop_answers_received_requests_then_closes_and_removes_the_socket() -> 
 
 
 def test_socket_path_checks(tmp_path: Path) -> None:
-    with pytest.raises(SarpError, match="limit is 107"):
+    with pytest.raises(ConfigError, match="limit is 107"):
         check_socket_path(Path("/tmp/" + "x" * 120))
     regular = tmp_path / "file"
     regular.write_text("")
-    with pytest.raises(SarpError, match="not a socket"):
+    with pytest.raises(ConfigError, match="not a socket"):
         check_socket_path(regular)
 
     async def main() -> None:
         async with serving() as (_, path):
-            with pytest.raises(SarpError, match="another server is listening"):
+            with pytest.raises(ConfigError, match="another server is listening"):
                 check_socket_path(path)
+
+    run(main)
+
+
+def test_stats_and_metrics_read_the_server_the_service_and_the_index() -> None:
+    """Nothing is patched in: the service gets the server's part of `stats` when it is
+    built, and the metrics read the server's gauges, the service's reports and the
+    index's own match counters."""
+
+    async def main() -> None:
+        async with serving() as (server, path):
+            idx = FakeIndex()
+            server.set_ready(Service(idx, server.config, "memory",
+                                     extra_stats=server.extra_stats))
+            p = await peer(path)
+            p.send({"id": 1, "op": "insert", "tokens": [5] * 16, "meta": 0},
+                   {"id": 2, "op": "match", "tokens": [5] * 16},
+                   {"id": 3, "op": "match", "tokens": [6] * 16},
+                   {"id": 4, "op": "report", "source": "bridge", "counters": {"gaps": 2}})
+            assert [(await p.recv())["ok"] for _ in range(4)] == [True] * 4
+            assert (idx.matched_blocks, idx.queried_blocks) == (1, 2)
+            assert server.activity() is idx
+            p.send({"id": 5, "op": "stats"})
+            stats = await p.recv()
+            assert stats["hit_ratio"] == 0.5 and stats["connections"] == 1
+            assert stats["queue_depth"] == 0 and stats["reports"]["bridge"]["gaps"] == 2
+            names = {f.name: f for f in server.metrics.families()}
+            assert names["sarpd_match_hit_blocks"].samples[0].value == 1
+            assert names["sarpd_connections"].samples[0].value == 1
+            reported = {s.labels["name"]: s.value for s in names["sarpd_reported"].samples}
+            assert reported["gaps"] == 2
+
+    run(main)
+
+
+def test_failing_metrics_cost_no_answer_and_the_batcher_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with serving() as (server, path):
+            server.set_ready(Service(FakeIndex(), server.config, "memory"))
+
+            def broken(*args: object) -> None:
+                raise RuntimeError("metrics bug")
+
+            monkeypatch.setattr(server.metrics, "record_batch", broken)
+            p = await peer(path)
+            p.send({"id": 1, "op": "ping"})
+            assert await p.recv() == {"id": 1, "ok": True}
+            p.send({"id": 2, "op": "ping"})
+            assert await p.recv() == {"id": 2, "ok": True}
+            assert "metrics bug" in caplog.text and "batcher: unexpected error" in caplog.text
+
+    run(main)
+
+
+def test_a_decoder_bug_closes_only_its_connection_with_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def main() -> None:
+        async with serving() as (server, path):
+            server.set_ready(Service(FakeIndex(), server.config, "memory"))
+            good = await peer(path)
+            bad = await peer(path)
+            await asyncio.sleep(0.01)
+            victim = next(c for c in server.conns if c.peer.startswith("conn#2"))
+
+            def feed(data: bytes) -> list[object]:
+                raise IndexError("decoder bug")
+
+            monkeypatch.setattr(victim.decoder, "feed", feed)
+            bad.send({"id": 1, "op": "ping"})
+            resp = await bad.recv()
+            assert resp["id"] == 0 and resp["error"]["code"] == "internal"
+            assert "decoder failed" in resp["error"]["message"]
+            with pytest.raises(ConnectionError):
+                await bad.recv()
+            good.send({"id": 2, "op": "ping"})
+            assert await good.recv() == {"id": 2, "ok": True}
 
     run(main)

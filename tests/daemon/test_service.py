@@ -1,4 +1,5 @@
-"""Service: phase scheduling and per-request results, against a small fake index."""
+"""Service (sarpd.daemon.service): phase scheduling, per-request results and the one
+place where unexpected exceptions become `internal` answers, against a small fake index."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 
 from sarpd.config import ServerConfig
-from sarpd.daemon.service import Service, schedule
-from sarpd.errors import BadRequest, Internal, SarpError, StorageError
+from sarpd.daemon.service import Service, contain, schedule
+from sarpd.errors import BadRequest, Busy, Internal, SarpError, StorageError
 from sarpd.model import (
     Check,
     CheckReport,
@@ -22,6 +23,7 @@ from sarpd.model import (
     Ping,
     Remove,
     RemoveResult,
+    Report,
     Request,
     SeqSpec,
     Snapshot,
@@ -42,6 +44,10 @@ class FakeIndex:
         self.present: set[int] = set()
         self.fail_commit = False
         self.explode = False
+        # the index's activity counters (read by the metrics)
+        self.matched_blocks = 0
+        self.queried_blocks = 0
+        self.segment_reads = 0
 
     def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:
         self.calls.append(("match", [r.id for r in reqs]))
@@ -52,6 +58,9 @@ class FakeIndex:
             assert r.seq.tokens is not None
             hit = int(r.seq.tokens[0]) in self.present
             out.append(MatchResult(blocks=int(hit), meta=np.zeros(int(hit), np.uint64)))
+            self.queried_blocks += 1
+            self.matched_blocks += int(hit)
+            self.segment_reads += 1
         return out
 
     def write_many(
@@ -204,8 +213,7 @@ def test_unexpected_exception_becomes_internal_with_trace_id(
 
 
 def test_stats_merges_index_and_service_counters() -> None:
-    svc, _ = make()
-    svc.recovered_in_s = 0.25
+    svc = Service(FakeIndex(), ServerConfig(), "memory", recovered_in_s=0.25)
     svc.run_batch([("a", Insert(1, seq(1), meta=0)), ("a", Match(2, seq(1)))])
     (stats,) = svc.run_batch([("a", Stats(3))])
     assert isinstance(stats, dict)
@@ -237,3 +245,67 @@ def test_check_is_a_barrier_and_passes_fix() -> None:
     out = svc.run_batch(batch)
     assert out[1] == CheckReport(segments=3)
     assert ("check", [1]) in idx.calls
+
+
+# -- the one place that turns unexpected exceptions into `internal` answers ------------
+
+
+def test_contain_answers_every_request_of_a_failed_call() -> None:
+    def boom() -> list[object]:
+        raise KeyError("bug")
+
+    assert contain("x", 2, lambda: [1, 2]) == [1, 2]
+    busy = Busy("later")
+
+    def refuse() -> list[object]:
+        raise busy
+
+    assert contain("x", 3, refuse) == [busy] * 3
+    (a, b) = contain("x", 2, boom)
+    assert isinstance(a, Internal) and a is b and "internal error in x (trace " in a.message
+    short = contain("match_many", 3, lambda: [1])
+    assert all(isinstance(r, Internal) for r in short) and len(short) == 3
+    mixed = contain("x", 3, lambda: [busy, ValueError("bug"), 7])
+    assert mixed[0] is busy and isinstance(mixed[1], Internal) and mixed[2] == 7
+
+
+def test_a_failing_barrier_or_stats_costs_only_its_own_answer() -> None:
+    class Exploding(FakeIndex):
+        def snapshot(self) -> SnapshotResult:
+            raise OSError("disk gone")
+
+        def stats(self) -> dict[str, int | float | str]:
+            raise ZeroDivisionError("bug")
+
+    svc = Service(Exploding(), ServerConfig(), "memory")
+    out = svc.run_batch([
+        ("a", Snapshot(1)), ("a", Ping(2)), ("b", Stats(3)), ("b", Hello(4)),
+        ("c", Insert(5, seq(1), meta=0)),
+    ])
+    assert isinstance(out[0], Internal) and "barrier phase" in out[0].message
+    assert out[1] is None and isinstance(out[2], Internal) and isinstance(out[3], dict)
+    assert isinstance(out[4], InsertResult)
+    assert svc.counters["errors"] == 2
+
+
+def test_a_write_phase_bug_is_internal_for_the_whole_call() -> None:
+    svc, idx = make()
+
+    def broken(ops: Sequence[Insert | Remove | Clear]) -> list[object]:
+        return [InsertResult(1, 1, 0)]  # one result for two writes
+
+    idx.write_many = broken  # type: ignore[method-assign, assignment]
+    out = svc.run_batch([("a", Insert(1, seq(1), meta=0)), ("b", Insert(2, seq(2), meta=0))])
+    assert all(isinstance(r, Internal) for r in out)
+
+
+def test_stats_includes_what_the_server_adds_and_the_reports() -> None:
+    svc = Service(FakeIndex(), ServerConfig(), "memory",
+                  extra_stats=lambda: {"queue_depth": 3, "hit_ratio": 0.5})
+    (res,) = svc.run_batch([("a", Report(1, "bridge", {"gaps": 1.0}))])
+    assert res is None
+    (stats,) = svc.run_batch([("a", Stats(2))])
+    assert isinstance(stats, dict)
+    assert stats["queue_depth"] == 3 and stats["hit_ratio"] == 0.5
+    assert stats["reports"]["bridge"]["gaps"] == 1.0
+    assert stats["backend"] == "memory" and stats["sync"] == "always"

@@ -28,6 +28,7 @@ from sarpd.errors import FrameError
 from sarpd.model import Clear, Insert, Match, Remove, Request
 from sarpd.protocol.wire import BadMessage, Decoder, Limits, encode_error, parse_message
 from tests.daemon_helpers import RawConn, SarpdProc
+from tests.protocol.helpers import SMALL, pack, unpack
 
 LIMITS = Limits(max_frame_size=4096, max_sequence_tokens=256, max_ns_bytes=16, max_str_bytes=64)
 CODES = {"bad_request", "unknown_op", "too_large"}
@@ -193,6 +194,103 @@ def test_fuzz_long_run(value: Any, edits: Any, cuts: list[int]) -> None:
     if isinstance(value, dict):
         out = parse_message(value, LIMITS)
         assert not isinstance(out, BadMessage) or out.error.code in CODES
+
+
+# ----------------------------------------- small fuzzers (from the wire codec's tests)
+
+_small_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=40)
+)
+_small_values = st.recursive(
+    _small_leaf,
+    lambda inner: (
+        st.lists(inner, max_size=6)
+        | st.dictionaries(st.text(max_size=8) | st.integers(0, 9), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+_small_fields = (
+    _small_values
+    | st.binary(max_size=64).map(lambda b: b[: len(b) // 16 * 16])
+    | st.lists(st.integers(0, 2**32), max_size=40)
+)
+_small_requests = st.fixed_dictionaries(
+    {
+        "id": st.integers(-2, 2**64 - 1) | _small_leaf,
+        "op": st.sampled_from(
+            [
+                "hello",
+                "ping",
+                "match",
+                "insert",
+                "remove",
+                "clear",
+                "stats",
+                "snapshot",
+                "check",
+                "nope",
+            ]
+        )
+        | _small_leaf,
+    },
+    optional={
+        k: _small_fields
+        for k in (
+            "tokens",
+            "hashes",
+            "ids",
+            "meta",
+            "parent",
+            "ns",
+            "from",
+            "mask",
+            "value",
+            "with_ids",
+            "fix",
+            "x",
+        )
+    },
+)
+
+
+def _feed_in_two(dec: Decoder, raw: bytes, cut: int) -> list[Any]:
+    out: list[Any] = []
+    try:
+        out += dec.feed(raw[:cut])
+        out += dec.feed(raw[cut:])
+    except FrameError as exc:
+        assert exc.code in ("too_large", "bad_request")
+        unpack(encode_error(0, exc))
+    return out
+
+
+def _check_small_outputs(out: list[Any]) -> None:
+    for item in out:
+        if isinstance(item, BadMessage):
+            assert item.error.code in ("bad_request", "unknown_op", "too_large"), item
+            assert unpack(encode_error(item.id, item.error))["ok"] is False
+        else:
+            assert item.id >= 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=st.binary(max_size=300), cut=st.integers(0, 300))
+def test_fuzz_arbitrary_bytes(raw: bytes, cut: int) -> None:
+    dec = Decoder(Limits(max_frame_size=128, max_sequence_tokens=64))
+    _check_small_outputs(_feed_in_two(dec, raw, cut))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_small_values | _small_requests, cut=st.integers(0, 200))
+def test_fuzz_msgpack_small_values(value: Any, cut: int) -> None:
+    raw = pack(value)
+    out = _feed_in_two(Decoder(SMALL), raw + raw, cut)
+    _check_small_outputs(out)
 
 
 def test_hostile_messages_against_a_real_daemon(shared_sarpd: SarpdProc) -> None:

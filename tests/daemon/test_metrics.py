@@ -1,0 +1,201 @@
+"""Prometheus metrics (sarpd.daemon.metrics): scraped from a real daemon, and a
+`Metrics` fed by hand, whose index counters are read from their owner (`Sources`),
+never copied."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sarpd.client import SyncClient
+from sarpd.daemon.metrics import Activity, Metrics
+from sarpd.daemon.reports import Reports
+from sarpd.errors import SarpError
+from sarpd.model import Match, MatchResult, Ping, Report, SeqSpec
+from tests.daemon_helpers import Launcher, RawConn, SarpdProc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample as 'name{label="v",...}' -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def toks(n: int, start: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+@dataclass
+class FakeActivity:
+    matched_blocks: int = 0
+    queried_blocks: int = 0
+    segment_reads: int = 0
+
+
+@dataclass
+class FakeSources:
+    """What a `Server` gives its metrics: gauges, reports, the index's activity."""
+
+    index: FakeActivity | None = None
+    reports: Reports | None = None
+
+    def gauges(self) -> Mapping[str, float]:
+        return {"queue_depth": 2.0}
+
+    def reported(self) -> Mapping[str, Mapping[str, float]]:
+        return {} if self.reports is None else self.reports.snapshot()
+
+    def activity(self) -> Activity | None:
+        return self.index
+
+
+def family(metrics: Metrics, name: str) -> Any:
+    (fam,) = [f for f in metrics.families() if f.name == name]
+    return fam
+
+
+@pytest.fixture(scope="module")
+def metrics_daemon(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.daemon_helpers import launcher
+
+    port = free_port()
+    with launcher(tmp_path_factory.mktemp("metrics")) as lau:
+        proc = lau(extra_args=("--metrics-port", str(port)))
+        yield proc, port
+
+
+def test_metrics_count_requests_errors_and_matches(
+    metrics_daemon: tuple[SarpdProc, int],
+) -> None:
+    proc, port = metrics_daemon
+    with SyncClient(proc.socket) as c:
+        c.insert(tokens=toks(160, 1), meta=4, ns="m")  # 10 blocks
+        assert c.match(tokens=toks(320, 1), ns="m")["blocks"] == 10  # 10 of 20
+        assert c.match(tokens=toks(160, 9999), ns="m")["blocks"] == 0  # 0 of 10
+        with pytest.raises(SarpError):
+            c.match(tokens=toks(16, 1), ns="m" * 2000)  # ns too long
+        c.stats()  # refreshes nothing by itself; index gauges refresh per second
+    with RawConn(proc.socket) as conn:
+        conn.send({"id": 5, "op": "nope"})
+        assert conn.recv()["error"]["code"] == "unknown_op"
+    m = scrape(port)
+    assert m['sarpd_requests_total{op="insert"}'] >= 1
+    assert m['sarpd_requests_total{op="match"}'] >= 2
+    assert m["sarpd_match_queried_blocks_total"] >= 30
+    assert m["sarpd_match_hit_blocks_total"] >= 10
+    assert 0 < m["sarpd_match_hit_ratio"] < 1
+    assert m["sarpd_match_depth_blocks_count"] >= 2
+    assert m['sarpd_match_depth_blocks_bucket{le="0"}'] >= 1  # the miss
+    assert m["sarpd_batch_size_count"] >= 4
+    assert m["sarpd_backend_reads_per_match_count"] >= 1
+    assert m["sarpd_ready"] == 1 and m["sarpd_recovery_seconds"] > 0
+    assert m["sarpd_index_blocks"] >= 0 and m["sarpd_directory_bytes"] >= 0
+    assert m["sarpd_connections"] >= 0 and m["sarpd_queue_depth"] == 0
+
+
+def test_metrics_errors_by_op_and_code() -> None:
+    """Wire-level errors (answered before a batch) are not in record_batch; an error
+    returned by the index is, by op and code. Matched and queried blocks are the
+    index's own counters, read (the metrics keep no copy)."""
+    index = FakeActivity(matched_blocks=3, queried_blocks=4)
+    metrics = Metrics(FakeSources(index))
+    match = Match(1, seq=SeqSpec(ns="", tokens=np.arange(64, dtype=np.uint32)))
+    metrics.record_batch(
+        [match, match, Ping(2)],
+        [MatchResult(3, np.zeros(3, np.uint64)), SarpError("boom"), None],
+    )
+    metrics.record_rejected("insert", "busy")
+    assert metrics.requests == {"match": 2, "ping": 1, "insert": 1}
+    assert metrics.errors == {("match", "internal"): 1, ("insert", "busy"): 1}
+    assert not hasattr(metrics, "hit_blocks") and not hasattr(metrics, "queried_blocks")
+    assert metrics.snapshot() == {"errors_internal": 1, "errors_busy": 1, "hit_ratio": 0.75}
+    index.matched_blocks, index.queried_blocks = 4, 8  # the index counted more: read live
+    assert metrics.snapshot()["hit_ratio"] == 0.5
+    assert family(metrics, "sarpd_match_hit_blocks").samples[0].value == 4
+    assert family(metrics, "sarpd_match_queried_blocks").samples[0].value == 8
+
+
+def test_without_an_index_the_match_counters_are_zero() -> None:
+    metrics = Metrics()
+    assert metrics.snapshot() == {"hit_ratio": 0.0}
+    assert family(metrics, "sarpd_match_hit_ratio").samples[0].value == 0.0
+    assert not [f for f in metrics.families() if f.name == "sarpd_segment_reads"]
+
+
+def test_backend_reads_per_match_are_the_index_counter_per_batch() -> None:
+    index = FakeActivity(segment_reads=10)
+    metrics = Metrics(FakeSources(index))
+    match = Match(1, seq=SeqSpec(ns="", tokens=np.arange(16, dtype=np.uint32)))
+    hit = MatchResult(1, np.zeros(1, np.uint64))
+    metrics.record_batch([match], [hit])  # the first batch only sets the baseline
+    assert metrics.reads.counts.sum() == 0
+    index.segment_reads = 16  # 6 reads for the next batch's 2 matches
+    metrics.record_batch([match, match], [hit, hit])
+    assert metrics.reads.counts.sum() == 1 and metrics.reads.sum == 3.0
+    index.segment_reads = 20
+    metrics.record_batch([Ping(2)], [None])  # no match: no sample, a new baseline
+    assert metrics.reads.counts.sum() == 1
+    assert family(metrics, "sarpd_segment_reads").samples[0].value == 20
+
+
+def test_gauges_and_reports_are_read_from_their_owners() -> None:
+    reports = Reports(clock=lambda: 5.0)
+    metrics = Metrics(FakeSources(reports=reports))
+    reports.record(Report(0, "bridge-a", {"gaps": 3}))
+    assert family(metrics, "sarpd_queue_depth").samples[0].value == 2.0
+    got = {(s.labels["source"], s.labels["name"]): s.value
+           for s in family(metrics, "sarpd_reported").samples}
+    assert got == {("bridge-a", "gaps"): 3.0, ("bridge-a", "age_s"): 0.0}
+
+
+def test_index_stats_refresh_at_most_once_per_interval() -> None:
+    t = [100.0]
+    metrics = Metrics(clock=lambda: t[0])
+    calls: list[int] = []
+
+    def stats() -> dict[str, int]:
+        calls.append(1)
+        return {"blocks": 7 * len(calls), "directory_bytes": 64}
+
+    metrics.refresh_index(stats)
+    assert not calls and not metrics.index_stats_due()  # not exported: never asked
+    metrics.exported = True
+    assert metrics.index_stats_due()
+    metrics.refresh_index(stats)
+    metrics.refresh_index(stats)  # within the interval: kept
+    assert len(calls) == 1 and family(metrics, "sarpd_index_blocks").samples[0].value == 7
+    t[0] += 1.0
+    metrics.refresh_index(stats)
+    assert len(calls) == 2 and family(metrics, "sarpd_index_blocks").samples[0].value == 14
+
+
+def test_metrics_port_in_use_is_a_clear_startup_error(sarpd_factory: Launcher) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = sarpd_factory(extra_args=("--metrics-port", str(port)), start=False)
+        proc.start(wait=False)
+        assert proc.proc is not None and proc.proc.wait(60) == 1
+    assert f"metrics: cannot listen on 127.0.0.1:{port}" in proc.log()
+    assert not proc.socket.exists()  # nothing left behind
