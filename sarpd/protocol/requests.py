@@ -5,6 +5,7 @@ in `sarpd.protocol.wire` (framing) and PROTOCOL.md ("Limits")."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import reprlib
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sarpd.errors import BadRequest, SarpError, TooLarge, UnknownOp
+from sarpd.errors import BadRequest, Internal, SarpError, TooLarge, UnknownOp
 from sarpd.model import (
     Check,
     Clear,
@@ -37,6 +38,8 @@ from sarpd.model import (
 
 if TYPE_CHECKING:
     from sarpd.config import ServerConfig
+
+log = logging.getLogger(__name__)
 
 U64_MAX = 2**64 - 1
 U32_LIMIT = 2**32
@@ -149,6 +152,11 @@ def parse_message(obj: object, limits: Limits) -> Request | BadMessage:
         return _parse_op(rid, obj, limits)
     except SarpError as exc:
         return BadMessage(rid, exc)
+    except Exception as exc:  # the one guard of validation: a bug costs one answer, not
+        # the connection's other pipelined requests (execution's guard is the service's)
+        log.exception("validating request %d failed", rid)
+        return BadMessage(rid, Internal(f"request: validation failed ({type(exc).__name__}); "
+                                        "see the sarpd log"))
 
 
 def _parse_op(rid: int, d: dict[str, Any], limits: Limits) -> Request:
