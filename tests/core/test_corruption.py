@@ -146,7 +146,7 @@ def test_corrupt_bloomstore_page_under_sarp(tmp_path: Path) -> None:
         data[len(data) // 2] ^= 0x40
         with open(victim, "r+b") as fh:  # in place: the store's open descriptor sees it
             fh.write(data)
-        env.ix._seg_cache.clear()  # what sarp decoded before the damage is not re-read
+        env.ix.store.forget_segments()  # what sarp decoded before the damage is not re-read
         short = env.short_matches()
         assert 1 <= short < len(env.seqs)  # the damaged page's segments only
         assert env.ix.stats()["corrupt_segments"] >= 1

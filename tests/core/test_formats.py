@@ -29,7 +29,8 @@ from bloomstore import BloomStore, FormatError
 from bloomstore import manifest as bs_manifest
 from bloomstore import wal as bs_wal
 from sarpd.config import IndexConfig
-from sarpd.core.index import FORMAT_VERSION, SarpIndex
+from sarpd.core.index import SarpIndex
+from sarpd.core.manifest import FORMAT_VERSION
 from sarpd.core.segment import COUNTERS_KEY, MANIFEST_KEY, SEG_PREFIX, SEGMENT_FORMAT
 from sarpd.core.snapshot import list_snapshots
 from sarpd.errors import CorruptData, FormatVersionError
