@@ -1,8 +1,8 @@
 """Torn or corrupt files are detected by their checksums, reported (log and `check`),
 and never served as data.
 
-- segments (CRC-32, sarpd/segment.py): a flipped or a torn value, on every backend;
-- directory snapshots (CRC-32s, sarpd/snapshot.py): recovery falls back to the older
+- segments (CRC-32, sarpd/core/segment.py): a flipped or a torn value, on every backend;
+- directory snapshots (CRC-32s, sarpd/core/snapshot.py): recovery falls back to the older
   snapshot, and `check` reports the bad file (`fix` deletes it);
 - BloomStore pages (xxh3, bloomstore/pages.py) under sarp: the segments on the page
   are not served, every other segment still is, `check` reports the engine error;

@@ -18,7 +18,7 @@ from backends.registry import backend_names, is_persistent, open_backend
 from sarpd.config import IndexConfig
 from sarpd.core.ids import salt_ids, token_ids
 from sarpd.core.index import SarpIndex
-from sarpd.errors import BadRequest, FormatVersionError, UnknownParent
+from sarpd.errors import BadRequest, UnknownParent
 from sarpd.model import Clear, Insert, Match, Remove, SeqSpec
 from tests.oracle import BT, Oracle
 
@@ -274,14 +274,3 @@ def test_without_block_locators_matches_oracle(backend_name: str,
     """Without per-block locators every match, insert, remove by sequence and clear
     stays exact; bare-id removal and parent inserts are refused with a clear error."""
     _run(backend_name, "tiny-no-locators", ops)
-
-
-def test_block_locators_setting_cannot_change_under_data(tmp_path: Path) -> None:
-    be = open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22)
-    SarpIndex(be, IndexConfig(), tmp_path / "snap").close()
-    be = open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22)
-    try:
-        with pytest.raises(FormatVersionError, match="block_locators=True"):
-            SarpIndex(be, IndexConfig(block_locators=False), tmp_path / "snap")
-    finally:
-        be.close()
