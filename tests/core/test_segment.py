@@ -91,7 +91,7 @@ def test_each_field_check() -> None:
         decode_segment(bytes(bad))
     with pytest.raises(CorruptData, match="under key 12 says it is 11"):
         decode_segment(good, 12)
-    with pytest.raises(CorruptData, match="nblocks 65 not in 1..64"):
+    with pytest.raises(CorruptData, match=r"nblocks 65 not in 1\.\.64"):
         encode_segment(segment(65))
 
 

@@ -103,7 +103,7 @@ def test_every_backend_error_is_mapped_with_its_cause(theirs: type[Exception],
     calls = [lambda: st.get_many([b"x"]), lambda: st.write(WriteBatch(), True),
              lambda: list(st.scan(b"S", b"T")), st.resume, st.backend_stats]
     for call in calls:
-        with pytest.raises(ours, match="^engine says no$") as err:
+        with pytest.raises(ours, match=r"^engine says no$") as err:
             call()
         assert type(err.value) is ours and err.value.__cause__ is be.error
 
@@ -126,7 +126,7 @@ def test_open_backend_maps_and_opens(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def bad_tunable(name: str, path: Path, *, cache_bytes: int) -> None:
         raise be_errors.BackendConfigError("cache_bytes: -1 is below 0")
 
-    monkeypatch.setattr(store_mod.registry, "open_backend", bad_tunable)
+    monkeypatch.setattr("backends.registry.open_backend", bad_tunable)
     with pytest.raises(ConfigError, match="cache_bytes: -1 is below 0") as err:
         open_backend("rocksdb", tmp_path / "r", cache_bytes=-1)
     assert isinstance(err.value.__cause__, be_errors.BackendConfigError)
