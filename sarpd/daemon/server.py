@@ -395,7 +395,8 @@ class Server:
                 reqs = [req for _, req in keyed]
                 metrics.record_batch(reqs, results, block_tokens)
                 matches = sum(isinstance(r, Match) for r in reqs)
-                reads = getattr(service.index, "segment_reads", None)
+                activity = getattr(service.index, "activity", None)  # core: SarpIndex.activity
+                reads = getattr(activity, "segment_reads", None)
                 metrics.record_index(service.index.stats, matches, reads)
             except Exception:  # metrics must never cost an answer
                 log.exception("recording metrics failed")
