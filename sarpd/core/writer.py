@@ -89,11 +89,6 @@ class WriteTxn:
         self.segments = c.segments
 
     # -- segment cache -------------------------------------------------------------
-    def seg(self, sid: int) -> Segment | None:
-        if sid not in self.cache:
-            self.load([sid])
-        return self.cache[sid]
-
     def mutable(self, sid: int) -> Segment:
         s = self.cache[sid]
         assert s is not None
