@@ -15,10 +15,11 @@ Reports, and changes nothing unless `fix`:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from backends.base import WriteBatch
+from sarpd.core.router import Router
 from sarpd.core.segment import (
     COUNTERS_KEY,
     SEG_PREFIX,
@@ -28,43 +29,39 @@ from sarpd.core.segment import (
     seg_id_of_key,
 )
 from sarpd.core.snapshot import list_snapshots, read_snapshot
-from sarpd.core.writer import WriteTxn
+from sarpd.core.store import Store
 from sarpd.errors import CorruptData, FormatVersionError
 from sarpd.model import CheckReport
-
-if TYPE_CHECKING:
-    from sarpd.core.index import SarpIndex
 
 MAX_LISTED = 50
 
 
-def run_check(ix: SarpIndex, fix: bool) -> CheckReport:
+@dataclass(slots=True)
+class _Scan:
+    """What a pass over the segments found."""
+
+    keys_of: dict[int, set[int]] = field(default_factory=dict)  # sid -> its routing keys
+    corrupt: list[bytes] = field(default_factory=list)  # keys of values failing checks
+    unrouted: list[Segment] = field(default_factory=list)
+    max_sid: int = 0
+
+
+def run_check(store: Store, router: Router, snapshot_dir: Path | None,
+              fix: bool) -> CheckReport:
+    """Check (and with `fix` repair) the index made of `store` and `router`."""
     problems: list[str] = []
-    keys_of: dict[int, set[int]] = {}
-    corrupt: list[bytes] = []
-    unrouted: list[Segment] = []
-    max_sid = 0
+    found = _Scan()
     try:
-        for key, value in ix.backend.scan(SEG_PREFIX, b"T"):
-            sid = seg_id_of_key(key)
-            max_sid = max(max_sid, sid)
-            try:
-                seg = decode_segment(value, sid)
-            except (CorruptData, FormatVersionError) as exc:
-                problems.append(f"segment {sid}: {exc}")
-                corrupt.append(key)
-                continue
-            keys_of[sid] = {int(seg.ids[o, 0]) for o in ix.geo.offsets if o < seg.nblocks}
-            if not ix.dir.has(int(seg.ids[0, 0]), sid):
-                problems.append(f"segment {sid} (window {seg.window}) is not routed")
-                unrouted.append(seg)
+        _scan_segments(store, router, found, problems)
     except CorruptData as exc:
-        problems.append(f"backend: {exc.message} (segments after {max_sid} not examined; "
-                        "nothing else is checked or fixed until the engine is repaired)")
-        return _report(ix, len(keys_of), problems, 0)
-    bad_snaps = _check_snapshots(ix, problems)
+        problems.append(f"backend: {exc.message} (segments after {found.max_sid} not "
+                        "examined; nothing else is checked or fixed until the engine is "
+                        "repaired)")
+        return _report(router, len(found.keys_of), problems, 0)
+    keys_of, corrupt, max_sid = found.keys_of, found.corrupt, found.max_sid
+    bad_snaps = _check_snapshots(snapshot_dir, problems)
     bad_entries: list[tuple[int, int]] = []
-    for rkey, sid, _f in ix.dir.iter_entries():
+    for rkey, sid, _f in router.dir.iter_entries():
         owned = keys_of.get(sid)
         if owned is None:
             problems.append(f"routing key {rkey:016x} points at missing segment {sid}")
@@ -72,7 +69,7 @@ def run_check(ix: SarpIndex, fix: bool) -> CheckReport:
         elif rkey not in owned:
             problems.append(f"routing key {rkey:016x} is not a routing point of segment {sid}")
             bad_entries.append((rkey, sid))
-    c = ix.counters
+    c = store.counters
     if len(keys_of) + len(corrupt) != c.segments or (max_sid and c.next_seg <= max_sid):
         problems.append(f"counters: {c.segments} segments, next id {c.next_seg}; found "
                         f"{len(keys_of) + len(corrupt)} segments, newest {max_sid}")
@@ -80,26 +77,42 @@ def run_check(ix: SarpIndex, fix: bool) -> CheckReport:
     if fix and problems:
         for path in bad_snaps:
             path.unlink(missing_ok=True)
-        fixed = len(bad_snaps) + _repair(ix, corrupt, unrouted, bad_entries, len(keys_of),
-                                         max_sid)
-    return _report(ix, len(keys_of), problems, fixed)
+        fixed = len(bad_snaps) + _repair(store, router, found, bad_entries)
+    return _report(router, len(keys_of), problems, fixed)
 
 
-def _report(ix: SarpIndex, segments: int, problems: list[str], fixed: int) -> CheckReport:
+def _scan_segments(store: Store, router: Router, found: _Scan, problems: list[str]) -> None:
+    geo, d = router.geo, router.dir
+    for key, value in store.scan(SEG_PREFIX, b"T"):
+        sid = seg_id_of_key(key)
+        found.max_sid = max(found.max_sid, sid)
+        try:
+            seg = decode_segment(value, sid)
+        except (CorruptData, FormatVersionError) as exc:
+            problems.append(f"segment {sid}: {exc}")
+            found.corrupt.append(key)
+            continue
+        found.keys_of[sid] = {int(seg.ids[o, 0]) for o in geo.offsets if o < seg.nblocks}
+        if not d.has(int(seg.ids[0, 0]), sid):
+            problems.append(f"segment {sid} (window {seg.window}) is not routed")
+            found.unrouted.append(seg)
+
+
+def _report(router: Router, segments: int, problems: list[str], fixed: int) -> CheckReport:
     return CheckReport(
-        segments=segments, routing_points=ix.dir.entries,
+        segments=segments, routing_points=router.dir.entries,
         problems=problems[:MAX_LISTED] + (
             [f"... and {len(problems) - MAX_LISTED} more"] if len(problems) > MAX_LISTED else []),
         fixed=fixed,
     )
 
 
-def _check_snapshots(ix: SarpIndex, problems: list[str]) -> list[Path]:
+def _check_snapshots(snapshot_dir: Path | None, problems: list[str]) -> list[Path]:
     """Snapshot files that fail their checks (each reported)."""
     bad: list[Path] = []
-    if ix.snapshot_dir is None:
+    if snapshot_dir is None:
         return bad
-    for path in list_snapshots(ix.snapshot_dir):
+    for path in list_snapshots(snapshot_dir):
         try:
             read_snapshot(path)
         except (OSError, CorruptData, FormatVersionError) as exc:
@@ -108,27 +121,28 @@ def _check_snapshots(ix: SarpIndex, problems: list[str]) -> list[Path]:
     return bad
 
 
-def _repair(ix: SarpIndex, corrupt: list[bytes], unrouted: list[Segment],
-            bad_entries: list[tuple[int, int]], segments: int, max_sid: int) -> int:
+def _repair(store: Store, router: Router, found: _Scan,
+            bad_entries: list[tuple[int, int]]) -> int:
     fixed = 0
-    ix._seg_cache.clear()
+    store.forget_segments()
     for rkey, sid in bad_entries:
-        fixed += ix.dir.drop(rkey, sid)
-    txn = WriteTxn(ix)
-    for seg in unrouted:
-        txn.cache[seg.seg_id] = seg
-        ix.register(seg, txn)
+        fixed += router.dir.drop(rkey, sid)
+    cache: dict[int, Segment | None] = {}
+    load = store.loader(cache)
+    for seg in found.unrouted:
+        cache[seg.seg_id] = seg
+        router.register(seg, load)
         fixed += 1
     wb = WriteBatch()
-    for key in corrupt:
+    for key in found.corrupt:
         wb.delete(key)
         fixed += 1
-    c = ix.counters
-    counters = Counters(max(c.next_seg, max_sid + 1), c.next_version, c.blocks, segments)
+    c = store.counters
+    counters = Counters(max(c.next_seg, found.max_sid + 1), c.next_version, c.blocks,
+                        len(found.keys_of))
     if counters != c:
         wb.put(COUNTERS_KEY, counters.encode())
         fixed += 1
-    ix.backend.write(wb, True)
-    ix.counters = counters
-    ix.dir.merge()
+    store.commit(wb, True, counters)
+    router.dir.merge()
     return fixed

@@ -20,6 +20,7 @@ import functools
 import numpy as np
 import xxhash
 
+from sarpd.errors import TooLarge
 from sarpd.model import IdArray, U32Array
 
 HASH_NAME = "xxh3-128-chain-v1"
@@ -34,6 +35,12 @@ def ns_root(ns: str) -> bytes:
 def _salt(ns: str) -> IdArray:
     s = np.frombuffer(xxhash.xxh3_128_digest(b"sarp-hashes\0" + ns.encode()), dtype="<u8")
     return s.astype(np.uint64).reshape(1, 2)
+
+
+def check_sequence_tokens(n_tokens: int, limit: int) -> None:
+    """THE sequence length rule: a sequence of more than `limit` tokens is refused."""
+    if n_tokens > limit:
+        raise TooLarge(f"tokens: {n_tokens} exceeds max_sequence_tokens ({limit})")
 
 
 def ns_tag(ns: str) -> int:

@@ -2,11 +2,11 @@
 
 For each 64-block window of the sequence, from window 0: every lattice offset's
 routing key and its posting list in the routing directory (live entries only), the
-candidate segments a match would read (`SarpIndex.route_window`), and the decoded
+candidate segments a match would read (`Router.route_window`), and the decoded
 contents of those segments, with the verified run of each against the query. It
 stops after the first window with no routing hit (a match cannot get past it) or
 after `MAX_WINDOWS` windows. Nothing is changed: no counters, no directory, no
-segment cache beyond what `SarpIndex.fetch` does for any read.
+segment cache beyond what `Store.fetch` does for any read.
 
 Ids are shown in the external form (what `match` with `with_ids` returns and what
 `hashes`/`ids`/`parent` take): salted per namespace for both token and hash
@@ -21,31 +21,20 @@ import numpy as np
 
 from sarpd.core import verify
 from sarpd.core.directory import DEAD
-from sarpd.core.ids import salt_ids, token_ids
+from sarpd.core.ids import salt_ids
 from sarpd.core.index import SarpIndex
 from sarpd.core.segment import Segment
-from sarpd.errors import SarpError, TooLarge
+from sarpd.errors import SarpError
 from sarpd.model import IdArray, SeqSpec, ids_to_bytes
 
 MAX_WINDOWS = 64  # windows reported at most
 MAX_POSTINGS = 32  # posting entries listed per routing key (the count is always given)
 
 
-def query_ids(index: SarpIndex, seq: SeqSpec) -> IdArray:
-    """Internal block ids of a sequence, as the index computes them."""
-    if seq.tokens is not None:
-        limit = index.cfg.max_sequence_tokens
-        if len(seq.tokens) > limit:
-            raise TooLarge(f"tokens: {len(seq.tokens)} exceeds max_sequence_tokens ({limit})")
-        return token_ids(seq.ns, seq.tokens, index.cfg.block_tokens)
-    assert seq.hashes is not None
-    return salt_ids(seq.ns, seq.hashes)
-
-
 def dump_sequence(index: SarpIndex, seq: SeqSpec) -> dict[str, Any]:
     """The `dump` result: a msgpack-able map (see PROTOCOL.md, `dump`)."""
-    q = query_ids(index, seq)
-    sb = index.geo.sb
+    q = index.store.seq_ids(seq)
+    sb = index.router.geo.sb
     windows: list[dict[str, Any]] = []
     matched = 0
     for w in range(min(MAX_WINDOWS, -(-len(q) // sb))):
@@ -67,7 +56,7 @@ def dump_sequence(index: SarpIndex, seq: SeqSpec) -> dict[str, Any]:
 
 def _window(index: SarpIndex, ns: str, qw: IdArray, w: int) -> tuple[dict[str, Any], int]:
     probes = []
-    offsets = [o for o in index.geo.offsets if o < len(qw)]
+    offsets = [o for o in index.router.geo.offsets if o < len(qw)]
     hits = index.dir.probe(qw[offsets, 0].astype(np.uint64))
     for o, hit in zip(offsets, hits, strict=True):
         key = int(qw[o, 0])
@@ -82,8 +71,8 @@ def _window(index: SarpIndex, ns: str, qw: IdArray, w: int) -> tuple[dict[str, A
                         zip(segs[:MAX_POSTINGS].tolist(), filts[:MAX_POSTINGS].tolist(),
                             strict=True)],
         })
-    candidates = [int(s) for s in index.route_window(qw, w)]
-    fetched = index.fetch(candidates)
+    candidates = [int(s) for s in index.router.route_window(qw, w)]
+    fetched = index.store.fetch(candidates)
     segments = [_segment(ns, sid, fetched.get(sid), qw, w) for sid in candidates]
     best = max((s.get("run", 0) for s in segments), default=0)
     entry = {

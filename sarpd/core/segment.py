@@ -9,7 +9,11 @@ order is numeric order):
                               is the range scan L[watermark+1 ...]
     b"B" + 16-byte id      -> block locator: u64 head key (routing key of the block
                               at the start of its window) + u32 block position (LE)
-    b"M"                   -> manifest (format version, geometry, hash scheme)
+    b"C" + u64 ns tag (LE) -> u64 LE: blocks indexed in the namespace with that tag
+                              (sarpd.core.ids.ns_tag; what quotas count; the tag is
+                              little-endian: the order of these keys means nothing)
+    b"M"                   -> manifest (format version, geometry, hash scheme;
+                              sarpd/core/manifest.py)
     b"N"                   -> counters: next seg id, next version, present blocks,
                               segments (u64 LE each)
 
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,14 +64,14 @@ BLOCK_PREFIX = b"B"
 MANIFEST_KEY = b"M"
 COUNTERS_KEY = b"N"
 NS_COUNT_PREFIX = b"C"  # C + namespace tag (8 bytes LE) -> indexed blocks (u64 LE)
-
-
-def ns_count_key(tag: int) -> bytes:
-    return NS_COUNT_PREFIX + tag.to_bytes(8, "little")
 COUNTERS = struct.Struct("<QQQQ")
 LOCATOR = struct.Struct("<QI")
 LOCATOR_DTYPE = np.dtype([("head", "<u8"), ("pos", "<u4")])
 assert LOCATOR_DTYPE.itemsize == LOCATOR.size
+
+
+def ns_count_key(tag: int) -> bytes:
+    return NS_COUNT_PREFIX + tag.to_bytes(8, "little")
 
 
 def seg_key(seg_id: int) -> bytes:
@@ -116,6 +121,11 @@ class Segment:
             self.seg_id, self.window, self.presence, self.ns_tag,
             self.ids.copy(), self.meta.copy(),
         )
+
+
+# segment ids -> their decoded segments (None: missing or corrupt); the mapping returned
+# may hold more than was asked for (a batch's whole cache)
+Loader = Callable[[Iterable[int]], Mapping[int, "Segment | None"]]
 
 
 def encode_segment(seg: Segment) -> bytes:

@@ -2,21 +2,22 @@
 
 A transaction caches every segment it reads (one multi-get for the batch's routing
 candidates up front, small ones for what later operations discover), edits working
-copies, registers routing points in the directory as it goes (so later operations of
-the same batch see earlier ones), and commits everything as ONE backend write batch:
-dirty segments, new block locators, change-log records and counters.
+copies, registers routing points with the router as it goes (so later operations of
+the same batch see earlier ones), and commits everything through the store as ONE
+backend write batch: dirty segments, new block locators, change-log records,
+namespace counts and counters. It reads the backend only through the store.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from backends.base import WriteBatch
-from sarpd.core.ids import chain_ids, id_bytes, ns_root, ns_tag, salt_ids
+from sarpd.core.ids import id_bytes, ns_tag, salt_ids
+from sarpd.core.router import Router
 from sarpd.core.segment import (
     BLOCK_PREFIX,
     COUNTERS_KEY,
@@ -33,6 +34,7 @@ from sarpd.core.segment import (
     seg_id_of_key,
     seg_key,
 )
+from sarpd.core.store import Store
 from sarpd.core.verify import first_mismatch
 from sarpd.errors import (
     BadRequest,
@@ -53,9 +55,6 @@ from sarpd.model import (
     U64Array,
 )
 
-if TYPE_CHECKING:
-    from sarpd.core.index import SarpIndex
-
 log = logging.getLogger(__name__)
 
 Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
@@ -68,9 +67,11 @@ _LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
 
 
 class WriteTxn:
-    def __init__(self, index: SarpIndex) -> None:
-        self.ix = index
-        self.cache: dict[int, Segment | None] = {}
+    def __init__(self, store: Store, router: Router) -> None:
+        self.store, self.router = store, router
+        self.cfg, self.geo = store.cfg, router.geo
+        self.cache: dict[int, Segment | None] = {}  # working copies and what was read
+        self.load = store.loader(self.cache)  # the router reads segments through it
         self.dirty: set[int] = set()
         self._locators: dict[bytes, bytes] = {}
         self._pending_locators: list[tuple[IdArray, int, int]] = []
@@ -82,22 +83,12 @@ class WriteTxn:
         self.touched: dict[tuple[int, int], list[int]] = {}
         self.ns_delta: dict[int, int] = {}  # namespace tag -> blocks added - removed
         self.ns_after: dict[int, int] = {}  # ... their committed totals (set by commit)
-        c = index.counters
+        c = store.counters
         self.next_seg = c.next_seg
         self.blocks = c.blocks
         self.segments = c.segments
 
     # -- segment cache -------------------------------------------------------------
-    def load(self, seg_ids: Iterable[int]) -> None:
-        missing = [s for s in dict.fromkeys(seg_ids) if s not in self.cache]
-        if missing:
-            self.cache.update(self.ix.fetch(missing))
-
-    def seg(self, sid: int) -> Segment | None:
-        if sid not in self.cache:
-            self.load([sid])
-        return self.cache[sid]
-
     def mutable(self, sid: int) -> Segment:
         s = self.cache[sid]
         assert s is not None
@@ -129,7 +120,7 @@ class WriteTxn:
         """Locators of blocks ids[0..] at positions first_pos.. of the window whose head
         key is `head_key` (built in bulk when `locators` is first read)."""
         n = len(ids)
-        if not n or not self.ix.cfg.block_locators:
+        if not n or not self.cfg.block_locators:
             return
         if n > 8:
             self._pending_locators.append((ids, head_key, first_pos))
@@ -162,28 +153,29 @@ class WriteTxn:
         return self._locators
 
     # -- commit --------------------------------------------------------------------
-    def commit(self, sync: bool) -> Counters:
-        ix = self.ix
+    def commit(self, sync: bool) -> None:
+        """Write the batch through the store; the store's memory follows once durable."""
+        store = self.store
         wb = WriteBatch()
         for sid in self.dirty:
             seg = self.cache[sid]
             assert seg is not None
             wb.put(seg_key(sid), encode_segment(seg))
         wb.put_many(self.locators)
-        version = ix.counters.next_version
+        version = store.counters.next_version
         for sid in dict.fromkeys(self.logged):
             wb.put(log_key(version), sid.to_bytes(8, "big"))
             version += 1
         for tag, delta in self.ns_delta.items():
             if delta:
-                self.ns_after[tag] = max(0, ix.ns_blocks(tag) + delta)
+                self.ns_after[tag] = max(0, store.ns_blocks(tag) + delta)
                 wb.put(ns_count_key(tag), self.ns_after[tag].to_bytes(8, "little"))
         counters = Counters(self.next_seg, version, self.blocks, self.segments)
-        if counters != ix.counters:
+        if counters != store.counters:
             wb.put(COUNTERS_KEY, counters.encode())
-        if len(wb):
-            ix.backend.write(wb, sync)
-        return counters
+        committed = [self.cache[sid] for sid in self.dirty]
+        store.commit(wb, sync, counters, self.ns_after,
+                     [seg for seg in committed if seg is not None])
 
     # -- operations ----------------------------------------------------------------
     def apply(self, op: Insert | Remove | Clear) -> InsertResult | RemoveResult:
@@ -197,38 +189,31 @@ class WriteTxn:
         """Route every insert of the batch at once (one vectorised directory probe) and
         read all their candidates in ONE multi-get. Segments that earlier operations of
         the batch create or grow are added to the candidates of their window."""
-        ix, sb = self.ix, self.ix.geo.sb
+        sb = self.geo.sb
         seqs, qs = [], []
         for op in ops:
             if not isinstance(op, Insert) or op.parent is not None:
                 continue
             try:
-                q = self.seq_ids[id(op.seq)] = self._seq_ids(op.seq)
+                q = self.seq_ids[id(op.seq)] = self.store.seq_ids(op.seq)
             except TooLarge:
                 continue
             seqs.append(op.seq)
             qs.append(q)
         wanted: dict[int, None] = {}
-        for seq, q, deepest in zip(seqs, qs, ix._deepest(qs), strict=True):
+        for seq, q, per_window in zip(seqs, qs, self.router.route_many(qs), strict=True):
             for w in range(-(-len(q) // sb)):
                 # past the first window without a hit nothing can match (chained ids)
-                c = ix.candidates(q[w * sb : (w + 1) * sb], w, deepest[w]) \
-                    if w < len(deepest) else []
+                c = per_window[w] if w < len(per_window) else []
                 self.routes[(id(seq), w)] = c
                 wanted.update(dict.fromkeys(c))
         self.load(wanted)
 
     def _seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
-        ix = self.ix
+        """The store's ids of a sequence, computed once per batch (prefetch did most)."""
         if parent is None and id(seq) in self.seq_ids:
             return self.seq_ids[id(seq)]
-        if seq.tokens is not None:
-            if len(seq.tokens) > ix.cfg.max_sequence_tokens:
-                raise TooLarge(f"tokens: {len(seq.tokens)} exceeds max_sequence_tokens "
-                               f"({ix.cfg.max_sequence_tokens})")
-            return chain_ids(parent or ns_root(seq.ns), seq.tokens, ix.cfg.block_tokens)
-        assert seq.hashes is not None
-        return salt_ids(seq.ns, seq.hashes)
+        return self.store.seq_ids(seq, parent)
 
     def _meta(self, op: Insert, n: int) -> U64Array:
         if isinstance(op.meta, int):
@@ -244,16 +229,16 @@ class WriteTxn:
             self.ns_delta[tag] = self.ns_delta.get(tag, 0) + delta
 
     def _check_quota(self, ns: str) -> None:
-        quota = self.ix.cfg.quota(ns)
+        quota = self.cfg.quota(ns)
         if quota:
             tag = ns_tag(ns)
-            held = self.ix.ns_blocks(tag) + self.ns_delta.get(tag, 0)
+            held = self.store.ns_blocks(tag) + self.ns_delta.get(tag, 0)
             if held >= quota:
                 raise QuotaExceeded(f"namespace {ns!r} holds {held:,} blocks, its quota is "
                                     f"{quota:,}: insert refused (remove or clear blocks first)")
 
     def insert(self, op: Insert) -> InsertResult:
-        sb = self.ix.geo.sb
+        sb = self.geo.sb
         self._check_quota(op.seq.ns)
         hint: Segment | None = None
         if op.parent is not None:
@@ -295,7 +280,7 @@ class WriteTxn:
     def _best(self, w: int, qw: IdArray, extra: Segment | None,
               routed: list[int] | None) -> tuple[Segment | None, int]:
         if routed is None:
-            cands = self.ix.route_window(qw, w)
+            cands = self.router.route_window(qw, w)
         else:
             cands = list(dict.fromkeys(routed + self.touched.get((w, int(qw[0, 0])), [])))
         self.load(cands)
@@ -313,14 +298,14 @@ class WriteTxn:
                        hint: Segment | None, routed: list[int] | None) -> tuple[int, int]:
         """Insert blocks [frm, len(qw)) of window w; qw holds the window's ids from its
         start. Returns (blocks already present from frm on, blocks newly indexed)."""
-        sb, L = self.ix.geo.sb, len(qw)
+        sb, L = self.geo.sb, len(qw)
         best, run = self._best(w, qw, hint, routed)
         full_mask = (1 << L) - 1
         req_bits = full_mask & ~((1 << frm) - 1)
         if best is None or run == 0:
             seg = self.create(w, tag, qw, np.concatenate([np.zeros(frm, np.uint64), mw]), req_bits)
             self.add_locators(qw[frm:], int(qw[0, 0]), w * sb + frm)
-            self.ix.register(seg, self, old_n=0, fresh_from=0)
+            self.router.register(seg, self.load, old_n=0, fresh_from=0)
             return 0, L - frm
         covered = min(run, L)
         present = best.present_run(frm) if frm < best.nblocks else 0
@@ -349,14 +334,14 @@ class WriteTxn:
                 (cur.presence & ((1 << run) - 1)) | (full_mask & ~((1 << run) - 1)),
             )
         self.add_locators(qw[run:], int(qw[0, 0]), w * sb + run)
-        self.ix.register(seg, self, old_n=old_n, fresh_from=run)
+        self.router.register(seg, self.load, old_n=old_n, fresh_from=run)
         return got, (L - run) + len(holes)
 
     def set_presence(self, w: int, head_key: int, targets: Sequence[Target], present: bool) -> int:
         """Set (present=True, with meta) or clear the presence of blocks in EVERY segment
         of window w that holds them (branch copies included). Returns how many of the
         targets changed state somewhere."""
-        segs = [int(s) for s in self.ix.dir.posting(head_key)[0]]
+        segs = [int(s) for s in self.router.dir.posting(head_key)[0]]
         self.load(segs)
         changed: set[int] = set()
         for sid in segs:
@@ -374,12 +359,12 @@ class WriteTxn:
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
         """Block locators (head key, position) for internal ids; one multi-get."""
-        if not self.ix.cfg.block_locators:
+        if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
         keys = [block_key(id_bytes(r)) for r in ids]
         locs = self.locators
-        values = self.ix.backend.get_many([k for k in keys if k not in locs])
+        values = self.store.get_many([k for k in keys if k not in locs])
         it = iter(values)
         out: list[tuple[int, int] | None] = []
         for k in keys:
@@ -393,9 +378,9 @@ class WriteTxn:
         if loc is None:
             return None
         head_key, pos = loc
-        sb = self.ix.geo.sb
+        sb = self.geo.sb
         w, o = divmod(pos, sb)
-        segs = [int(s) for s in self.ix.dir.posting(head_key)[0]]
+        segs = [int(s) for s in self.router.dir.posting(head_key)[0]]
         self.load(segs)
         for sid in segs:
             c = self.cache.get(sid)
@@ -405,7 +390,7 @@ class WriteTxn:
         return None
 
     def remove(self, op: Remove) -> RemoveResult:
-        sb = self.ix.geo.sb
+        sb = self.geo.sb
         removed = 0
         if op.seq is not None:
             q = self._seq_ids(op.seq)
@@ -451,7 +436,7 @@ class WriteTxn:
 
     def _all_segments(self) -> Iterable[tuple[int, Segment]]:
         seen: set[int] = set()
-        for key, value in self.ix.backend.scan(SEG_PREFIX, b"T"):
+        for key, value in self.store.scan(SEG_PREFIX, b"T"):
             sid = seg_id_of_key(key)
             seen.add(sid)
             if sid in self.cache:

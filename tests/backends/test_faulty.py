@@ -77,7 +77,7 @@ class Workload:
 def assert_memory_is_disk(ix: SarpIndex) -> None:
     on_disk = Counters.decode(ix.backend.get_many([COUNTERS_KEY])[0])
     assert ix.counters == on_disk
-    cached = list(ix._seg_cache.items())
+    cached = ix.store.cached_segments()
     values = ix.backend.get_many([seg_key(sid) for sid, _ in cached])
     for (sid, seg), value in zip(cached, values, strict=True):
         assert value == encode_segment(seg), f"cached segment {sid} differs from the disk"

@@ -1,8 +1,8 @@
 """Torn or corrupt files are detected by their checksums, reported (log and `check`),
 and never served as data.
 
-- segments (CRC-32, sarpd/segment.py): a flipped or a torn value, on every backend;
-- directory snapshots (CRC-32s, sarpd/snapshot.py): recovery falls back to the older
+- segments (CRC-32, sarpd/core/segment.py): a flipped or a torn value, on every backend;
+- directory snapshots (CRC-32s, sarpd/core/snapshot.py): recovery falls back to the older
   snapshot, and `check` reports the bad file (`fix` deletes it);
 - BloomStore pages (xxh3, bloomstore/pages.py) under sarp: the segments on the page
   are not served, every other segment still is, `check` reports the engine error;
@@ -146,7 +146,7 @@ def test_corrupt_bloomstore_page_under_sarp(tmp_path: Path) -> None:
         data[len(data) // 2] ^= 0x40
         with open(victim, "r+b") as fh:  # in place: the store's open descriptor sees it
             fh.write(data)
-        env.ix._seg_cache.clear()  # what sarp decoded before the damage is not re-read
+        env.ix.store.forget_segments()  # what sarp decoded before the damage is not re-read
         short = env.short_matches()
         assert 1 <= short < len(env.seqs)  # the damaged page's segments only
         assert env.ix.stats()["corrupt_segments"] >= 1

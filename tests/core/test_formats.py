@@ -2,19 +2,17 @@
 (or an older, unmigrated) format is refused with an error naming both versions, and
 is never read as data. The data is left untouched by the refusal.
 
-- the data set's manifest (key b"M", sarpd/index.py): the index refuses to open, and
-  a real sarpd exits 1 with the message in its log;
-- a manifest that is missing while data exists: refused (its format is unknown);
-- a directory snapshot (sarpd/snapshot.py): skipped, recovery falls back to the log
-  or a full scan, matching stays exact;
-- a segment (sarpd/segment.py): not served, reported by `check`;
+- the data set's manifest (key b"M", sarpd/core/manifest.py; the index's refusals
+  are in test_manifest.py): a real sarpd exits 1 with the message in its log;
+- a directory snapshot (sarpd/core/snapshot.py): skipped, recovery falls back to the
+  log or a full scan, matching stays exact;
+- a segment (sarpd/core/segment.py): not served, reported by `check`;
 - BloomStore's MANIFEST and write-ahead log (bloomstore/manifest.py, wal.py):
   refused at open.
 """
 
 from __future__ import annotations
 
-import json
 import struct
 import zlib
 from pathlib import Path
@@ -29,11 +27,13 @@ from bloomstore import BloomStore, FormatError
 from bloomstore import manifest as bs_manifest
 from bloomstore import wal as bs_wal
 from sarpd.config import IndexConfig
-from sarpd.core.index import FORMAT_VERSION, SarpIndex
-from sarpd.core.segment import COUNTERS_KEY, MANIFEST_KEY, SEG_PREFIX, SEGMENT_FORMAT
+from sarpd.core.index import SarpIndex
+from sarpd.core.manifest import FORMAT_VERSION
+from sarpd.core.segment import SEG_PREFIX, SEGMENT_FORMAT
 from sarpd.core.snapshot import list_snapshots
-from sarpd.errors import CorruptData, FormatVersionError
+from sarpd.errors import FormatVersionError
 from sarpd.model import Insert, Match, SeqSpec
+from tests.core.test_manifest import set_manifest
 from tests.daemon_helpers import Launcher
 from tests.oracle import BT, Oracle
 
@@ -62,54 +62,6 @@ def build(root: Path, backend: str = "rocksdb") -> Oracle:
     ix.snapshot()
     ix.close()
     return oracle
-
-
-def set_manifest(db: Path, backend: str, fmt: int | None) -> bytes | None:
-    """Rewrite the manifest's format (None: delete the manifest); the old value."""
-    be = open_backend(backend, db, cache_bytes=1 << 22)
-    try:
-        old = be.get_many([MANIFEST_KEY])[0]
-        assert old is not None
-        wb = WriteBatch()
-        if fmt is None:
-            wb.delete(MANIFEST_KEY)
-        else:
-            wb.put(MANIFEST_KEY, json.dumps({**json.loads(old), "format": fmt}).encode())
-        be.write(wb, True)
-        return old
-    finally:
-        be.close()
-
-
-@pytest.mark.parametrize("backend", PERSISTENT)
-@pytest.mark.parametrize("fmt,side", [(FORMAT_VERSION + 1, "newer"), (0, "older")])
-def test_other_data_format_is_refused_naming_both(tmp_path: Path, backend: str, fmt: int,
-                                                  side: str) -> None:
-    build(tmp_path, backend)
-    set_manifest(tmp_path / "db", backend, fmt)
-    be = open_backend(backend, tmp_path / "db", cache_bytes=1 << 22)
-    try:
-        with pytest.raises(FormatVersionError) as err:
-            SarpIndex(be, CFG, tmp_path / "snap")
-        msg = err.value.message
-        assert f"data format {fmt}" in msg and f"reads format {FORMAT_VERSION}" in msg
-        assert side in msg
-        assert json.loads(be.get_many([MANIFEST_KEY])[0] or b"")["format"] == fmt  # untouched
-    finally:
-        be.close()
-
-
-def test_missing_manifest_with_data_is_refused(tmp_path: Path) -> None:
-    build(tmp_path)
-    set_manifest(tmp_path / "db", "rocksdb", None)
-    be = open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22)
-    try:
-        with pytest.raises(CorruptData, match=r"manifest .* is missing"):
-            SarpIndex(be, CFG, tmp_path / "snap")
-        assert be.get_many([MANIFEST_KEY]) == [None]  # nothing written over the data
-        assert be.get_many([COUNTERS_KEY])[0] is not None
-    finally:
-        be.close()
 
 
 def test_daemon_refuses_a_newer_format(sarpd_factory: Launcher) -> None:

@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.base import Backend
+from backends.memory import MemoryBackend
 from backends.registry import backend_names, is_persistent, open_backend
 from sarpd.config import IndexConfig
 from sarpd.core.ids import salt_ids, token_ids
 from sarpd.core.index import SarpIndex
-from sarpd.errors import BadRequest, FormatVersionError, UnknownParent
+from sarpd.errors import BadRequest, UnknownParent
 from sarpd.model import Clear, Insert, Match, Remove, SeqSpec
 from tests.oracle import BT, Oracle
 
@@ -276,12 +277,23 @@ def test_without_block_locators_matches_oracle(backend_name: str,
     _run(backend_name, "tiny-no-locators", ops)
 
 
-def test_block_locators_setting_cannot_change_under_data(tmp_path: Path) -> None:
-    be = open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22)
-    SarpIndex(be, IndexConfig(), tmp_path / "snap").close()
-    be = open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22)
-    try:
-        with pytest.raises(FormatVersionError, match="block_locators=True"):
-            SarpIndex(be, IndexConfig(block_locators=False), tmp_path / "snap")
-    finally:
-        be.close()
+def test_activity_is_counted_once_and_read_by_stats() -> None:
+    ix = SarpIndex(MemoryBackend(), IndexConfig(max_sequence_tokens=16 * 100))
+    ix.recover()
+    t = tokens(tuple(range(16 * 70)))
+    ix.write_many([Insert(0, SeqSpec("", tokens=t), meta=3)])
+    ix.store.forget_segments()
+    long = SeqSpec("", tokens=np.zeros(16 * 100 + 1, np.uint32))
+    res = ix.match_many([Match(0, SeqSpec("", tokens=t)), Match(1, SeqSpec("", tokens=t[:160])),
+                         Match(2, long)])
+    assert [getattr(r, "blocks", None) for r in res[:2]] == [70, 10]
+    assert "exceeds max_sequence_tokens" in str(res[2])  # an error for that request only
+    act = ix.activity
+    assert (act.matches, act.matched_blocks, act.queried_blocks) == (2, 80, 80)
+    assert (act.segment_reads, act.corrupt_segments, act.write_batches) == (2, 0, 1)
+    stats = ix.stats()
+    assert {k: stats[k] for k in ("index_matches", "matched_blocks", "queried_blocks",
+                                  "segment_reads", "corrupt_segments", "write_batches")} == {
+        "index_matches": 2, "matched_blocks": 80, "queried_blocks": 80, "segment_reads": 2,
+        "corrupt_segments": 0, "write_batches": 1}
+    assert stats["blocks"] == 70 and stats["segments"] == 2 and stats["backend_backend"] == "memory"

@@ -1,6 +1,6 @@
 """Recovery: snapshots + change log, corrupt snapshots fall back to a full scan,
-format checks, corrupt segments are never served. Core level on real RocksDB, and
-one daemon-level round on a real sarpd process."""
+corrupt segments are never served (format checks: test_manifest.py). Core level on
+real RocksDB, and one daemon-level round on a real sarpd process."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ import numpy as np
 import pytest
 
 from backends.registry import open_backend
-from backends.rocksdb import RocksDBBackend
 from sarpd.client import SyncClient
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX
 from sarpd.core.snapshot import list_snapshots
-from sarpd.errors import FormatVersionError
 from sarpd.model import Insert, Match, SeqSpec
 from tests.daemon_helpers import Launcher
 from tests.oracle import BT, Oracle
@@ -126,16 +124,6 @@ def test_corrupt_snapshot_falls_back_to_full_scan(tmp_path: Path, damage: str) -
     assert ix.check(fix=True).fixed == len(problems)
     assert ix.check().clean
     ix.close()
-
-
-def test_geometry_change_is_refused(tmp_path: Path) -> None:
-    ix = open_index(tmp_path)
-    ix.recover()
-    ix.close()
-    backend = RocksDBBackend(tmp_path / "db")
-    with pytest.raises(FormatVersionError, match="segment_blocks"):
-        SarpIndex(backend, IndexConfig(segment_blocks=32), tmp_path / "snap")
-    backend.close()
 
 
 def test_corrupt_segment_is_never_served_and_check_reports_it(tmp_path: Path) -> None:

@@ -1,0 +1,277 @@
+"""The store: the backend under the index, and everything read from it.
+
+`Store` owns the backend handle, the decoded-segment cache, the on-disk `Counters`,
+the per-namespace block counts (quotas), the index's `Activity` counters, and the
+one rule that turns a sequence into block ids (`seq_ids`). Every backend call of
+the core goes through it, and it maps the backends' own errors (backends/errors.py)
+to sarp's in ONE place (`backend_errors`):
+
+    BackendIOError     -> StorageError        (nothing of the batch persisted)
+    BackendCorrupt     -> CorruptData         (never served as data)
+    BackendFormatError -> FormatVersionError  (engine files of another format)
+    BackendConfigError -> ConfigError         (an unknown engine, a bad tunable)
+
+sarp's own errors pass through unchanged. `open_backend` opens an engine by name
+with the same mapping, for the daemon and the tools.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends import registry
+from backends.base import Backend, WriteBatch
+from backends.errors import (
+    BackendConfigError,
+    BackendCorrupt,
+    BackendError,
+    BackendFormatError,
+    BackendIOError,
+)
+from sarpd.config import IndexConfig
+from sarpd.core.ids import chain_ids, check_sequence_tokens, ns_root, salt_ids
+from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
+from sarpd.core.segment import (
+    COUNTERS_KEY,
+    MANIFEST_KEY,
+    SEG_PREFIX,
+    Counters,
+    Loader,
+    Segment,
+    decode_segment,
+    ns_count_key,
+    seg_key,
+)
+from sarpd.errors import ConfigError, CorruptData, FormatVersionError, SarpError, StorageError
+from sarpd.model import IdArray, SeqSpec
+
+log = logging.getLogger(__name__)
+
+SEGMENT_CACHE = 4096  # decoded segments kept in memory between batches (~7 MB)
+
+_MAPPED: tuple[tuple[type[BackendError], type[SarpError]], ...] = (
+    (BackendIOError, StorageError),
+    (BackendCorrupt, CorruptData),
+    (BackendFormatError, FormatVersionError),
+    (BackendConfigError, ConfigError),
+)
+
+
+@contextmanager
+def backend_errors() -> Iterator[None]:
+    """Raise a backend's error as the sarp error of the same meaning (same message)."""
+    try:
+        yield
+    except BackendError as exc:
+        for theirs, ours in _MAPPED:
+            if isinstance(exc, theirs):
+                raise ours(exc.message) from exc
+        raise StorageError(exc.message) from exc
+
+
+def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
+    """`backends.registry.open_backend`, with the backends' errors mapped to sarp's."""
+    with backend_errors():
+        return registry.open_backend(name, path, cache_bytes=cache_bytes)
+
+
+@dataclass(slots=True)
+class Activity:
+    """What the index has done since it was opened (read by `stats` and the metrics)."""
+
+    matches: int = 0
+    matched_blocks: int = 0
+    queried_blocks: int = 0
+    segment_reads: int = 0  # segments read from the backend (cache misses)
+    corrupt_segments: int = 0  # values that failed their checks (not served)
+    write_batches: int = 0
+
+
+class Store:
+    def __init__(self, backend: Backend, cfg: IndexConfig) -> None:
+        self.backend = backend
+        self.cfg = cfg
+        self.activity = Activity()
+        self._cache: OrderedDict[int, Segment] = OrderedDict()
+        self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
+        self._open_manifest()
+        self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
+
+    # -- the backend, errors mapped ----------------------------------------------------
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        with backend_errors():
+            return self.backend.get_many(keys)
+
+    def get_one(self, key: bytes) -> bytes | None:
+        return self.get_many([key])[0]
+
+    def scan(self, start: bytes, end: bytes) -> Generator[tuple[bytes, bytes], None, None]:
+        with backend_errors():
+            yield from self.backend.scan(start, end)
+
+    def write(self, batch: WriteBatch, sync: bool) -> None:
+        with backend_errors():
+            self.backend.write(batch, sync)
+
+    def resume(self) -> None:
+        """Make the backend writable again after a failed write (Backend.resume)."""
+        with backend_errors():
+            self.backend.resume()
+
+    def backend_stats(self) -> dict[str, int | float | str]:
+        with backend_errors():
+            return self.backend.stats()
+
+    def close(self) -> None:
+        self._cache.clear()
+        with backend_errors():
+            self.backend.close()
+
+    # -- the manifest --------------------------------------------------------------------
+    def _open_manifest(self) -> None:
+        raw = self.get_one(MANIFEST_KEY)
+        if raw is not None:
+            check_manifest(raw, self.cfg)
+            return
+        if self._holds_data():
+            raise missing_manifest()
+        wb = WriteBatch()
+        wb.put(MANIFEST_KEY, encode_manifest(self.cfg))
+        self.write(wb, True)
+
+    def _holds_data(self) -> bool:
+        if self.get_one(COUNTERS_KEY) is not None:
+            return True
+        scan = self.scan(SEG_PREFIX, b"T")
+        try:
+            return next(scan, None) is not None
+        finally:
+            scan.close()
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def counters(self) -> Counters:
+        """The committed counters (as on the backend)."""
+        return self._counters
+
+    def commit(self, batch: WriteBatch, sync: bool, counters: Counters,
+               ns_blocks: Mapping[int, int] | None = None,
+               segments: Iterable[Segment] = ()) -> None:
+        """Write `batch` (which holds `counters` and the namespace counts where they
+        changed), then make memory follow: the counters, the namespace counts and the
+        committed `segments` (working copies enter the cache once durable)."""
+        if len(batch):
+            self.write(batch, sync)
+        self._counters = counters
+        if ns_blocks:
+            self._ns_blocks.update(ns_blocks)
+        for seg in segments:
+            self.remember(seg.seg_id, seg)
+
+    def reset(self) -> None:
+        """Forget what memory holds of the disk and re-read the counters (a reload)."""
+        self._cache.clear()
+        self._ns_blocks.clear()
+        self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
+
+    def forget_segments(self) -> None:
+        """Drop the decoded-segment cache (its segments are read again when needed)."""
+        self._cache.clear()
+
+    def cached_segments(self) -> list[tuple[int, Segment]]:
+        """The segments the cache holds, least recently used first (read-only)."""
+        return list(self._cache.items())
+
+    def ns_blocks(self, tag: int) -> int:
+        """Blocks indexed in the namespace with this tag, as committed (kept per
+        namespace on the backend, read once; quotas count them)."""
+        n = self._ns_blocks.get(tag)
+        if n is None:
+            raw = self.get_one(ns_count_key(tag))
+            n = self._ns_blocks[tag] = int.from_bytes(raw, "little") if raw else 0
+        return n
+
+    # -- sequences -----------------------------------------------------------------------
+    def seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
+        """THE sequence -> internal ids rule: tokens are chained after `parent` (an
+        internal id's 16 bytes) or the namespace root; caller ids are salted."""
+        if seq.tokens is not None:
+            check_sequence_tokens(len(seq.tokens), self.cfg.max_sequence_tokens)
+            return chain_ids(parent or ns_root(seq.ns), seq.tokens, self.cfg.block_tokens)
+        assert seq.hashes is not None
+        return salt_ids(seq.ns, seq.hashes)
+
+    # -- segments ------------------------------------------------------------------------
+    def decode_or_none(self, sid: int, value: bytes | None) -> Segment | None:
+        if value is None:
+            return None
+        try:
+            return decode_segment(value, sid)
+        except (CorruptData, FormatVersionError) as exc:
+            self.activity.corrupt_segments += 1
+            log.error("segment %d not served: %s", sid, exc)
+            return None
+
+    def fetch(self, sids: list[int]) -> dict[int, Segment | None]:
+        """Decoded segments (None: missing or corrupt): recently used ones from memory,
+        the rest in ONE backend multi-get. The cache holds committed segments only
+        (a write batch's working copies enter it when the batch is durable), so a
+        turn's insert finds the segments its match just read."""
+        out: dict[int, Segment | None] = {}
+        missing = []
+        cache = self._cache
+        for sid in sids:
+            seg = cache.get(sid)
+            if seg is None:
+                missing.append(sid)
+            else:
+                cache.move_to_end(sid)
+                out[sid] = seg
+        if missing:
+            try:
+                values = self.get_many([seg_key(s) for s in missing])
+            except CorruptData:  # an engine page failed its checksum: find its segments
+                values = [self._get_or_none(s) for s in missing]
+            self.activity.segment_reads += len(missing)
+            for sid, value in zip(missing, values, strict=True):
+                seg = out[sid] = self.decode_or_none(sid, value)
+                if seg is not None:
+                    self.remember(sid, seg)
+        return out
+
+    def read(self, sids: list[int]) -> dict[int, Segment]:
+        """`fetch`, without the segments that are missing or corrupt."""
+        return {sid: seg for sid, seg in self.fetch(sids).items() if seg is not None}
+
+    def loader(self, cache: dict[int, Segment | None]) -> Loader:
+        """A loader that keeps what it reads in `cache` (a batch's own segments: a
+        write transaction's working copies, a recovery pass's reads) and reads the
+        segments `cache` lacks through `fetch`."""
+        def load(sids: Iterable[int]) -> Mapping[int, Segment | None]:
+            missing = [s for s in dict.fromkeys(sids) if s not in cache]
+            if missing:
+                cache.update(self.fetch(missing))
+            return cache
+
+        return load
+
+    def _get_or_none(self, sid: int) -> bytes | None:
+        """One segment's value; None (logged, counted) where the engine reports it corrupt."""
+        try:
+            return self.get_one(seg_key(sid))
+        except CorruptData as exc:
+            self.activity.corrupt_segments += 1
+            log.error("segment %d not served: %s", sid, exc)
+            return None
+
+    def remember(self, sid: int, seg: Segment) -> None:
+        cache = self._cache
+        cache[sid] = seg
+        cache.move_to_end(sid)
+        if len(cache) > SEGMENT_CACHE:
+            cache.popitem(last=False)

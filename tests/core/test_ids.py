@@ -1,0 +1,81 @@
+"""Block ids (sarpd/core/ids.py): the XXH3-128 chain from the namespace root, the
+per-namespace salt of caller ids, namespace tags, and the sequence length rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sarpd.core.ids import (
+    HASH_NAME,
+    chain_ids,
+    check_sequence_tokens,
+    id_bytes,
+    ns_root,
+    ns_tag,
+    salt_ids,
+    token_ids,
+)
+from sarpd.errors import TooLarge
+
+
+def reference_chain(ns: str, tokens: list[int], bt: int) -> list[bytes]:
+    """The chain as the docstring states it, one block at a time."""
+    prev = xxhash.xxh3_128_digest(b"sarp-ns\0" + ns.encode())
+    out = []
+    for i in range(len(tokens) // bt):
+        block = np.array(tokens[i * bt : (i + 1) * bt], dtype="<u4").tobytes()
+        prev = xxhash.xxh3_128_digest(prev + block)
+        out.append(prev)
+    return out
+
+
+@settings(max_examples=50, deadline=None, derandomize=True)
+@given(ns=st.sampled_from(["", "a", "lora-7"]),
+       tokens=st.lists(st.integers(0, 2**32 - 1), max_size=100),
+       bt=st.sampled_from([1, 4, 16]))
+def test_chained_ids_equal_the_reference_chain(ns: str, tokens: list[int], bt: int) -> None:
+    ids = token_ids(ns, np.array(tokens, dtype=np.uint32), bt)
+    assert ids.shape == (len(tokens) // bt, 2) and ids.dtype == np.uint64
+    assert [id_bytes(row) for row in ids] == reference_chain(ns, tokens, bt)
+
+
+def test_a_partial_block_has_no_id_and_a_chain_continues_from_its_parent() -> None:
+    toks = np.arange(40, dtype=np.uint32)
+    ids = chain_ids(ns_root(""), toks, 16)
+    assert len(ids) == 2  # 8 tokens left over: no id
+    tail = chain_ids(id_bytes(ids[0]), toks[16:32], 16)
+    assert (tail == ids[1:2]).all()
+
+
+def test_namespaces_never_share_an_id() -> None:
+    toks = np.arange(64, dtype=np.uint32)
+    a, b = token_ids("a", toks, 16), token_ids("b", toks, 16)
+    assert not (a == b).all(axis=1).any()
+    assert ns_tag("a") != ns_tag("b")
+    assert ns_tag("a") == int.from_bytes(ns_root("a")[:8], "little")
+
+
+def test_salting_is_per_namespace_and_its_own_inverse() -> None:
+    ids = np.array([[1, 0], [2, 0], [2**64 - 1, 5]], dtype=np.uint64)
+    a = salt_ids("a", ids)
+    assert not (a == ids).all(axis=1).any()
+    assert (salt_ids("a", a) == ids).all()  # what `with_ids` returns is what was sent
+    assert not (salt_ids("b", ids) == a).all(axis=1).any()
+    salt = np.frombuffer(xxhash.xxh3_128_digest(b"sarp-hashes\0a"), dtype="<u8")
+    assert (a == ids ^ salt.astype(np.uint64)).all()
+
+
+def test_id_bytes_is_the_little_endian_form() -> None:
+    row = np.array([1, 2], dtype=np.uint64)
+    assert id_bytes(row) == (1).to_bytes(8, "little") + (2).to_bytes(8, "little")
+    assert HASH_NAME == "xxh3-128-chain-v1"
+
+
+def test_the_sequence_length_rule_names_the_value_and_the_limit() -> None:
+    check_sequence_tokens(100, 100)
+    with pytest.raises(TooLarge, match=r"^tokens: 101 exceeds max_sequence_tokens \(100\)$"):
+        check_sequence_tokens(101, 100)

@@ -1,0 +1,148 @@
+"""The write path (sarpd/core/writer.py): a `WriteTxn` over a real store and router
+extends a segment in place, copies a branch's head into a segment of its own,
+refills holes, checks what it is given, and commits everything as one batch (or
+nothing, when it is not committed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.memory import MemoryBackend
+from sarpd.config import IndexConfig
+from sarpd.core.ids import ns_tag, salt_ids, token_ids
+from sarpd.core.router import Router
+from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Segment, decode_segment
+from sarpd.core.store import Store
+from sarpd.core.writer import WriteTxn
+from sarpd.errors import BadRequest
+from sarpd.model import Clear, Insert, InsertResult, Remove, RemoveResult, SeqSpec
+
+TINY = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, refine_threshold=2,
+                   prune_max_pred=1, window_cap=64)
+BT = 16
+
+
+def toks(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1 << 30, BT * n).astype(np.uint32)
+
+
+class Box:
+    def __init__(self, cfg: IndexConfig = TINY) -> None:
+        self.backend = MemoryBackend()
+        self.store = Store(self.backend, cfg)
+        self.router = Router(cfg)
+
+    def write(self, *ops: Insert | Remove | Clear,
+              commit: bool = True) -> list[InsertResult | RemoveResult]:
+        txn = WriteTxn(self.store, self.router)
+        txn.prefetch(ops)
+        out = [txn.apply(op) for op in ops]
+        if commit:
+            txn.commit(True)
+        return out
+
+    def segments(self) -> list[Segment]:
+        return [decode_segment(v) for _, v in self.backend.scan(SEG_PREFIX, b"T")]
+
+    def log(self) -> list[int]:
+        return [int.from_bytes(v, "big") for _, v in self.backend.scan(LOG_PREFIX, b"M")]
+
+
+def insert(t: np.ndarray, meta: int | list[int] = 1, ns: str = "") -> Insert:
+    m = np.array(meta, np.uint64) if isinstance(meta, list) else meta
+    return Insert(0, SeqSpec(ns, tokens=t), meta=m)
+
+
+def test_a_continuation_extends_its_segment_in_place() -> None:
+    box = Box()
+    t = toks(5, 1)
+    assert box.write(insert(t[: 3 * BT], 1)) == [InsertResult(3, 3, 0)]
+    assert box.write(insert(t, 2)) == [InsertResult(5, 2, 3)]
+    [seg] = box.segments()
+    assert seg.seg_id == 1 and seg.nblocks == 5 and seg.present_run(0) == 5
+    assert seg.meta.tolist() == [1, 1, 1, 2, 2]  # the old blocks keep their meta
+    assert (seg.ids == token_ids("", t, BT)).all()
+    assert box.log() == [1, 1]  # created, then extended: same key
+    assert box.store.counters.segments == 1 and box.store.counters.blocks == 5
+
+
+def test_a_branch_gets_a_segment_with_a_copy_of_the_head() -> None:
+    box = Box()
+    t = toks(5, 2)
+    box.write(insert(t, [10, 11, 12, 13, 14]))
+    branch = np.concatenate([t[: 3 * BT], toks(2, 3)])
+    assert box.write(insert(branch, 7)) == [InsertResult(5, 2, 3)]
+    a, b = box.segments()
+    assert (a.seg_id, b.seg_id) == (1, 2) and a.nblocks == b.nblocks == 5
+    assert (b.ids[:3] == a.ids[:3]).all() and not (b.ids[3:] == a.ids[3:]).all()
+    assert b.meta.tolist() == [10, 11, 12, 7, 7]  # the head's meta is copied
+    assert a.meta.tolist() == [10, 11, 12, 13, 14]  # the original is untouched
+    assert box.log() == [1, 2] and box.store.counters.blocks == 7
+
+
+def test_holes_are_refilled_in_place() -> None:
+    box = Box()
+    t = toks(5, 4)
+    box.write(insert(t, 1))
+    assert box.write(Remove(0, seq=SeqSpec("", tokens=t), start=2)) == [RemoveResult(3)]
+    [seg] = box.segments()
+    assert seg.presence == 0b00011 and seg.nblocks == 5  # absent blocks keep their ids
+    assert box.write(insert(t, 9)) == [InsertResult(5, 3, 2)]
+    [seg] = box.segments()
+    assert seg.presence == 0b11111 and seg.meta.tolist() == [1, 1, 9, 9, 9]
+    assert box.store.counters.segments == 1 and box.store.counters.blocks == 5
+
+
+def test_a_later_operation_sees_an_earlier_one_of_the_batch() -> None:
+    box = Box()
+    t = toks(6, 5)
+    out = box.write(insert(t[: 2 * BT]), insert(t), insert(t))
+    assert out == [InsertResult(2, 2, 0), InsertResult(6, 4, 2), InsertResult(6, 0, 6)]
+    assert len(box.segments()) == 1
+
+
+def test_what_is_not_committed_is_not_written() -> None:
+    box = Box()
+    box.write(insert(toks(3, 6)), commit=False)
+    assert box.segments() == [] and box.store.counters.blocks == 0
+    assert box.store.ns_blocks(ns_tag("")) == 0
+
+
+def test_commit_counts_blocks_per_namespace() -> None:
+    box = Box()
+    box.write(insert(toks(3, 7), ns="a"), insert(toks(2, 8), ns="b"))
+    assert box.store.ns_blocks(ns_tag("a")) == 3 and box.store.ns_blocks(ns_tag("b")) == 2
+    assert Store(box.backend, TINY).ns_blocks(ns_tag("a")) == 3  # on the backend too
+
+
+def test_clear_unsets_what_the_mask_selects() -> None:
+    box = Box()
+    box.write(insert(toks(3, 9), [0x100, 0x201, 0x102]), insert(toks(2, 10), 0x100, ns="b"))
+    assert box.write(Clear(0, ns="", mask=0xF00, value=0x100)) == [RemoveResult(2)]
+    seg = next(s for s in box.segments() if s.ns_tag == ns_tag(""))
+    assert seg.presence == 0b010
+    assert box.store.counters.blocks == 3  # namespace b is untouched
+
+
+def test_a_parent_insert_continues_after_its_parent() -> None:
+    box = Box()
+    t = toks(4, 11)
+    box.write(insert(t, 1))
+    parent = salt_ids("", token_ids("", t, BT)[1:2])  # the external form of block 1
+    op = Insert(0, SeqSpec("", tokens=toks(2, 12)), meta=5, parent=parent)
+    assert box.write(op) == [InsertResult(2, 2, 0)]
+    branch = box.segments()[1]
+    assert branch.nblocks == 4 and (branch.ids[:2] == token_ids("", t, BT)[:2]).all()
+
+
+def test_the_inputs_are_checked() -> None:
+    box = Box()
+    txn = WriteTxn(box.store, box.router)
+    with pytest.raises(BadRequest, match=r"meta: 2 values for 3 blocks \(need one per block\)"):
+        txn.apply(insert(toks(3, 13), [1, 2]))
+    bare = Box(IndexConfig(block_locators=False))
+    txn = WriteTxn(bare.store, bare.router)
+    with pytest.raises(BadRequest, match="parent: this index keeps no block locators"):
+        txn.apply(Insert(0, SeqSpec("", tokens=toks(1, 1)), meta=0,
+                         parent=np.zeros((1, 2), np.uint64)))
