@@ -159,7 +159,7 @@ class Daemon:
         return 0
 
     def _open(self) -> tuple[SarpIndex, str]:
-        from backends.registry import open_backend
+        from sarpd.core.store import open_backend
 
         cfg = self.config
         backend = open_backend(

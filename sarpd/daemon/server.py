@@ -330,7 +330,7 @@ class Server:
     def activity(self) -> Activity | None:
         """The index's activity counters, once serving (see `IndexLike`)."""
         service = self.service
-        return None if service is None else service.index
+        return None if service is None else service.index.activity
 
     def extra_stats(self) -> dict[str, object]:
         """The server's part of the `stats` op: gauges and metrics counters."""

@@ -57,13 +57,12 @@ PhaseKind = Literal["read", "write", "barrier"]
 Keyed = tuple[Hashable, Request]
 
 
-class IndexLike(Activity, Protocol):
+class IndexLike(Protocol):
     """What the service needs of `sarpd.core.index.SarpIndex` (a fake implements it in
-    tests). Its activity counters (`Activity`) are read by the metrics, never copied.
+    tests). Its activity counters (`activity`) are read by the metrics, never copied."""
 
-    Until `SarpIndex.activity` (issue 11, the core's half) is merged, the counters are
-    attributes of the index itself; after it, this protocol declares
-    ``activity: Activity`` instead and `Server.activity` returns ``index.activity``."""
+    @property
+    def activity(self) -> Activity: ...
 
     def match_many(self, reqs: Sequence[Match]) -> Sequence[object]: ...
 

@@ -178,8 +178,8 @@ def test_stats_and_metrics_read_the_server_the_service_and_the_index() -> None:
                    {"id": 3, "op": "match", "tokens": [6] * 16},
                    {"id": 4, "op": "report", "source": "bridge", "counters": {"gaps": 2}})
             assert [(await p.recv())["ok"] for _ in range(4)] == [True] * 4
-            assert (idx.matched_blocks, idx.queried_blocks) == (1, 2)
-            assert server.activity() is idx
+            assert (idx.activity.matched_blocks, idx.activity.queried_blocks) == (1, 2)
+            assert server.activity() is idx.activity
             p.send({"id": 5, "op": "stats"})
             stats = await p.recv()
             assert stats["hit_ratio"] == 0.5 and stats["connections"] == 1

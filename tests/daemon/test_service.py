@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sarpd.config import ServerConfig
+from sarpd.core.store import Activity
 from sarpd.daemon.service import Service, contain, schedule
 from sarpd.errors import BadRequest, Busy, Internal, SarpError, StorageError
 from sarpd.model import (
@@ -44,10 +45,7 @@ class FakeIndex:
         self.present: set[int] = set()
         self.fail_commit = False
         self.explode = False
-        # the index's activity counters (read by the metrics)
-        self.matched_blocks = 0
-        self.queried_blocks = 0
-        self.segment_reads = 0
+        self.activity = Activity()  # the index's activity counters (read by the metrics)
 
     def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:
         self.calls.append(("match", [r.id for r in reqs]))
@@ -58,9 +56,9 @@ class FakeIndex:
             assert r.seq.tokens is not None
             hit = int(r.seq.tokens[0]) in self.present
             out.append(MatchResult(blocks=int(hit), meta=np.zeros(int(hit), np.uint64)))
-            self.queried_blocks += 1
-            self.matched_blocks += int(hit)
-            self.segment_reads += 1
+            self.activity.queried_blocks += 1
+            self.activity.matched_blocks += int(hit)
+            self.activity.segment_reads += 1
         return out
 
     def write_many(
