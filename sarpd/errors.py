@@ -21,7 +21,9 @@ class SarpError(Exception):
 class ConfigError(SarpError):
     """An operator's or configuration error: a TOML file, a setting, a backend name or
     tunable, a state file. Never a client's request (those are `BadRequest`): it stops
-    sarpd (or a sarpctl command) at startup with a message naming the setting."""
+    sarpd (or a sarpctl command) at startup with a message naming the setting and its
+    limit. It is no wire error: should one ever reach a client, it answers `internal`
+    (a server-side fault), never `bad_request`."""
 
     code = "internal"
 
