@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bloomstore import (
-    BloomStore,
-    CorruptionError,
-)
-from tests.bloomstore.helpers import (
-    QUIET,
-    SMALL,
-    assert_same,
-)
+from bloomstore import BloomStore, CorruptionError
+from tests.bloomstore.helpers import QUIET, SMALL, assert_same
 
 
 def test_chain_candidates_are_a_superset_of_the_true_pages_newest_first(

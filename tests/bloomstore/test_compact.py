@@ -5,16 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bloomstore import (
-    BloomStore,
-    Tuning,
-)
-from tests.bloomstore.helpers import (
-    QUIET,
-    SMALL,
-    apply,
-    assert_same,
-)
+from bloomstore import BloomStore, Tuning
+from tests.bloomstore.helpers import QUIET, SMALL, apply, assert_same
 
 
 def test_compaction_keeps_every_live_key_and_reduces_disk(tmp_path: Path) -> None:

@@ -17,23 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bloomstore import (
-    BloomStore,
-    ConfigError,
-    Geometry,
-    StoreClosedError,
-    StoreLockedError,
-    Tuning,
-)
-from tests.bloomstore.helpers import (
-    QUIET,
-    ROOT,
-    SMALL,
-    apply,
-    assert_same,
-    filled,
-    random_batches,
-)
+from bloomstore import BloomStore, ConfigError, Geometry, StoreClosedError, StoreLockedError, Tuning
+from tests.bloomstore.helpers import QUIET, ROOT, SMALL, apply, assert_same, filled, random_batches
 
 
 def test_random_ops_match_a_dict_across_flushes_checkpoints_compactions(
