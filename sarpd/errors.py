@@ -1,4 +1,4 @@
-"""The one error root of sarp. Every error carries the wire `code` of PROTOCOL.md.
+"""The one error root of sarp. Every error carries the wire `code` of docs/PROTOCOL.md.
 
 Messages name the field, the value and the limit, e.g.
 ``f"tokens: {n} exceeds max_sequence_tokens ({limit})"``. Keep causes with
@@ -71,7 +71,7 @@ class Forbidden(SarpError):
 
 class QuotaExceeded(SarpError):
     """An insert into a namespace that already holds its quota of blocks (extension
-    code, PROTOCOL.md "Namespace quotas")."""
+    code, docs/PROTOCOL.md "Namespace quotas")."""
 
     code = "quota_exceeded"
 
