@@ -24,6 +24,10 @@ refused without another attempt for RESUME_RETRY_S.
 Thread safety: every call may come from any thread (RocksDB is thread-safe). `close`
 drops the RocksDB iterators of unfinished scans (their next step raises BackendIOError)
 so that the directory can be reopened at once.
+
+Failures (backends/errors.py): a negative `cache_bytes` is a BackendConfigError; a
+failed open (a file, a directory in pickle mode or already open in this process), read,
+write, sync or reopen is a BackendIOError naming the path and RocksDB's message.
 """
 
 from __future__ import annotations

@@ -50,9 +50,12 @@ class TooLarge(SarpError):
     code = "too_large"
 
 
-class FrameError(TooLarge):
+class FrameError(SarpError):
     """The byte stream itself is unusable (oversized frame or not msgpack): the
-    connection closes after one error response. `code` is `too_large` or `bad_request`."""
+    connection closes after one error response. `code` is `too_large` or `bad_request`
+    (the cause's), so it is neither a `TooLarge` nor a `BadRequest` of one request."""
+
+    code = "too_large"
 
     def __init__(self, message: str, code: str = "too_large") -> None:
         super().__init__(message)
