@@ -8,7 +8,7 @@ import os
 import threading
 from pathlib import Path
 
-from sarpd.errors import StorageError
+from backends.errors import BackendIOError
 
 
 class OpenPaths:
@@ -22,8 +22,8 @@ class OpenPaths:
     def claim(self, key: str) -> None:
         with self._lock:
             if key in self._paths:
-                raise StorageError(f"{self.engine} {key}: already open in this process "
-                                   f"(close the other {self.cls_name} on it first)")
+                raise BackendIOError(f"{self.engine} {key}: already open in this process "
+                                     f"(close the other {self.cls_name} on it first)")
             self._paths.add(key)
 
     def release(self, key: str) -> None:

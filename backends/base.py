@@ -1,20 +1,20 @@
 """The one storage interface every engine implements.
 
 Keys and values are opaque bytes. sarp uses a few key spaces, each a one-byte
-prefix (see sarpd/segment.py): segments keyed by a big-endian segment id so that
+prefix (see sarpd/core/segment.py): segments keyed by a big-endian segment id so that
 "every segment newer than X" is an ordered range scan, and small per-block entries.
 An implementation must:
 - `get_many`: return one value (or None) per key, in order; one engine call where
   the engine has a multi-get.
 - `write`: apply every put and delete of the batch atomically; when `sync` is true,
-  return only once the batch is durable (fsync'd). Raise `StorageError` when it could
-  not persist (then nothing of the batch is visible).
+  return only once the batch is durable (fsync'd). Raise `BackendIOError`
+  (backends/errors.py) when it could not persist (then nothing of the batch is visible).
 - `scan`: yield (key, value) for start <= key < end in key order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -73,13 +73,3 @@ class Backend(Protocol):
         """Engine counters: at least `disk_bytes`."""
         ...
 
-
-def get_one(backend: Backend, key: bytes) -> bytes | None:
-    return backend.get_many([key])[0]
-
-
-def put_all(backend: Backend, items: Iterable[tuple[bytes, bytes]], sync: bool) -> None:
-    wb = WriteBatch()
-    for k, v in items:
-        wb.put(k, v)
-    backend.write(wb, sync)

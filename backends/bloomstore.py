@@ -8,10 +8,11 @@ in RAM. Ordered scans merge pages chosen by a per-page zone map (prefix bounds o
 each key space), so sarp's b"L" change-log scans after a snapshot read only the
 pages written since.
 
-Error mapping: engine corruption (checksum or layout) -> CorruptData; a file in a
-format version this build does not read -> FormatVersionError; a limit or
-tunable out of range -> BadRequest; every other engine failure (I/O, closed store,
-directory already open) -> StorageError. Each message names the directory.
+Error mapping (into backends/errors.py): engine corruption (checksum or layout) ->
+BackendCorrupt; a file in a format version this build does not read ->
+BackendFormatError; a limit or tunable out of range, or a geometry that differs from
+the stored one -> BackendConfigError; every other engine failure (I/O, closed store,
+directory already open) -> BackendIOError. Each message names the directory.
 
 `cache_bytes` is the engine's page cache (verified pages). Other engine tunables can
 be passed as keyword arguments (`Tuning` fields) by code that opens the class
@@ -25,6 +26,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from backends.base import WriteBatch
+from backends.errors import (
+    BackendConfigError,
+    BackendCorrupt,
+    BackendError,
+    BackendFormatError,
+    BackendIOError,
+)
 from bloomstore import (
     BloomStore,
     BloomStoreError,
@@ -34,20 +42,19 @@ from bloomstore import (
     Geometry,
     Tuning,
 )
-from sarpd.errors import BadRequest, CorruptData, FormatVersionError, SarpError, StorageError
 
 MiB = 1024 * 1024
 T = TypeVar("T")
 
 
-def _mapped(exc: BloomStoreError) -> SarpError:
+def _mapped(exc: BloomStoreError) -> BackendError:
     if isinstance(exc, CorruptionError):
-        return CorruptData(exc.message)
+        return BackendCorrupt(exc.message)
     if isinstance(exc, FormatError):
-        return FormatVersionError(exc.message)
+        return BackendFormatError(exc.message)
     if isinstance(exc, ConfigError):
-        return BadRequest(exc.message)
-    return StorageError(exc.message)
+        return BackendConfigError(exc.message)
+    return BackendIOError(exc.message)
 
 
 def _call(fn: Callable[[], T]) -> T:
@@ -64,13 +71,13 @@ class BloomStoreBackend:
     def __init__(self, path: Path, cache_bytes: int = 64 * MiB,
                  geometry: Geometry | None = None, **tuning: Any) -> None:
         if cache_bytes < 0:
-            raise BadRequest(f"bloomstore: cache_bytes {cache_bytes} must be >= 0")
+            raise BackendConfigError(f"bloomstore: cache_bytes {cache_bytes} must be >= 0")
         self.path = Path(path)
         self.cache_bytes = cache_bytes
         try:
             config = Tuning(cache_bytes=cache_bytes, **tuning)
         except ConfigError as exc:
-            raise BadRequest(exc.message) from exc
+            raise BackendConfigError(exc.message) from exc
         self._store = _call(lambda: BloomStore(self.path, geometry, config))
 
     @property

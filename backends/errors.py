@@ -1,7 +1,16 @@
 """The errors a storage backend raises: the engines' own, importing nothing of sarp.
 
-The index core turns them into sarp's errors (and wire codes) in one place
-(`sarpd.core.store`), as `backends/bloomstore.py` turns BloomStore's into these.
+Every message names the engine and its directory. The index core turns them into
+sarp's errors (and wire codes) in one place (`sarpd.core.store`), as
+`backends/bloomstore.py` turns BloomStore's into these:
+
+    BackendIOError      -> StorageError        (unavailable)
+    BackendCorrupt      -> CorruptData         (internal)
+    BackendFormatError  -> FormatVersionError  (internal)
+    BackendConfigError  -> ConfigError         (an operator's error: sarpd stops)
+
+A caller's bug (a key that is not `bytes`, an empty key) stays a TypeError or a
+ValueError: it is no backend failure.
 """
 
 from __future__ import annotations
@@ -16,7 +25,8 @@ class BackendError(Exception):
 
 
 class BackendIOError(BackendError):
-    """The engine could not read or persist: nothing of the failed batch is visible."""
+    """The engine could not read or persist (or was closed): nothing of the failed batch
+    is visible."""
 
 
 class BackendCorrupt(BackendError):

@@ -5,9 +5,9 @@ path is in the environment variable `SARPD_FAULT_FILE` (read by `open_backend`, 
 then wraps the engine it opens). The file holds one word; no file (or an empty one)
 means no fault:
 
-    enospc   every write and sync raises StorageError (ENOSPC) before the engine sees
+    enospc   every write and sync raises BackendIOError (ENOSPC) before the engine sees
              anything: the batch is not applied (a full disk refusing the log append)
-    fsync    every write is applied WITHOUT sync, then raises StorageError (EIO from
+    fsync    every write is applied WITHOUT sync, then raises BackendIOError (EIO from
              fsync): the batch is visible in the engine but was never acknowledged;
              sync() raises too
     eio      like enospc, with EIO (a failing device)
@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from backends.base import Backend, WriteBatch
-from sarpd.errors import StorageError
+from backends.errors import BackendIOError
 
 ENV = "SARPD_FAULT_FILE"
 MODES = ("enospc", "fsync", "eio")
@@ -63,10 +63,10 @@ class FaultyBackend:
             self.set_mode(self.control.read_text().strip())
         return self._mode
 
-    def _fail(self, action: str, code: int) -> StorageError:
+    def _fail(self, action: str, code: int) -> BackendIOError:
         self.faults += 1
-        return StorageError(f"{self.name}: {action} failed: [Errno {code}] "
-                            f"{os.strerror(code)} (injected fault)")
+        return BackendIOError(f"{self.name}: {action} failed: [Errno {code}] "
+                              f"{os.strerror(code)} (injected fault)")
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return self.inner.get_many(keys)

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from backends.base import WriteBatch
-from sarpd.errors import StorageError
+from backends.errors import BackendIOError
 
 
 class MemoryBackend:
@@ -33,7 +33,7 @@ class MemoryBackend:
 
     def _check_open(self, action: str) -> None:
         if self._closed:
-            raise StorageError(f"memory backend ({self.path}): {action} after close")
+            raise BackendIOError(f"memory backend ({self.path}): {action} after close")
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         with self._lock:

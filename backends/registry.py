@@ -5,7 +5,8 @@ constructor is `Cls(path: Path, cache_bytes: int = ...)` registers with
 `_lazy("backends.module", "Cls")`: its module is imported on first open only, so an
 engine whose package is optional (wiredtiger is built from source) costs nothing
 until it is used. A backend that keeps nothing across `close()` sets the class
-attribute `persistent = False` (the contract tests then skip reopen and crash tests).
+attribute `persistent = False` (the Backend protocol; the contract tests then skip
+reopen and crash tests). An unknown name raises BackendConfigError.
 With $SARPD_FAULT_FILE set, `open_backend` wraps the engine in backends.faulty's
 FaultyBackend (fault-injection tests of a real daemon).
 """
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Protocol
 
 from backends.base import Backend
+from backends.errors import BackendConfigError
 from backends.faulty import wrap_from_env
-from sarpd.errors import BadRequest
 
 
 class BackendFactory(Protocol):
@@ -53,12 +54,8 @@ def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
     try:
         factory = BACKENDS[name]
     except KeyError:
-        raise BadRequest(
+        raise BackendConfigError(
             f"backend {name!r} is not known (known: {', '.join(backend_names())})"
         ) from None
     return wrap_from_env(factory(path, cache_bytes=cache_bytes))
 
-
-def is_persistent(backend: Backend) -> bool:
-    """Whether data written to `backend` survives close and reopen."""
-    return backend.persistent

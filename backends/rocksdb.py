@@ -1,6 +1,6 @@
 """RocksDBBackend: the default engine, on `rocksdict` (RocksDB 9.x bundled in its wheel).
 
-Options (see /work/shared/DEPENDENCIES.md for the measurements behind them):
+Options:
 - raw mode: keys and values are bytes. A directory written in rocksdict's pickle mode
   is refused (a raw-mode open of one would silently read None everywhere).
 - block-based table, LRU block cache of `cache_bytes`, 10-bit full bloom filter,
@@ -22,8 +22,12 @@ still full) the database is opened read-only, so reads keep working, and writes 
 refused without another attempt for RESUME_RETRY_S.
 
 Thread safety: every call may come from any thread (RocksDB is thread-safe). `close`
-drops the RocksDB iterators of unfinished scans (their next step raises StorageError)
+drops the RocksDB iterators of unfinished scans (their next step raises BackendIOError)
 so that the directory can be reopened at once.
+
+Failures (backends/errors.py): a negative `cache_bytes` is a BackendConfigError; a
+failed open (a file, a directory in pickle mode or already open in this process), read,
+write, sync or reopen is a BackendIOError naming the path and RocksDB's message.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import rocksdict
 
 from backends._files import OpenPaths, dir_bytes
 from backends.base import WriteBatch
-from sarpd.errors import BadRequest, StorageError
+from backends.errors import BackendConfigError, BackendIOError
 
 MiB = 1024 * 1024
 BLOOM_BITS_PER_KEY = 10
@@ -123,9 +127,9 @@ def _check_raw_mode(path: Path) -> None:
     except FileNotFoundError:
         return
     except (OSError, ValueError, AttributeError) as exc:
-        raise StorageError(f"rocksdb {path}: unreadable {config.name}: {exc}") from exc
+        raise BackendIOError(f"rocksdb {path}: unreadable {config.name}: {exc}") from exc
     if raw is not True:
-        raise StorageError(
+        raise BackendIOError(
             f"rocksdb {path}: written in rocksdict pickle mode (raw_mode={raw!r}), "
             "sarp needs raw_mode=True"
         )
@@ -149,7 +153,7 @@ class RocksDBBackend:
         self, path: Path, cache_bytes: int = 64 * MiB, *, statistics: bool = False
     ) -> None:
         if cache_bytes < 0:
-            raise BadRequest(f"rocksdb: cache_bytes {cache_bytes} must be >= 0")
+            raise BackendConfigError(f"rocksdb: cache_bytes {cache_bytes} must be >= 0")
         self.path = Path(path)
         self.cache_bytes = cache_bytes
         self._lock = threading.Lock()
@@ -165,12 +169,12 @@ class RocksDBBackend:
             self._db = rocksdict.Rdict(
                 str(self.path), self._opts, column_families={"default": self._opts}
             )
-        except StorageError:
+        except BackendIOError:
             self._release()
             raise
         except Exception as exc:
             self._release()
-            raise StorageError(f"rocksdb {self.path}: open failed: {exc}") from exc
+            raise BackendIOError(f"rocksdb {self.path}: open failed: {exc}") from exc
         self._statistics = statistics
         self._failed = ""  # why the last write or sync failed; resume() clears it
         self._resume_failed_at = -RESUME_RETRY_S
@@ -179,13 +183,13 @@ class RocksDBBackend:
         self._wo_async = rocksdict.WriteOptions()
         self._wo_async.sync = False
 
-    def _error(self, action: str, exc: BaseException) -> StorageError:
-        return StorageError(f"rocksdb {self.path}: {action} failed: {type(exc).__name__}: {exc}")
+    def _error(self, action: str, exc: BaseException) -> BackendIOError:
+        return BackendIOError(f"rocksdb {self.path}: {action} failed: {type(exc).__name__}: {exc}")
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if not keys:
             if self._closed:
-                raise StorageError(f"rocksdb {self.path}: get_many after close")
+                raise BackendIOError(f"rocksdb {self.path}: get_many after close")
             return []
         try:
             values = cast("list[bytes | None]", self._db.get(list(keys)))
@@ -200,7 +204,7 @@ class RocksDBBackend:
             if sync:
                 self.sync()
             elif self._closed:
-                raise StorageError(f"rocksdb {self.path}: write after close")
+                raise BackendIOError(f"rocksdb {self.path}: write after close")
             return
         wb = rocksdict.WriteBatch(raw_mode=True)
         for key in batch.deletes:
@@ -229,7 +233,7 @@ class RocksDBBackend:
     def _open_cursor(self, start: bytes, end: bytes) -> _Cursor | None:
         with self._lock:
             if self._closed:
-                raise StorageError(f"rocksdb {self.path}: scan after close")
+                raise BackendIOError(f"rocksdb {self.path}: scan after close")
             if start >= end:
                 return None
             read_opts = rocksdict.ReadOptions()
@@ -248,7 +252,7 @@ class RocksDBBackend:
         # to drop the last one.
         it = cursor.it
         if it is None:
-            raise StorageError(f"rocksdb {self.path}: closed during a scan")
+            raise BackendIOError(f"rocksdb {self.path}: closed during a scan")
         try:
             if not it.valid():
                 it.status()
@@ -268,15 +272,15 @@ class RocksDBBackend:
 
     def resume(self) -> None:
         """After a failed write: reopen so that writes work again (RocksDB's error state
-        is sticky). Nothing to do otherwise. Raises StorageError while the reopen cannot
+        is sticky). Nothing to do otherwise. Raises BackendIOError while the reopen cannot
         write (reads then go to a read-only open)."""
         with self._lock:
             if not self._failed or self._closed:
                 return
             if time.monotonic() - self._resume_failed_at < RESUME_RETRY_S:
-                raise StorageError(f"rocksdb {self.path}: writes refused: {self._failed} "
-                                   f"(the next reopen is tried {RESUME_RETRY_S:g} s after "
-                                   "the last one)")
+                raise BackendIOError(f"rocksdb {self.path}: writes refused: {self._failed} "
+                                     f"(the next reopen is tried {RESUME_RETRY_S:g} s after "
+                                     "the last one)")
             for cursor in list(self._cursors):
                 cursor.it = None
                 cursor.read_opts = None

@@ -1,5 +1,5 @@
 """WiredTigerBackend: MongoDB's storage engine, on the `wiredtiger` package (built from
-source, see `make setup-wt` and /work/shared/DEPENDENCIES.md).
+source, see `make setup-wt`).
 
 Configuration:
 - one table, `key_format=u,value_format=u` (raw bytes), no block compressor (the PyPI
@@ -25,12 +25,13 @@ session of its own holding a snapshot transaction, read in chunks. `close` waits
 the calls in progress, then closes the connection and with it every session.
 
 WiredTiger refuses empty keys, and its Python binding turns the refusal into a
-library panic, so an empty key never reaches it: a put of one is a BadRequest, a get
-of one finds nothing, a delete of one does nothing. Keys must be `bytes` (the binding
-misreads a bytearray).
+library panic, so an empty key never reaches it: a put of one is a ValueError (a
+caller's bug, like a key that is not `bytes`: the binding misreads a bytearray), a get
+of one finds nothing, a delete of one does nothing.
 
-Failures: a WiredTigerError becomes StorageError naming the path and WiredTiger's
-message; the batch's transaction is rolled back. A WT_PANIC (e.g. the log could not be
+Failures (backends/errors.py): a tunable out of range is a BackendConfigError; a
+WiredTigerError becomes BackendIOError naming the path and WiredTiger's message, and
+the batch's transaction is rolled back. A WT_PANIC (e.g. the log could not be
 written) leaves the connection unusable: the next call reopens it, and WiredTiger's
 recovery brings back every committed batch and nothing of the failed one.
 """
@@ -48,7 +49,7 @@ import wiredtiger
 
 from backends._files import OpenPaths, dir_bytes
 from backends.base import WriteBatch
-from sarpd.errors import BadRequest, StorageError
+from backends.errors import BackendConfigError, BackendIOError
 
 MiB = 1024 * 1024
 MIN_CACHE_BYTES = 32 * MiB  # room for one write batch's transaction (see the docstring)
@@ -139,9 +140,9 @@ class WiredTigerBackend:
         checkpoint_log_bytes: int = CHECKPOINT_LOG_BYTES,
     ) -> None:
         if cache_bytes < 0:
-            raise BadRequest(f"wiredtiger: cache_bytes {cache_bytes} must be >= 0")
+            raise BackendConfigError(f"wiredtiger: cache_bytes {cache_bytes} must be >= 0")
         if checkpoint_wait_s < 0 or checkpoint_log_bytes < 0:
-            raise BadRequest(
+            raise BackendConfigError(
                 f"wiredtiger: checkpoint_wait_s {checkpoint_wait_s} and checkpoint_log_bytes "
                 f"{checkpoint_log_bytes} must be >= 0"
             )
@@ -187,8 +188,8 @@ class WiredTigerBackend:
             raise self._error(f"create {TABLE}", exc) from exc
         return conn
 
-    def _error(self, action: str, exc: BaseException, note: str = "") -> StorageError:
-        return StorageError(
+    def _error(self, action: str, exc: BaseException, note: str = "") -> BackendIOError:
+        return BackendIOError(
             f"wiredtiger {self.path}: {action} failed: {type(exc).__name__}: {exc}{note}"
         )
 
@@ -201,7 +202,7 @@ class WiredTigerBackend:
             while not self._closed and self._panic is not None and self._active:
                 self._cond.wait()
             if self._closed:
-                raise StorageError(f"wiredtiger {self.path}: {when_closed.format(action)}")
+                raise BackendIOError(f"wiredtiger {self.path}: {when_closed.format(action)}")
             if self._panic is not None:
                 self._reopen_locked()
             self._active += 1
@@ -221,8 +222,8 @@ class WiredTigerBackend:
         self._generation += 1
         try:
             self._conn = self._open_connection()
-        except StorageError as exc:
-            raise StorageError(f"{exc.message} (reopening after: {cause})") from exc
+        except BackendIOError as exc:
+            raise BackendIOError(f"{exc.message} (reopening after: {cause})") from exc
         self._panic = None
         self.reopens += 1
 
@@ -234,8 +235,8 @@ class WiredTigerBackend:
         session = self._conn.open_session()
         return _Handle(session, session.open_cursor(TABLE))
 
-    def _failed(self, action: str, exc: BaseException) -> StorageError:
-        """The StorageError of a WiredTigerError; remembers a panic for _enter."""
+    def _failed(self, action: str, exc: BaseException) -> BackendIOError:
+        """The BackendIOError of a WiredTigerError; remembers a panic for _enter."""
         if not _is_panic(exc):
             return self._error(action, exc)
         with self._lock:
@@ -324,7 +325,7 @@ class WiredTigerBackend:
         self._enter("scan", "closed during a scan")
         try:
             if state.handle is None or state.generation != self._generation:
-                raise StorageError(f"wiredtiger {self.path}: closed during a scan")
+                raise BackendIOError(f"wiredtiger {self.path}: closed during a scan")
             cursor = state.handle.cursor
             if state.started:
                 rc = cursor.next()
@@ -342,7 +343,7 @@ class WiredTigerBackend:
                     return chunk, True
                 rc = cursor.next()
             if rc != NOTFOUND:
-                raise StorageError(f"wiredtiger {self.path}: scan: cursor.next returned {rc}")
+                raise BackendIOError(f"wiredtiger {self.path}: scan: cursor.next returned {rc}")
             return chunk, False
         except WiredTigerError as exc:
             raise self._failed("scan", exc) from exc
@@ -388,7 +389,7 @@ class WiredTigerBackend:
         for key, value in batch.puts.items():
             _check_key(key)
             if not key:
-                raise BadRequest(f"wiredtiger {self.path}: empty key (WiredTiger has none)")
+                raise ValueError(f"wiredtiger {self.path}: empty key (WiredTiger has none)")
             if type(value) is not bytes:
                 raise TypeError(f"wiredtiger: value of {key!r} must be bytes")
         for key in batch.deletes:

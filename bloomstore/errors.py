@@ -1,9 +1,9 @@
 """The errors of the BloomStore engine (it imports nothing of sarp).
 
 Every message names the store directory, the value at fault and, where there is
-one, the limit it broke. `backends/bloomstore.py` maps them to sarp's errors:
-`CorruptionError` -> CorruptData, `FormatError` -> FormatVersionError,
-`ConfigError` -> BadRequest, the rest -> StorageError.
+one, the limit it broke. `backends/bloomstore.py` maps them to the backend errors
+(backends/errors.py): `CorruptionError` -> BackendCorrupt, `FormatError` ->
+BackendFormatError, `ConfigError` -> BackendConfigError, the rest -> BackendIOError.
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ class DataFile:
     def __init__(self, path: Path, create: bool, truncate: bool = False) -> None:
         flags = os.O_RDWR | (os.O_CREAT if create else 0) | (os.O_TRUNC if truncate else 0)
         self.path = path
+        self.fd = -1  # until the open succeeds (__del__ then has nothing to close)
         self.fd = os.open(path, flags, 0o644)
 
     def close(self) -> None:

@@ -2,7 +2,10 @@
 
 `IndexConfig` shapes the index (it is recorded in the data directory: the block and
 segment geometry may not change under existing data). `ServerConfig` shapes the
-daemon. Both load from the `[index]` and `[server]` tables of a TOML file.
+daemon. Both load from the `[index]` and `[server]` tables of a TOML file. A file that
+cannot be read or parsed, an unknown setting and a value out of range raise
+`ConfigError` (an operator's error, never a wire error) naming the setting and its
+limit.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sarpd.errors import BadRequest
+from sarpd.errors import ConfigError
 
 SyncPolicy = Literal["always", "none"]
 LogFormat = Literal["text", "json"]
@@ -43,21 +46,21 @@ class IndexConfig:
 
     def __post_init__(self) -> None:
         if self.segment_blocks % self.routing_points:
-            raise BadRequest(
+            raise ConfigError(
                 f"segment_blocks ({self.segment_blocks}) must be a multiple of "
                 f"routing_points ({self.routing_points})"
             )
         if not 1 <= self.segment_blocks <= 64:
-            raise BadRequest(f"segment_blocks {self.segment_blocks} not in 1..64")
+            raise ConfigError(f"segment_blocks {self.segment_blocks} not in 1..64")
         if self.block_tokens < 1:
-            raise BadRequest(f"block_tokens {self.block_tokens} must be >= 1")
+            raise ConfigError(f"block_tokens {self.block_tokens} must be >= 1")
         if self.window_cap < 1:
-            raise BadRequest(f"window_cap {self.window_cap} must be >= 1")
+            raise ConfigError(f"window_cap {self.window_cap} must be >= 1")
         quotas = {"namespace_quota_blocks": self.namespace_quota_blocks,
                   **{f"namespace_quotas[{k!r}]": v for k, v in self.namespace_quotas.items()}}
         for name, v in quotas.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise BadRequest(f"{name}: {v!r} is not a block count >= 0")
+                raise ConfigError(f"{name}: {v!r} is not a block count >= 0")
 
     def quota(self, ns: str) -> int:
         """The most blocks namespace `ns` may hold (0: no quota)."""
@@ -102,7 +105,7 @@ def _coerce(cls: type[Any], table: dict[str, Any], where: str) -> dict[str, Any]
     out: dict[str, Any] = {}
     for key, value in table.items():
         if key not in names:
-            raise BadRequest(f"{where}: unknown setting {key!r} (known: {sorted(names)})")
+            raise ConfigError(f"{where}: unknown setting {key!r} (known: {sorted(names)})")
         out[key] = value
     return out
 
@@ -117,7 +120,7 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
             with open(path, "rb") as fh:
                 doc = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise BadRequest(f"config {path}: {exc}") from exc
+            raise ConfigError(f"config {path}: {exc}") from exc
         server = _coerce(ServerConfig, dict(doc.get("server", {})), f"{path} [server]")
         index = _coerce(IndexConfig, dict(doc.get("index", {})), f"{path} [index]")
         for k in ("socket", "data_dir"):
@@ -135,4 +138,4 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
     try:
         return ServerConfig(index=IndexConfig(**index), **server)
     except TypeError as exc:
-        raise BadRequest(f"config: {exc}") from exc
+        raise ConfigError(f"config: {exc}") from exc

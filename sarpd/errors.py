@@ -1,4 +1,4 @@
-"""The one error root of sarp. Every error carries the wire `code` of PROTOCOL.md.
+"""The one error root of sarp. Every error carries the wire `code` of docs/PROTOCOL.md.
 
 Messages name the field, the value and the limit, e.g.
 ``f"tokens: {n} exceeds max_sequence_tokens ({limit})"``. Keep causes with
@@ -21,7 +21,9 @@ class SarpError(Exception):
 class ConfigError(SarpError):
     """An operator's or configuration error: a TOML file, a setting, a backend name or
     tunable, a state file. Never a client's request (those are `BadRequest`): it stops
-    sarpd (or a sarpctl command) at startup with a message naming the setting."""
+    sarpd (or a sarpctl command) at startup with a message naming the setting and its
+    limit. It is no wire error: should one ever reach a client, it answers `internal`
+    (a server-side fault), never `bad_request`."""
 
     code = "internal"
 
@@ -73,7 +75,7 @@ class Forbidden(SarpError):
 
 class QuotaExceeded(SarpError):
     """An insert into a namespace that already holds its quota of blocks (extension
-    code, PROTOCOL.md "Namespace quotas")."""
+    code, docs/PROTOCOL.md "Namespace quotas")."""
 
     code = "quota_exceeded"
 

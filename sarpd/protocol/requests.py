@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sarpd.errors import BadRequest, Internal, SarpError, TooLarge, UnknownOp
+from sarpd.errors import BadRequest, ConfigError, Internal, SarpError, TooLarge, UnknownOp
 from sarpd.model import (
     Check,
     Clear,
@@ -47,7 +47,8 @@ U32_LIMIT = 2**32
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Decoder limits; see the module docstring. ``max_ids=0`` derives the default."""
+    """Decoder limits; see the module docstring. ``max_ids=0`` derives the default.
+    A limit that is not an int >= 1 is a ConfigError (they come from the config)."""
 
     max_frame_size: int = 64 * 1024 * 1024
     max_sequence_tokens: int = 1_048_576
@@ -72,11 +73,11 @@ class Limits:
         ):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
-                raise BadRequest(f"Limits.{name}: {value!r} must be an int >= 1")
+                raise ConfigError(f"Limits.{name}: {value!r} must be an int >= 1")
         if self.max_ids == 0:
             object.__setattr__(self, "max_ids", self.max_sequence_tokens // self.block_tokens)
         if type(self.max_ids) is not int or self.max_ids < 1:
-            raise BadRequest(f"Limits.max_ids: {self.max_ids!r} must be an int >= 1")
+            raise ConfigError(f"Limits.max_ids: {self.max_ids!r} must be an int >= 1")
 
     @property
     def max_items(self) -> int:

@@ -3,8 +3,8 @@
 Parametrised over every name in backends.registry.BACKENDS, so a newly registered
 engine runs all of it. MemoryBackend is the oracle of the randomized test. Persistent
 backends (`persistent` not False) also get reopen, kill -9 and disk-full tests.
-The last section holds RocksDB-specific checks (table options kept on reopen,
-double open, pickle-mode directories).
+Engine-specific checks are in tests/backends/test_<engine>.py, the registry's in
+tests/backends/test_registry.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,10 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.base import Backend, WriteBatch, get_one, put_all
+from backends.base import Backend, WriteBatch
+from backends.errors import BackendIOError
 from backends.memory import MemoryBackend
-from backends.registry import backend_names, is_persistent, open_backend
-from sarpd.errors import BadRequest, StorageError
+from backends.registry import backend_names, open_backend
+from tests.backends.helpers import batch_of, be8, get_one, put_all
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -47,16 +48,6 @@ def _load_helper() -> ModuleType:
 
 
 helper = _load_helper()
-be8: Callable[[int], bytes] = helper.be8
-
-
-def batch_of(puts: dict[bytes, bytes] | None = None, deletes: Sequence[bytes] = ()) -> WriteBatch:
-    wb = WriteBatch()
-    for k in deletes:
-        wb.delete(k)
-    for k, v in (puts or {}).items():
-        wb.put(k, v)
-    return wb
 
 
 Opener = Callable[[], Backend]
@@ -92,7 +83,7 @@ def backend(opener: Opener) -> Backend:
 def persistent_opener(opener: Opener) -> Opener:
     probe = opener()
     probe.close()
-    if not is_persistent(probe):
+    if not probe.persistent:
         pytest.skip(f"{probe.name} keeps nothing across close")
     return opener
 
@@ -109,15 +100,7 @@ def _run_helper(mode: str, name: str, path: Path, **kw: Any) -> subprocess.Popen
     )
 
 
-# --- registry -------------------------------------------------------------------------
-
-
-def test_registry_names_and_unknown_name(tmp_path: Path) -> None:
-    assert {"rocksdb", "memory"} <= set(NAMES)
-    with pytest.raises(BadRequest) as err:
-        open_backend("leveldb", tmp_path, cache_bytes=CACHE)
-    assert "'leveldb'" in err.value.message and "rocksdb" in err.value.message
-    assert err.value.code == "bad_request"
+# --- protocol -------------------------------------------------------------------------
 
 
 def test_backend_implements_protocol(backend: Backend, name: str) -> None:
@@ -247,23 +230,23 @@ def test_scan_sees_later_writes(backend: Backend) -> None:
 # --- errors after close ---------------------------------------------------------------
 
 
-def test_calls_after_close_raise_storage_error(backend: Backend) -> None:
+def test_calls_after_close_raise_backend_io_error(backend: Backend) -> None:
     put_all(backend, [(b"a", b"1")], sync=True)
     backend.close()
     backend.close()  # idempotent
-    with pytest.raises(StorageError) as err:
+    with pytest.raises(BackendIOError) as err:
         backend.write(batch_of({b"b": b"2"}), sync=True)
-    assert err.value.code == "unavailable"
-    with pytest.raises(StorageError):
+    assert backend.name in err.value.message
+    with pytest.raises(BackendIOError):
         backend.write(WriteBatch(), sync=False)
-    with pytest.raises(StorageError):
+    with pytest.raises(BackendIOError):
         backend.get_many([b"a"])
-    with pytest.raises(StorageError):
+    with pytest.raises(BackendIOError):
         list(backend.scan(b"", b"\xff"))
     assert "disk_bytes" in backend.stats()
 
 
-def test_write_failure_is_storage_error_and_invisible(
+def test_write_failure_is_backend_io_error_and_invisible(
     persistent_opener: Opener, name: str, tmp_path: Path
 ) -> None:
     """A real I/O failure: the file size limit (RLIMIT_FSIZE, 1 MiB) makes the engine's
@@ -272,7 +255,7 @@ def test_write_failure_is_storage_error_and_invisible(
     out, errs = proc.communicate(timeout=60)
     assert proc.returncode == 0, errs
     result = json.loads(out.splitlines()[0])
-    assert result["error"]["type"] == "StorageError", result
+    assert result["error"]["type"] == "BackendIOError", result
     assert str(tmp_path / "db") in result["error"]["message"]
     assert result["seen"] == [True, False, False]  # nothing of the failed batch
     backend = persistent_opener()
@@ -362,7 +345,7 @@ def _apply(backend: Backend, ops: list[tuple[bytes, bytes | None]], sync: bool) 
 def test_random_ops_match_memory_oracle(name: str, tmp_path: Path) -> None:
     probe = open_backend(name, tmp_path / "probe", cache_bytes=CACHE)
     probe.close()
-    if not is_persistent(probe):
+    if not probe.persistent:
         pytest.skip(f"{name} is the oracle's kind (not persistent)")
 
     @settings(
@@ -394,100 +377,3 @@ def test_random_ops_match_memory_oracle(name: str, tmp_path: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
     run()
-
-
-# --- RocksDB specifics ----------------------------------------------------------------
-
-
-def test_rocksdb_reopen_keeps_table_options(tmp_path: Path) -> None:
-    """The gotcha: a reopen without column_families={"default": opts} silently loads the
-    stored OPTIONS (8 MiB cache, no bloom filter)."""
-    from backends.rocksdb import RocksDBBackend, read_table_options
-
-    path = tmp_path / "db"
-    first = RocksDBBackend(path, cache_bytes=3 << 20)
-    put_all(first, [(b"S" + be8(i), b"v" * 100) for i in range(2000)], sync=False)
-    assert first.stats()["block_cache_bytes"] == 3 << 20
-    first.close()  # flushes: the reads below go to an SST file with its filter
-
-    again = RocksDBBackend(path, cache_bytes=5 << 20, statistics=True)
-    try:
-        assert again.stats()["block_cache_bytes"] == 5 << 20
-        table = read_table_options(path)
-        assert table["filter_policy"] == "bloomfilter"
-        assert table["no_block_cache"] == "false"
-        assert table["cache_index_and_filter_blocks"] == "false"
-        misses = [b"S" + be8(i) + b"?" for i in range(300)]
-        assert again.get_many(misses) == [None] * 300
-        assert int(again.stats()["bloom_useful"]) > 250  # the filter answered
-        assert again.get_many([b"S" + be8(5)]) == [b"v" * 100]
-    finally:
-        again.close()
-
-
-def test_rocksdb_second_open_in_process_is_refused(tmp_path: Path) -> None:
-    from backends.rocksdb import RocksDBBackend
-
-    first = RocksDBBackend(tmp_path / "db")
-    with pytest.raises(StorageError, match="already open in this process"):
-        RocksDBBackend(tmp_path / "." / "db")
-    first.close()
-    RocksDBBackend(tmp_path / "db").close()
-
-
-def test_rocksdb_close_during_scan_releases_directory(tmp_path: Path) -> None:
-    from backends.rocksdb import RocksDBBackend
-
-    backend = RocksDBBackend(tmp_path / "db")
-    put_all(backend, [(b"S" + be8(i), b"v") for i in range(10)], sync=False)
-    scan = backend.scan(b"S", b"T")
-    assert next(scan)[0] == b"S" + be8(0)
-    backend.close()
-    with pytest.raises(StorageError, match="closed during a scan"):
-        next(scan)
-    again = RocksDBBackend(tmp_path / "db")  # the iterator no longer pins the DB
-    assert len(list(again.scan(b"S", b"T"))) == 10
-    again.close()
-
-
-def test_rocksdb_bad_directories(tmp_path: Path) -> None:
-    import rocksdict
-
-    from backends.rocksdb import RocksDBBackend
-
-    a_file = tmp_path / "file"
-    a_file.write_bytes(b"not a directory")
-    with pytest.raises(StorageError, match=str(a_file)):
-        RocksDBBackend(a_file)
-    pickled = rocksdict.Rdict(str(tmp_path / "pickle"))  # rocksdict's default mode
-    pickled["k"] = "v"
-    pickled.close()
-    for _ in range(2):  # the failed open released its claim on the directory
-        with pytest.raises(StorageError, match="pickle mode"):
-            RocksDBBackend(tmp_path / "pickle")
-    with pytest.raises(BadRequest, match="-1"):
-        RocksDBBackend(tmp_path / "neg", cache_bytes=-1)
-
-
-def test_rocksdb_sync_flag_reaches_the_wal(tmp_path: Path) -> None:
-    """kill -9 cannot tell a synced WAL from one in the page cache; RocksDB's own
-    counter of WAL syncs can."""
-    from backends.rocksdb import RocksDBBackend
-
-    backend = RocksDBBackend(tmp_path / "db", statistics=True)
-    try:
-
-        def syncs() -> int:
-            return int(backend.stats()["wal_syncs"])
-
-        base = syncs()
-        for i in range(3):
-            backend.write(batch_of({be8(i): b"v"}), sync=False)
-        assert syncs() == base
-        backend.write(batch_of({b"s": b"v"}), sync=True)
-        assert syncs() == base + 1
-        backend.write(WriteBatch(), sync=True)  # an empty batch still syncs what came before
-        backend.sync()
-        assert syncs() == base + 3
-    finally:
-        backend.close()

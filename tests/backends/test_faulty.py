@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.base import WriteBatch
+from backends.errors import BackendIOError
 from backends.faulty import FaultyBackend
 from backends.registry import backend_names, open_backend
 from sarpd.config import IndexConfig
@@ -28,6 +28,7 @@ from sarpd.core.index import SarpIndex
 from sarpd.core.segment import COUNTERS_KEY, Counters, encode_segment, seg_key
 from sarpd.errors import StorageError
 from sarpd.model import Insert, InsertResult, Match, Remove, RemoveResult, SeqSpec
+from tests.backends.helpers import batch_of
 from tests.oracle import BT, Oracle
 
 TINY = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, refine_threshold=2,
@@ -148,23 +149,47 @@ def test_fault_file_switches_a_wrapped_backend(tmp_path: Path,
     backend = open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22)
     try:
         assert isinstance(backend, FaultyBackend)
-        backend.write(_batch(b"a"), True)
+        backend.write(batch_of({b"a": b"v"}), True)
         control.write_text("enospc\n")
-        with pytest.raises(StorageError, match=r"No space left on device \(injected"):
-            backend.write(_batch(b"b"), True)
+        with pytest.raises(BackendIOError, match=r"No space left on device \(injected"):
+            backend.write(batch_of({b"b": b"v"}), True)
         assert backend.get_many([b"a", b"b"]) == [b"v", None]
         control.write_text("bogus")
         with pytest.raises(ValueError, match="bogus"):
-            backend.write(_batch(b"c"), True)
+            backend.write(batch_of({b"c": b"v"}), True)
         control.unlink()
-        backend.write(_batch(b"c"), True)
+        backend.write(batch_of({b"c": b"v"}), True)
         assert backend.get_many([b"c"]) == [b"v"]
         assert backend.stats()["faults_injected"] == 1
     finally:
         backend.close()
 
 
-def _batch(key: bytes) -> WriteBatch:
-    wb = WriteBatch()
-    wb.put(key, b"v")
-    return wb
+
+def test_each_mode_fails_as_documented(tmp_path: Path) -> None:
+    """enospc and eio refuse the batch before the engine sees it; fsync applies it
+    unsynced, then fails; sync() fails in every mode; reads always pass through."""
+    backend = FaultyBackend(open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22))
+    try:
+        assert backend.name == "rocksdb" and backend.persistent is True
+        for mode, key, visible, errno_text in [("enospc", b"a", False, "No space left"),
+                                               ("eio", b"b", False, "Input/output error"),
+                                               ("fsync", b"c", True, "Input/output error")]:
+            backend.set_mode(mode)
+            with pytest.raises(BackendIOError, match=errno_text) as err:
+                backend.write(batch_of({key: b"v"}), True)
+            assert "rocksdb" in err.value.message and "(injected fault)" in err.value.message
+            assert (backend.get_many([key]) == [b"v"]) is visible
+            with pytest.raises(BackendIOError, match=r"sync failed"):
+                backend.sync()
+            assert list(backend.scan(b"", b"\xff")) == ([(b"c", b"v")] if visible else [])
+        assert backend.faults == 6 and backend.stats()["faults_injected"] == 6
+        with pytest.raises(ValueError, match="not one of enospc, fsync, eio"):
+            backend.set_mode("full")
+        backend.set_mode("")
+        backend.resume()
+        backend.write(batch_of({b"d": b"v"}), True)
+        backend.sync()
+        assert backend.get_many([b"d"]) == [b"v"] and backend.faults == 6
+    finally:
+        backend.close()

@@ -17,25 +17,13 @@ from typing import cast
 
 import pytest
 
-from backends.base import WriteBatch, put_all
+from backends.base import WriteBatch
+from backends.errors import BackendConfigError, BackendIOError
 from backends.wiredtiger import MIN_CACHE_BYTES, SCAN_CHUNK, WiredTigerBackend
-from sarpd.errors import BadRequest, StorageError
+from tests.backends.helpers import batch_of, be8, put_all
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-
-
-def be8(i: int) -> bytes:
-    return i.to_bytes(8, "big")
-
-
-def batch(puts: dict[bytes, bytes], deletes: tuple[bytes, ...] = ()) -> WriteBatch:
-    wb = WriteBatch()
-    for key in deletes:
-        wb.delete(key)
-    for key, value in puts.items():
-        wb.put(key, value)
-    return wb
 
 
 Scan = Generator[tuple[bytes, bytes], None, None]
@@ -66,7 +54,7 @@ def _writer(backend: WiredTigerBackend, t: int, errors: list[BaseException]) -> 
             puts[b"shared"] = bytes([t]) + be8(i)
             puts[b"m" + bytes([t]) + be8(i)] = b"x"
             deletes = (b"m" + bytes([t]) + be8(i - 1),) if i else ()
-            backend.write(batch(puts, deletes), sync=i % 10 == 0)
+            backend.write(batch_of(puts, deletes), sync=i % 10 == 0)
     except BaseException as exc:
         errors.append(exc)
 
@@ -121,7 +109,7 @@ def test_close_waits_for_calls_and_ends_scans(tmp_path: Path) -> None:
     def read() -> None:
         try:
             outcomes.append(backend.get_many([b"S" + be8(3)] * 50))
-        except StorageError as exc:
+        except BackendIOError as exc:
             outcomes.append(exc.message)
 
     other_thread = threading.Thread(target=read)
@@ -130,7 +118,7 @@ def test_close_waits_for_calls_and_ends_scans(tmp_path: Path) -> None:
     other_thread.join()
     # before the close: read whole; after: refused (never a crash on a freed session)
     assert outcomes in ([[b"v"] * 50], [f"wiredtiger {tmp_path / 'db'}: get_many after close"])
-    with pytest.raises(StorageError, match="closed during a scan"):
+    with pytest.raises(BackendIOError, match="closed during a scan"):
         list(scan)  # the first chunk was read already; the next one fails
     scan.close()
     again = WiredTigerBackend(tmp_path / "db")
@@ -154,15 +142,15 @@ def test_abandoned_scan_and_scans_across_chunks(wt: WiredTigerBackend) -> None:
 
 def test_empty_and_non_bytes_keys(wt: WiredTigerBackend) -> None:
     put_all(wt, [(b"a", b"1")], sync=True)
-    with pytest.raises(BadRequest, match="empty key"):
-        wt.write(batch({b"": b"v", b"b": b"2"}), sync=True)
+    with pytest.raises(ValueError, match="empty key"):
+        wt.write(batch_of({b"": b"v", b"b": b"2"}), sync=True)
     assert wt.get_many([b"", b"a", b"b"]) == [None, b"1", None]  # nothing of the batch
-    wt.write(batch({}, deletes=(b"",)), sync=False)
+    wt.write(batch_of({}, deletes=(b"",)), sync=False)
     assert list(wt.scan(b"", b"\xff")) == [(b"a", b"1")]
     with pytest.raises(TypeError, match="bytes"):
         wt.get_many([bytearray(b"a")])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="bytes"):
-        wt.write(batch({b"c": "text"}), sync=False)  # type: ignore[dict-item]
+        wt.write(batch_of({b"c": "text"}), sync=False)  # type: ignore[dict-item]
     assert wt.get_many([b"a", b"c"]) == [b"1", None]
 
 
@@ -178,7 +166,7 @@ def test_cache_size_is_configured(tmp_path: Path) -> None:
     small = WiredTigerBackend(tmp_path / "b", cache_bytes=1000)
     assert small.stats()["cache_bytes_max"] == MIN_CACHE_BYTES  # room for a batch
     small.close()
-    with pytest.raises(BadRequest, match="-1"):
+    with pytest.raises(BackendConfigError, match="-1"):
         WiredTigerBackend(tmp_path / "c", cache_bytes=-1)
 
 
@@ -188,27 +176,27 @@ def test_sync_flag_reaches_the_log(wt: WiredTigerBackend) -> None:
 
     base = syncs()
     for i in range(3):
-        wt.write(batch({be8(i): b"v"}), sync=False)
+        wt.write(batch_of({be8(i): b"v"}), sync=False)
     assert syncs() == base
-    wt.write(batch({b"s": b"v"}), sync=True)
+    wt.write(batch_of({b"s": b"v"}), sync=True)
     assert syncs() == base + 1
     wt.sync()
     assert syncs() >= base + 1  # nothing new to sync: WiredTiger may skip the fsync
-    wt.write(batch({b"t": b"v"}), sync=False)
+    wt.write(batch_of({b"t": b"v"}), sync=False)
     wt.write(WriteBatch(), sync=True)  # an empty synced batch syncs what came before
     assert syncs() == base + 2
 
 
 def test_second_open_and_bad_directory(tmp_path: Path) -> None:
     first = WiredTigerBackend(tmp_path / "db")
-    with pytest.raises(StorageError, match="already open in this process"):
+    with pytest.raises(BackendIOError, match="already open in this process"):
         WiredTigerBackend(tmp_path / "." / "db")
     first.close()
     WiredTigerBackend(tmp_path / "db").close()
     a_file = tmp_path / "file"
     a_file.write_bytes(b"not a directory")
     for _ in range(2):  # a failed open releases its claim on the path
-        with pytest.raises(StorageError, match=str(a_file)):
+        with pytest.raises(BackendIOError, match=str(a_file)):
             WiredTigerBackend(a_file)
 
 
@@ -295,7 +283,7 @@ import json, resource, signal, sys
 from pathlib import Path
 from backends.base import WriteBatch
 from backends.wiredtiger import WiredTigerBackend
-from sarpd.errors import StorageError
+from backends.errors import BackendIOError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 b = WiredTigerBackend(Path(sys.argv[1]), cache_bytes=4 << 20)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
@@ -307,7 +295,7 @@ put(b"before", b"1", True)
 try:
     put(b"big", b"y" * (2 << 20), False)  # the log write fails: EFBIG, a panic
     error = ""
-except StorageError as exc:
+except BackendIOError as exc:
     error = exc.message
 put(b"after", b"2", True)  # on the reopened connection
 print(json.dumps({"error": error, "reopens": b.stats()["reopens_after_panic"],
@@ -318,7 +306,7 @@ b.close()
 
 def test_panic_reopens_the_connection(tmp_path: Path) -> None:
     """A log write that fails (EFBIG, even with sync=False) panics WiredTiger: the write
-    raises StorageError, the next call reopens the connection and goes on."""
+    raises BackendIOError, the next call reopens the connection and goes on."""
     proc = subprocess.run(
         [sys.executable, "-c", PANIC_CHILD, str(tmp_path / "db")],
         env=dict(os.environ, PYTHONPATH=str(ROOT)),

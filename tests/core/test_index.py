@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from backends.base import Backend
 from backends.memory import MemoryBackend
-from backends.registry import backend_names, is_persistent, open_backend
+from backends.registry import backend_names, open_backend
 from sarpd.config import IndexConfig
 from sarpd.core.ids import salt_ids, token_ids
 from sarpd.core.index import SarpIndex
@@ -98,7 +98,7 @@ class Harness:
         self.rid = 0
 
     def restart(self, snapshot: bool) -> None:
-        if not is_persistent(self.backend):  # nothing survives close: reuse the object
+        if not self.backend.persistent:  # nothing survives close: reuse the object
             if snapshot:
                 self.ix.snapshot()
             self.ix = SarpIndex(self.backend, self.cfg, self.root / "snap")

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.registry import backend_names, is_persistent, open_backend
+from backends.registry import backend_names, open_backend
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
-from sarpd.errors import BadRequest, QuotaExceeded
+from sarpd.errors import ConfigError, QuotaExceeded
 from sarpd.model import Clear, Insert, Match, Remove, SeqSpec
 from tests.daemon_helpers import Launcher, RawConn
 
@@ -40,7 +40,7 @@ class Box:
         return int(self.ix.match_many([Match(0, s)])[0].blocks)  # type: ignore[union-attr]
 
     def restart(self) -> None:
-        if is_persistent(self.backend):
+        if self.backend.persistent:
             self.ix.close()
             self.backend = open_backend(self.name, self.root / "db", cache_bytes=1 << 22)
         self.ix = SarpIndex(self.backend, CFG, self.root / "snap")
@@ -83,9 +83,9 @@ def test_quota_refuses_inserts_until_blocks_are_removed(backend_name: str,
 
 
 def test_quota_settings_are_checked() -> None:
-    with pytest.raises(BadRequest, match="namespace_quota_blocks"):
+    with pytest.raises(ConfigError, match="namespace_quota_blocks"):
         IndexConfig(namespace_quota_blocks=-1)
-    with pytest.raises(BadRequest, match="namespace_quotas\\['t'\\]"):
+    with pytest.raises(ConfigError, match="namespace_quotas\\['t'\\]"):
         IndexConfig(namespace_quotas={"t": "many"})  # type: ignore[dict-item]
     assert IndexConfig(namespace_quotas={"t": 5}).quota("t") == 5
     assert IndexConfig(namespace_quota_blocks=7).quota("other") == 7

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sarpd.config import IndexConfig, ServerConfig
-from sarpd.errors import BadRequest, TooLarge, UnknownOp
+from sarpd.errors import BadRequest, ConfigError, TooLarge, UnknownOp
 from sarpd.model import (
     Check,
     Clear,
@@ -273,7 +273,7 @@ def test_limits_from_config() -> None:
     assert lim.max_ids == 64 and lim.max_items == 2048
     assert Limits().max_ids == 65536
     assert Limits(max_ids=10).max_ids == 10
-    with pytest.raises(BadRequest, match="max_frame_size"):
+    with pytest.raises(ConfigError, match="max_frame_size"):
         Limits(max_frame_size=0)
 
 

@@ -1,0 +1,155 @@
+"""RocksDBBackend (backends/rocksdb.py): what the cross-backend contract
+(tests/backends/test_contract.py) does not show: table options kept on reopen, one
+open per directory, refused directories (a file, rocksdict's pickle mode), a bad
+tunable, the sync flag reaching the WAL, and resume() after a failed write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import rocksdict
+
+from backends.base import WriteBatch
+from backends.errors import BackendConfigError, BackendIOError
+from backends.rocksdb import RocksDBBackend, read_table_options
+from tests.backends.helpers import batch_of, be8, put_all
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_rocksdb_reopen_keeps_table_options(tmp_path: Path) -> None:
+    """The gotcha: a reopen without column_families={"default": opts} silently loads the
+    stored OPTIONS (8 MiB cache, no bloom filter)."""
+    path = tmp_path / "db"
+    first = RocksDBBackend(path, cache_bytes=3 << 20)
+    put_all(first, [(b"S" + be8(i), b"v" * 100) for i in range(2000)], sync=False)
+    assert first.stats()["block_cache_bytes"] == 3 << 20
+    first.close()  # flushes: the reads below go to an SST file with its filter
+
+    again = RocksDBBackend(path, cache_bytes=5 << 20, statistics=True)
+    try:
+        assert again.stats()["block_cache_bytes"] == 5 << 20
+        table = read_table_options(path)
+        assert table["filter_policy"] == "bloomfilter"
+        assert table["no_block_cache"] == "false"
+        assert table["cache_index_and_filter_blocks"] == "false"
+        misses = [b"S" + be8(i) + b"?" for i in range(300)]
+        assert again.get_many(misses) == [None] * 300
+        assert int(again.stats()["bloom_useful"]) > 250  # the filter answered
+        assert again.get_many([b"S" + be8(5)]) == [b"v" * 100]
+    finally:
+        again.close()
+
+
+def test_rocksdb_second_open_in_process_is_refused(tmp_path: Path) -> None:
+    first = RocksDBBackend(tmp_path / "db")
+    with pytest.raises(BackendIOError, match="already open in this process"):
+        RocksDBBackend(tmp_path / "." / "db")
+    first.close()
+    RocksDBBackend(tmp_path / "db").close()
+
+
+def test_rocksdb_close_during_scan_releases_directory(tmp_path: Path) -> None:
+    backend = RocksDBBackend(tmp_path / "db")
+    put_all(backend, [(b"S" + be8(i), b"v") for i in range(10)], sync=False)
+    scan = backend.scan(b"S", b"T")
+    assert next(scan)[0] == b"S" + be8(0)
+    backend.close()
+    with pytest.raises(BackendIOError, match="closed during a scan"):
+        next(scan)
+    again = RocksDBBackend(tmp_path / "db")  # the iterator no longer pins the DB
+    assert len(list(again.scan(b"S", b"T"))) == 10
+    again.close()
+
+
+def test_rocksdb_bad_directories(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_bytes(b"not a directory")
+    with pytest.raises(BackendIOError, match=str(a_file)):
+        RocksDBBackend(a_file)
+    pickled = rocksdict.Rdict(str(tmp_path / "pickle"))  # rocksdict's default mode
+    pickled["k"] = "v"
+    pickled.close()
+    for _ in range(2):  # the failed open released its claim on the directory
+        with pytest.raises(BackendIOError, match="pickle mode"):
+            RocksDBBackend(tmp_path / "pickle")
+    with pytest.raises(BackendConfigError, match="-1"):
+        RocksDBBackend(tmp_path / "neg", cache_bytes=-1)
+
+
+def test_rocksdb_sync_flag_reaches_the_wal(tmp_path: Path) -> None:
+    """kill -9 cannot tell a synced WAL from one in the page cache; RocksDB's own
+    counter of WAL syncs can."""
+    backend = RocksDBBackend(tmp_path / "db", statistics=True)
+    try:
+
+        def syncs() -> int:
+            return int(backend.stats()["wal_syncs"])
+
+        base = syncs()
+        for i in range(3):
+            backend.write(batch_of({be8(i): b"v"}), sync=False)
+        assert syncs() == base
+        backend.write(batch_of({b"s": b"v"}), sync=True)
+        assert syncs() == base + 1
+        backend.write(WriteBatch(), sync=True)  # an empty batch still syncs what came before
+        backend.sync()
+        assert syncs() == base + 3
+    finally:
+        backend.close()
+
+
+RESUME_CHILD = """
+import json, resource, signal, sys
+from pathlib import Path
+from backends.base import WriteBatch
+from backends.errors import BackendIOError
+from backends.rocksdb import RocksDBBackend
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of a signal
+b = RocksDBBackend(Path(sys.argv[1]), cache_bytes=4 << 20)
+def put(key, value):
+    wb = WriteBatch()
+    wb.put(key, value)
+    b.write(wb, True)
+put(b"before", b"1")
+b.resume()  # nothing failed: a no-op
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+out = {}
+try:
+    put(b"big", b"y" * (2 << 20))
+except BackendIOError as exc:
+    out["write"] = exc.message
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+b.resume()  # the disk has room again: reopen
+put(b"after", b"2")
+out["seen"] = [v is not None for v in b.get_many([b"before", b"after"])]
+print(json.dumps(out))
+b.close()
+"""
+
+
+def test_resume_after_a_failed_write_makes_writes_work_again(tmp_path: Path) -> None:
+    """A write that fails (EFBIG under RLIMIT_FSIZE, in a child process) raises
+    BackendIOError naming the directory; once there is room, resume() reopens the
+    database and the next write succeeds."""
+    proc = subprocess.run(
+        [sys.executable, "-c", RESUME_CHILD, str(tmp_path / "db")],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert str(tmp_path / "db") in result["write"] and "write of" in result["write"]
+    assert result["seen"] == [True, True]
+    again = RocksDBBackend(tmp_path / "db")
+    try:
+        assert again.get_many([b"before", b"after"]) == [b"1", b"2"]
+    finally:
+        again.close()
