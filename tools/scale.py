@@ -20,9 +20,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from backends.registry import open_backend
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
+from sarpd.core.store import open_backend
 from sarpd.model import Insert, Match, SeqSpec
 
 BT = 16

@@ -40,7 +40,7 @@ def _salt(ns: str) -> IdArray:
 def check_sequence_tokens(n_tokens: int, limit: int) -> None:
     """THE sequence length rule: a sequence of more than `limit` tokens is refused."""
     if n_tokens > limit:
-        raise TooLarge(f"tokens: {n_tokens} exceeds max_sequence_tokens ({limit})")
+        raise TooLarge(f"tokens: {n_tokens} tokens exceeds max_sequence_tokens ({limit})")
 
 
 def ns_tag(ns: str) -> int:

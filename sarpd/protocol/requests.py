@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sarpd.core.ids import check_sequence_tokens
 from sarpd.errors import BadRequest, ConfigError, Internal, SarpError, TooLarge, UnknownOp
 from sarpd.model import (
     Check,
@@ -337,10 +338,7 @@ def _blocks(seq: SeqSpec, limits: Limits) -> int:
 
 
 def _check_tokens_len(n: int, limits: Limits) -> None:
-    if n > limits.max_sequence_tokens:
-        raise TooLarge(
-            f"tokens: {n} tokens exceeds max_sequence_tokens ({limits.max_sequence_tokens})"
-        )
+    check_sequence_tokens(n, limits.max_sequence_tokens)  # the core's one rule
 
 
 def _first_not_int(items: list[Any], name: str, what: str) -> BadRequest:

@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 
 from backends.base import WriteBatch
-from backends.registry import backend_names, open_backend
+from backends.registry import backend_names
 from bloomstore import BloomStore, CorruptionError, Tuning
 from sarpd.client import SyncClient
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
 from sarpd.core.segment import SEG_PREFIX
 from sarpd.core.snapshot import list_snapshots
+from sarpd.core.store import open_backend
 from sarpd.errors import CorruptData
 from sarpd.model import Insert, Match, SeqSpec
 from tests.daemon_helpers import Launcher

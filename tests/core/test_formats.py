@@ -22,7 +22,7 @@ import pytest
 import xxhash
 
 from backends.base import WriteBatch
-from backends.registry import backend_names, open_backend
+from backends.registry import backend_names
 from bloomstore import BloomStore, FormatError
 from bloomstore import manifest as bs_manifest
 from bloomstore import wal as bs_wal
@@ -31,6 +31,7 @@ from sarpd.core.index import SarpIndex
 from sarpd.core.manifest import FORMAT_VERSION
 from sarpd.core.segment import SEG_PREFIX, SEGMENT_FORMAT
 from sarpd.core.snapshot import list_snapshots
+from sarpd.core.store import open_backend
 from sarpd.errors import FormatVersionError
 from sarpd.model import Insert, Match, SeqSpec
 from tests.core.test_manifest import set_manifest

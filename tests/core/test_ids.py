@@ -77,5 +77,5 @@ def test_id_bytes_is_the_little_endian_form() -> None:
 
 def test_the_sequence_length_rule_names_the_value_and_the_limit() -> None:
     check_sequence_tokens(100, 100)
-    with pytest.raises(TooLarge, match=r"^tokens: 101 exceeds max_sequence_tokens \(100\)$"):
+    with pytest.raises(TooLarge, match=r"^tokens: 101 tokens exceeds max_sequence_tokens \(100\)$"):
         check_sequence_tokens(101, 100)

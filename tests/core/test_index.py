@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 from backends.base import Backend
 from backends.memory import MemoryBackend
-from backends.registry import backend_names, open_backend
+from backends.registry import backend_names
 from sarpd.config import IndexConfig
 from sarpd.core.ids import salt_ids, token_ids
 from sarpd.core.index import SarpIndex
+from sarpd.core.store import open_backend
 from sarpd.errors import BadRequest, UnknownParent
 from sarpd.model import Clear, Insert, Match, Remove, SeqSpec
 from tests.oracle import BT, Oracle

@@ -78,7 +78,7 @@ def test_a_bad_candidate_is_shown_as_an_error() -> None:
 
 def test_dump_uses_the_index_rules_and_refuses_other_indexes() -> None:
     ix = index(IndexConfig(max_sequence_tokens=64))
-    with pytest.raises(TooLarge, match=r"65 exceeds max_sequence_tokens \(64\)"):
+    with pytest.raises(TooLarge, match=r"65 tokens exceeds max_sequence_tokens \(64\)"):
         dump_sequence(ix, SeqSpec("", tokens=np.zeros(65, np.uint32)))
     hashes = np.array([[5, 6]], np.uint64)
     assert dump_or_error(ix, SeqSpec("", hashes=hashes))["blocks"] == 1  # type: ignore[index]

@@ -12,7 +12,7 @@ import pytest
 
 from backends.base import WriteBatch
 from backends.memory import MemoryBackend
-from backends.registry import backend_names, open_backend
+from backends.registry import backend_names
 from backends.rocksdb import RocksDBBackend
 from sarpd.config import IndexConfig
 from sarpd.core.ids import HASH_NAME
@@ -24,6 +24,7 @@ from sarpd.core.manifest import (
     expected_manifest,
 )
 from sarpd.core.segment import COUNTERS_KEY, MANIFEST_KEY, SEGMENT_FORMAT
+from sarpd.core.store import open_backend
 from sarpd.errors import CorruptData, FormatVersionError
 from sarpd.model import Insert, SeqSpec
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.registry import backend_names, open_backend
+from backends.registry import backend_names
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
+from sarpd.core.store import open_backend
 from sarpd.errors import ConfigError, QuotaExceeded
 from sarpd.model import Clear, Insert, Match, Remove, SeqSpec
 from tests.daemon_helpers import Launcher, RawConn

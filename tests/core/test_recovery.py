@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.registry import open_backend
 from sarpd.client import SyncClient
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX
 from sarpd.core.snapshot import list_snapshots
+from sarpd.core.store import open_backend
 from sarpd.model import Insert, Match, SeqSpec
 from tests.daemon_helpers import Launcher
 from tests.oracle import BT, Oracle

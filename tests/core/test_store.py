@@ -203,7 +203,7 @@ def test_seq_ids_is_the_one_rule() -> None:
     assert not (st.seq_ids(SeqSpec("b", tokens=toks)) == chain_ids(ns_root("a"), toks, 16)).all()
     hashes = np.array([[1, 0], [2, 0]], dtype=np.uint64)
     assert (st.seq_ids(SeqSpec("a", hashes=hashes)) == salt_ids("a", hashes)).all()
-    with pytest.raises(TooLarge, match=r"tokens: 65 exceeds max_sequence_tokens \(64\)"):
+    with pytest.raises(TooLarge, match=r"tokens: 65 tokens exceeds max_sequence_tokens \(64\)"):
         st.seq_ids(SeqSpec("a", tokens=np.arange(65, dtype=np.uint32)))
 
 

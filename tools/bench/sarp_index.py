@@ -20,9 +20,9 @@ import numpy as np
 import numpy.typing as npt
 
 from backends.base import Backend
-from backends.registry import open_backend
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
+from sarpd.core.store import open_backend
 from sarpd.model import Insert, Match, MatchResult, SeqSpec
 from tools.bench.api import Ids, RecoveryResult
 

@@ -36,7 +36,7 @@ import numpy.typing as npt
 import xxhash
 
 from backends.base import Backend
-from backends.registry import open_backend
+from sarpd.core.store import open_backend
 from tools.bench.api import Ids, RecoveryResult
 
 U64 = npt.NDArray[np.uint64]
