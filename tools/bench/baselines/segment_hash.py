@@ -2,7 +2,7 @@
 
 Two variants (RESULTS.md reports both):
 - `segment-hash`: segments keyed by the id of their LAST block (strongest we found);
-- `segment-hash-head`: segments keyed by the id at the segment head (DESIGN.md's).
+- `segment-hash-head`: segments keyed by the id at the segment head (the design brief's version).
 
 Segment value (both): the window's ids from its head to its last block, then their
 metas (raw little-endian uint64, 2 x L x 8 bytes). Ids are salted by namespace.
@@ -286,7 +286,7 @@ def _best(cands: list[tuple[bytes, bytes]], qw: U64) -> tuple[int, int, U64, int
 
 
 class SegmentHashHead(BackendBaseline):
-    """Segment-Hash, keyed by the segment head (DESIGN.md's version): every segment
+    """Segment-Hash, keyed by the segment head (the design brief's version): every segment
     of window w is stored under key `H + id(head of w) + id(its last block)`, so all
     segments sharing a head are one contiguous key range. Match: per window in order,
     one range scan of the query's head id reads every segment under that head; all are
