@@ -30,7 +30,13 @@ class IndexConfig:
     refine_threshold: int = 32  # posting list longer than this -> add a midpoint point
     refine_min_gap: int = 4  # refinement stops at points this many blocks apart
     prune_max_pred: int = 3  # drop a point whose predecessor has <= this many candidates
-    window_cap: int = 4  # candidate segments read per 64-block window at most
+    window_cap: int = 4  # candidate segments read per 64-block window in the first round
+    # exact matching (bound-and-verify): after the first round, read further rounds of
+    # the unread candidates whose fingerprint bound exceeds the best verified run, so a
+    # match reuses exactly what an exact index would. Off: one round of `window_cap`
+    # candidates (the paper's capped matching: it may fall short where more than
+    # window_cap candidates tie on their fingerprints).
+    exact_match: bool = True
     # one locator record per block (block id -> window head, position) on the backend:
     # what `remove` by bare ids and `insert` with a `parent` (serving-engine events)
     # need. Off: inserts write one record per segment instead of one per block, and

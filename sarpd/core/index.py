@@ -35,6 +35,7 @@ from sarpd.core import verify
 from sarpd.core.directory import Directory
 from sarpd.core.fsck import run_check
 from sarpd.core.ids import HASH_NAME, salt_ids
+from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Counters, Segment, log_key, seg_id_of_key
 from sarpd.core.snapshot import (
@@ -196,57 +197,70 @@ class SarpIndex:
             except SarpError as exc:
                 errors[i] = exc
                 qs.append(np.empty((0, 2), np.uint64))
-        plan = self.router.route_many(qs)
-        wanted: dict[int, None] = {}
-        for per_window in plan:
-            for c in per_window:
-                wanted.update(dict.fromkeys(c))
-        segs = self.store.read(list(wanted))
-        runs = self._runs(qs, plan, segs)
+        plans = self.router.plan_many(qs)
+        first = [(qi, p, p.first) for qi, windows in enumerate(plans) for p in windows]
+        segs = self._verify_round(qs, first, {})
+        if self.cfg.exact_match:
+            self._exact_rounds(qs, plans, segs)
         out: list[MatchResult | SarpError] = []
-        for i, (r, q, per_window) in enumerate(zip(reqs, qs, plan, strict=True)):
-            if i in errors:
-                out.append(errors[i])
-                continue
-            out.append(self._result(i, r, q, per_window, segs, runs))
+        for i, (r, q, windows) in enumerate(zip(reqs, qs, plans, strict=True)):
+            out.append(errors[i] if i in errors else self._result(r, q, windows, segs))
         return out
 
-    def _runs(self, qs: Sequence[IdArray], plan: list[list[list[int]]],
-              segs: dict[int, Segment]) -> dict[tuple[int, int, int], int]:
-        """Verified run (ids equal AND present, from the window start) of every
-        (query, window, candidate) of the batch: one vectorised verification."""
+    def _exact_rounds(self, qs: Sequence[IdArray], plans: list[list[WindowPlan]],
+                      segs: dict[int, Segment]) -> None:
+        """Bound-and-verify: while a query's first window short of its end has an unread
+        candidate whose bound beats its best run, read another round (ONE multi-get
+        for every such window of the batch); later windows of that query wait, since
+        they only count if it is full."""
+        while True:
+            todo: list[tuple[int, WindowPlan, list[int]]] = []
+            for qi, windows in enumerate(plans):
+                for p in windows:
+                    if p.best >= p.length:
+                        continue  # full: the next window counts
+                    more = p.more(p.best)
+                    if more:
+                        todo.append((qi, p, more))
+                    break
+            if not todo:
+                return
+            self.store.activity.extra_rounds += 1
+            self._verify_round(qs, todo, segs)
+
+    def _verify_round(self, qs: Sequence[IdArray], todo: list[tuple[int, WindowPlan, list[int]]],
+                      segs: dict[int, Segment]) -> dict[int, Segment]:
+        """Read the round's candidates (one multi-get) and offer each plan the verified
+        run (ids equal AND present, from the window start) of each of its candidates:
+        one vectorised verification. `segs` gathers what was read."""
+        wanted = [sid for _, _, sids in todo for sid in sids if sid not in segs]
+        segs.update(self.store.read(list(dict.fromkeys(wanted))))
         sb = self.router.geo.sb
-        keys: list[tuple[int, int, int]] = []
+        offers: list[tuple[WindowPlan, int]] = []
         cands: list[IdArray] = []
         queries: list[IdArray] = []
-        for qi, per_window in enumerate(plan):
-            q = qs[qi]
-            for w, sids in enumerate(per_window):
-                for sid in sids:
-                    c = segs.get(sid)
-                    if c is not None and c.window == w:
-                        keys.append((qi, w, sid))
-                        cands.append(c.ids)
-                        queries.append(q[w * sb : (w + 1) * sb])
+        for qi, p, sids in todo:
+            qw = qs[qi][p.window * sb : (p.window + 1) * sb]
+            for sid in sids:
+                c = segs.get(sid)
+                if c is not None and c.window == p.window:
+                    offers.append((p, sid))
+                    cands.append(c.ids)
+                    queries.append(qw)
         mism = verify.first_mismatch_many(cands, queries)
-        return {k: min(m, segs[k[2]].present_run(0))
-                for k, m in zip(keys, mism, strict=True)}
+        for (p, sid), m in zip(offers, mism, strict=True):
+            p.offer(sid, min(m, segs[sid].present_run(0)))
+        return segs
 
-    def _result(self, qi: int, r: Match, q: IdArray, per_window: list[list[int]],
-                segs: dict[int, Segment], runs: dict[tuple[int, int, int], int]) -> MatchResult:
-        sb = self.router.geo.sb
+    def _result(self, r: Match, q: IdArray, windows: list[WindowPlan],
+                segs: dict[int, Segment]) -> MatchResult:
         metas = []
         total = 0
-        for w, sids in enumerate(per_window):
-            best, best_sid = 0, 0
-            for sid in sids:
-                run = runs.get((qi, w, sid), 0)
-                if run > best:
-                    best, best_sid = run, sid
-            if best_sid:
-                metas.append(segs[best_sid].meta[:best])
-            total += best
-            if best < min(sb, len(q) - w * sb):
+        for p in windows:
+            if p.best_sid:
+                metas.append(segs[p.best_sid].meta[: p.best])
+            total += p.best
+            if p.best < p.length:
                 break
         act = self.store.activity
         act.matches += 1
@@ -345,6 +359,8 @@ class SarpIndex:
             "segment_reads": act.segment_reads,
             "corrupt_segments": act.corrupt_segments,
             "write_batches": act.write_batches,
+            "extra_rounds": act.extra_rounds,
+            "exact_match": int(self.cfg.exact_match),
             "change_log_version": self.counters.next_version - 1,
         }
         for k, v in self.store.backend_stats().items():

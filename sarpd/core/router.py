@@ -8,7 +8,8 @@ pass's reads): the router never reads the backend itself.
 Routing (docs/DECISIONS.md): for each 64-block window of a query, the deepest
 routing point present in the directory (all lattice offsets of a batch probed in
 one vectorised lookup), then the `window_cap` strongest candidates under it by
-fingerprint agreement.
+fingerprint agreement as the first round of the window's `WindowPlan` (further
+rounds: module `plan`).
 
 Routing invariant (kept by `register`): if a routing key k at offset o > 0 of window
 w is in the directory, every live segment whose block at o has that id is listed
@@ -27,6 +28,7 @@ import numpy.typing as npt
 
 from sarpd.config import IndexConfig
 from sarpd.core.directory import Directory
+from sarpd.core.plan import WindowPlan
 from sarpd.core.routing import (
     Geometry,
     agreement,
@@ -36,7 +38,7 @@ from sarpd.core.routing import (
     top_candidates,
 )
 from sarpd.core.segment import Loader, Segment
-from sarpd.model import IdArray
+from sarpd.model import IdArray, U64Array
 
 RANKED_MAX = 65_536  # candidate rankings kept between writes (a bound for read-only runs)
 
@@ -77,21 +79,41 @@ class Router:
 
     def route_many(self, qs: Sequence[IdArray]) -> list[list[list[int]]]:
         """Per query, per window from 0 up to the first without a routing hit: the
-        candidate segments (`candidates` at the window's deepest point)."""
+        first-round candidates (`candidates` at the window's deepest point)."""
+        return [[p.first for p in plans] for plans in self.plan_many(qs)]
+
+    def plan_many(self, qs: Sequence[IdArray]) -> list[list[WindowPlan]]:
+        """Per query, per window from 0 up to the first without a routing hit: how its
+        candidates are read (module `plan`: a first round, then bound-and-verify)."""
         sb = self.geo.sb
-        return [[self.candidates(q[w * sb : (w + 1) * sb], w, d) for w, d in enumerate(deepest)]
+        return [[self._plan(q[w * sb : (w + 1) * sb], w, d) for w, d in enumerate(deepest)]
                 for q, deepest in zip(qs, self.deepest(qs), strict=True)]
 
-    def route_window(self, qw: IdArray, w: int) -> list[int]:
-        """Candidate segments for one window of a query (`qw`: its ids from the window
-        start, at most one window)."""
+    def plan_window(self, qw: IdArray, w: int) -> WindowPlan | None:
+        """The plan of one window of a query (`qw`: its ids from the window start, at
+        most one window); None when no routing point of it is in the directory."""
         deepest = self.deepest([qw[: self.geo.sb]])[0]
-        return self.candidates(qw, w, deepest[0]) if deepest else []
+        return self._plan(qw[: self.geo.sb], w, deepest[0]) if deepest else None
+
+    def route_window(self, qw: IdArray, w: int) -> list[int]:
+        """First-round candidate segments for one window of a query."""
+        plan = self.plan_window(qw, w)
+        return plan.first if plan is not None else []
+
+    def _plan(self, qw: IdArray, w: int, offset: int) -> WindowPlan:
+        segs, filts = self.dir.posting(int(qw[offset, 0]))
+        first = self._first(qw, offset, segs, filts)
+        qf = filter_at(fingerprints(qw, self.geo.sb), offset) if segs.size > len(first) else 0
+        return WindowPlan(w, len(qw), offset, first, segs, filts, qf, self.cfg.window_cap)
 
     def candidates(self, qw: IdArray, w: int, offset: int) -> list[int]:
-        """The segments under the routing point at `offset` of window `w`; past
-        `window_cap` of them, the strongest by fingerprint agreement."""
+        """The first round of the segments under the routing point at `offset` of
+        window `w`: all of them, or past `window_cap` the strongest by fingerprint
+        agreement."""
         segs, filts = self.dir.posting(int(qw[offset, 0]))
+        return self._first(qw, offset, segs, filts)
+
+    def _first(self, qw: IdArray, offset: int, segs: U64Array, filts: U64Array) -> list[int]:
         if segs.size <= self.cfg.window_cap:  # all of them are read: no ranking needed
             return segs.tolist()  # type: ignore[no-any-return]
         # a ranking depends only on the posting list and the 16 blocks after the point:

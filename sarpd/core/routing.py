@@ -91,6 +91,16 @@ def agreement(filts: U64Array, qfilt: int) -> npt.NDArray[np.int64]:
     return out
 
 
+def bounds(filts: U64Array, qfilt: int, offset: int, length: int) -> npt.NDArray[np.int64]:
+    """The most blocks from the window start each candidate under the point at `offset`
+    can match a query with `length` blocks in the window: a fingerprint that differs at
+    block offset + a + 1 proves the ids differ there; agreement on all 16 blocks after
+    the point bounds nothing short of the query's end."""
+    ag = agreement(filts, qfilt)
+    out: npt.NDArray[np.int64] = np.minimum(np.where(ag >= 16, length, offset + 1 + ag), length)
+    return out
+
+
 def top_candidates(segs: U64Array, filts: U64Array, qfilt: int, cap: int) -> list[int]:
     """The `cap` strongest candidates: most fingerprint agreement, then newest."""
     score = (agreement(filts, qfilt).astype(np.uint64) << np.uint64(56)) | segs

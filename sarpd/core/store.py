@@ -90,6 +90,7 @@ class Activity:
     segment_reads: int = 0  # segments read from the backend (cache misses)
     corrupt_segments: int = 0  # values that failed their checks (not served)
     write_batches: int = 0
+    extra_rounds: int = 0  # bound-and-verify rounds after the first (match and insert)
 
 
 class Store:

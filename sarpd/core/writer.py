@@ -17,6 +17,7 @@ import numpy as np
 
 from backends.base import WriteBatch
 from sarpd.core.ids import id_bytes, ns_tag, salt_ids
+from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
     BLOCK_PREFIX,
@@ -77,7 +78,8 @@ class WriteTxn:
         self._pending_locators: list[tuple[IdArray, int, int]] = []
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
-        self.routes: dict[tuple[int, int], list[int]] = {}  # (id(SeqSpec), window) -> cands
+        # (id(SeqSpec), window) -> its plan (None: no routing hit) for the batch's inserts
+        self.routes: dict[tuple[int, int], WindowPlan | None] = {}
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -201,12 +203,13 @@ class WriteTxn:
             seqs.append(op.seq)
             qs.append(q)
         wanted: dict[int, None] = {}
-        for seq, q, per_window in zip(seqs, qs, self.router.route_many(qs), strict=True):
+        for seq, q, plans in zip(seqs, qs, self.router.plan_many(qs), strict=True):
             for w in range(-(-len(q) // sb)):
                 # past the first window without a hit nothing can match (chained ids)
-                c = per_window[w] if w < len(per_window) else []
-                self.routes[(id(seq), w)] = c
-                wanted.update(dict.fromkeys(c))
+                plan = plans[w] if w < len(plans) else None
+                self.routes[(id(seq), w)] = plan
+                if plan is not None:
+                    wanted.update(dict.fromkeys(plan.first))
         self.load(wanted)
 
     def _seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
@@ -266,7 +269,8 @@ class WriteTxn:
             lo, hi = max(start, ws), min(end, ws + sb)
             qw = full[ws - base : hi - base]
             h = hint if hint is not None and hint.window == w else None
-            routed = self.routes.get((id(op.seq), w)) if op.parent is None else None
+            key = (id(op.seq), w)
+            routed = (self.routes[key],) if op.parent is None and key in self.routes else None
             got, fresh = self._insert_window(w, tag, qw, meta[lo - start : hi - start], lo - ws,
                                              h, routed)
             new += fresh
@@ -278,13 +282,31 @@ class WriteTxn:
         return InsertResult(n, new, matched)
 
     def _best(self, w: int, qw: IdArray, extra: Segment | None,
-              routed: list[int] | None) -> tuple[Segment | None, int]:
+              routed: tuple[WindowPlan | None] | None) -> tuple[Segment | None, int]:
+        """The candidate whose ids run furthest along `qw` (the longer segment on a tie),
+        and that run: the first round of the window's plan (`routed`: prefetched for the
+        batch, plus the segments the batch created there), then, with exact matching,
+        further rounds while an unread candidate's bound beats the run."""
         if routed is None:
-            cands = self.router.route_window(qw, w)
+            plan = self.router.plan_window(qw, w)
+            cands = plan.first if plan is not None else []
         else:
-            cands = list(dict.fromkeys(routed + self.touched.get((w, int(qw[0, 0])), [])))
+            plan = routed[0]
+            first = plan.first if plan is not None else []
+            cands = list(dict.fromkeys(first + self.touched.get((w, int(qw[0, 0])), [])))
+        best, run = self._pick(w, qw, cands, extra,
+                               first_mismatch(extra.ids, qw) if extra is not None else 0)
+        while plan is not None and self.router.cfg.exact_match:
+            more = plan.more(run)
+            if not more:
+                break
+            self.store.activity.extra_rounds += 1
+            best, run = self._pick(w, qw, more, best, run)
+        return best, run
+
+    def _pick(self, w: int, qw: IdArray, cands: list[int], best: Segment | None,
+              run: int) -> tuple[Segment | None, int]:
         self.load(cands)
-        best, run = extra, (first_mismatch(extra.ids, qw) if extra is not None else 0)
         for sid in cands:
             c = self.cache.get(sid)
             if c is None or c.window != w:
@@ -295,7 +317,8 @@ class WriteTxn:
         return best, run
 
     def _insert_window(self, w: int, tag: int, qw: IdArray, mw: U64Array, frm: int,
-                       hint: Segment | None, routed: list[int] | None) -> tuple[int, int]:
+                       hint: Segment | None,
+                       routed: tuple[WindowPlan | None] | None) -> tuple[int, int]:
         """Insert blocks [frm, len(qw)) of window w; qw holds the window's ids from its
         start. Returns (blocks already present from frm on, blocks newly indexed)."""
         sb, L = self.geo.sb, len(qw)

@@ -324,11 +324,11 @@ def test_soak_with_sarpd_kills_bridge_restarts_and_gaps(
 ) -> None:
     """Long run (slow, ~1 min): 1,500 requests in rounds; in each round sarpd is
     killed or the bridge restarted, and some batches are lost on the PUB socket.
-    The index must end exactly as the engine's cache. Hundreds of conversations over
-    four prompts make more than `window_cap` (4) segment copies tie for one window,
-    where sarp may read the wrong ones by design (DECISIONS.md: the cap is the
-    controlled loss): exactness is checked uncapped, as the index tests do."""
-    sarpd = sarpd_factory(config={"index": {"window_cap": 1 << 20}})
+    The index must end exactly as the engine's cache, in sarpd's default
+    configuration: hundreds of conversations over four prompts make more than
+    `window_cap` (4) segment copies tie for one window, which exact matching
+    (bound-and-verify) resolves by reading further rounds."""
+    sarpd = sarpd_factory()
     engine = FakeEngine(capacity=400, int_hashes=True)
     wl = Workload(seed=99)
     state = tmp_path / "pos.json"

@@ -1,0 +1,75 @@
+"""Bound-and-verify: how the candidates of one query window are read, in rounds.
+
+A window's candidates are the segments listed under its deepest routing point. Each
+carries a bound taken from its fingerprints (`routing.bounds`): the most blocks from
+the window start it can match, safe because a fingerprint that differs proves the ids
+differ. The first round reads the `window_cap` strongest (most agreement, then
+newest: the paper's capped matching). With exact matching, a window whose best
+verified run is short of the query's end and short of an unread candidate's bound
+reads another round: the strongest unread candidates whose bound exceeds that run,
+twice as many as the round before, until no bound exceeds it. The answer is then the
+exact index's: every candidate left unread provably matches no further.
+
+The first round is the router's cached ranking; the candidates after it and their
+bounds are computed only when a window needs another round (rarely: on ties), from
+the posting list the plan holds (a batch's own references; nothing is cached).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from sarpd.core.routing import bounds
+from sarpd.model import U64Array
+
+
+@dataclass(slots=True, eq=False)
+class WindowPlan:
+    """One window of one query: its candidates, what was read, the best run so far."""
+
+    window: int
+    length: int  # the query's blocks in this window
+    offset: int  # the routing point the candidates are listed under
+    first: list[int]  # the first round, strongest first (the router's cached ranking)
+    segs: U64Array  # every candidate under the point ...
+    filts: U64Array  # ... and its filter
+    qfilt: int  # the query's filter at the point
+    chunk: int  # the size of the next extra round (doubles each round)
+    best: int = 0  # the longest verified run from the window start
+    best_sid: int = 0  # the candidate that has it (0: none)
+    rounds: int = 1
+    _rest: U64Array | None = None  # candidates not in the first round (built on demand)
+    _bounds: npt.NDArray[np.int64] | None = None
+    _taken: npt.NDArray[np.bool_] | None = None
+
+    def offer(self, sid: int, run: int) -> None:
+        """A verified run of a candidate; the first of equal runs is kept."""
+        if run > self.best:
+            self.best, self.best_sid = run, sid
+
+    def more(self, floor: int) -> list[int]:
+        """The next round: the strongest unread candidates whose bound exceeds `floor`
+        (at most `chunk` of them); [] when none can beat it."""
+        if floor >= self.length or self.segs.size <= len(self.first):
+            return []
+        if self._rest is None:
+            keep = ~np.isin(self.segs, np.array(self.first, dtype=np.uint64))
+            self._rest = self.segs[keep]
+            self._bounds = bounds(self.filts[keep], self.qfilt, self.offset, self.length)
+            self._taken = np.zeros(self._rest.size, dtype=bool)
+        assert self._bounds is not None and self._taken is not None
+        idx = np.flatnonzero((self._bounds > floor) & ~self._taken)
+        if not idx.size:
+            return []
+        score = (self._bounds[idx].astype(np.uint64) << np.uint64(56)) | self._rest[idx]
+        if idx.size > self.chunk:
+            part = np.argpartition(score, idx.size - self.chunk)[idx.size - self.chunk :]
+            idx, score = idx[part], score[part]
+        idx = idx[np.argsort(score)[::-1]]
+        self._taken[idx] = True
+        self.chunk *= 2
+        self.rounds += 1
+        return [int(s) for s in self._rest[idx]]
