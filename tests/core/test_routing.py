@@ -10,6 +10,7 @@ from sarpd.core.ids import token_ids
 from sarpd.core.routing import (
     Geometry,
     agreement,
+    bounds,
     filter_at,
     filters_at,
     fingerprints,
@@ -81,3 +82,23 @@ def test_ranking_picks_the_strongest_then_the_newest() -> None:
     assert top_candidates(segs, filts, q, 2) == [3, 1]
     assert top_candidates(segs, filts, q, 3) == [3, 1, 4]
     assert top_candidates(segs, filts, q, 10) == [3, 1, 4, 5, 2]
+
+
+def _differs_at(qf: int, block: int) -> int:
+    """A filter equal to `qf` but for the fingerprint of the block-th block after the
+    point (0-based), so that its agreement with `qf` is exactly `block`."""
+    byte, high = divmod(block, 2)
+    shift = 8 * byte + (0 if high else 4)
+    nib = (qf >> shift) & 0xF
+    return qf ^ ((nib ^ (nib % 15 + 1)) << shift)
+
+
+def test_bounds_are_the_blocks_a_candidate_can_match_at_most() -> None:
+    q = ids(64, seed=3)
+    qf = filter_at(fingerprints(q, 64), 16)
+    filts = np.array([qf, _differs_at(qf, 0), _differs_at(qf, 5), _differs_at(qf, 15)],
+                     dtype=np.uint64)
+    assert agreement(filts, qf).tolist() == [16, 0, 5, 15]
+    # agreeing on all 16 blocks after the point bounds nothing short of the query's end
+    assert bounds(filts, qf, 16, 64).tolist() == [64, 17, 22, 32]
+    assert bounds(filts, qf, 16, 20).tolist() == [20, 17, 20, 20]  # clipped by the query
