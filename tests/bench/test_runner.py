@@ -87,4 +87,4 @@ def test_run_bench_on_two_indexes_and_json_roundtrip(tmp_path: Path) -> None:
 
 def test_index_factories_put_sarp_first() -> None:
     names = list(index_factories())
-    assert names[:2] == ["sarp", "sarp-no-locators"] and "segment-radix" in names
+    assert names[:3] == ["sarp", "sarp-cap4", "sarp-no-locators"] and "segment-radix" in names

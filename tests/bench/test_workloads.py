@@ -12,6 +12,7 @@ import pytest
 
 from tests.bench.prefixes import common_prefix, is_prefix
 from tools.bench.api import BLOCK_TOKENS, Ids, Turn
+from tools.bench.branchy import SHAPES as BRANCHY
 from tools.bench.chains import root_state, token_ids
 from tools.bench.workloads import (
     SHAPES,
@@ -23,7 +24,7 @@ from tools.bench.workloads import (
     system_prompts,
 )
 
-NAMES = sorted(WORKLOADS)
+NAMES = sorted(SHAPES)  # the synthetic workloads (the branchy ones: test_branchy.py)
 
 
 def turns_of(spec: str, scale: int = 1, seed: int = 0) -> list[Turn]:
@@ -55,6 +56,7 @@ def scale1() -> dict[str, list[Turn]]:
 
 def test_registry_has_the_four_workloads() -> None:
     assert set(NAMES) == {"codeact", "agent", "sharegpt-long", "ultrachat"}
+    assert set(WORKLOADS) == set(NAMES) | set(BRANCHY)
     for n in NAMES:
         w = get_workload(n)
         assert w.name == n

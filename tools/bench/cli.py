@@ -19,8 +19,10 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
 
 @click.command("bench")
 @click.option("--workload", "-w", default="codeact", show_default=True,
-              help="codeact, agent, sharegpt-long, ultrachat, or trace:PATH[@BLOCKSIZE] "
-                   "(Mooncake JSON Lines with hash_ids; BLOCKSIZE tokens per id, default 16).")
+              help="codeact, agent, sharegpt-long, ultrachat; branchy, mixed, retries, "
+                   "tree-search, edits (branches from inside sessions, many siblings); or "
+                   "trace:PATH[@BLOCKSIZE] (Mooncake JSON Lines with hash_ids; BLOCKSIZE "
+                   "tokens per id, default 16).")
 @click.option("--index", "indexes", default=None, help=INDEX_HELP)
 @click.option("--backend", default="rocksdb", show_default=True,
               help="Storage engine for every SSD-resident index.")

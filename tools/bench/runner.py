@@ -77,9 +77,10 @@ class BenchResult:
 
 def index_factories() -> dict[str, Callable[[], BenchIndex]]:
     """Every index the harness knows: sarp first, then the baselines."""
-    from tools.bench.sarp_index import SarpBench, no_locators
+    from tools.bench.sarp_index import SarpBench, capped, no_locators
 
     out: dict[str, Callable[[], BenchIndex]] = {"sarp": SarpBench,
+                                                "sarp-cap4": capped,
                                                 "sarp-no-locators": no_locators}
     try:
         baselines = importlib.import_module("tools.bench.baselines")

@@ -120,6 +120,12 @@ def no_locators(sync: bool = False) -> SarpBench:
     return SarpBench(IndexConfig(block_locators=False), sync=sync)
 
 
+def capped(sync: bool = False) -> SarpBench:
+    """sarp with the paper's capped matching (`exact_match = false`): one round of
+    `window_cap` (4) candidates per window, so the price of exactness is measured."""
+    return SarpBench(IndexConfig(exact_match=False), sync=sync)
+
+
 def _open(data_dir: Path, backend: str, cache_bytes: int, config: IndexConfig,
           sync: bool) -> SarpIndex:
     be = open_backend(backend, data_dir / backend, cache_bytes=cache_bytes)

@@ -56,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tools.bench.api import BLOCK_TOKENS, Ids, Turn, Workload
+from tools.bench.branchy import factories as branchy_factories
 from tools.bench.chains import block_content, chain_segments, root_state
 from tools.bench.traces import TraceWorkload
 
@@ -342,7 +343,10 @@ def _factory(name: str) -> Callable[[int, int], Workload]:
     return make
 
 
-WORKLOADS: dict[str, Callable[[int, int], Workload]] = {n: _factory(n) for n in SHAPES}
+WORKLOADS: dict[str, Callable[[int, int], Workload]] = {
+    **{n: _factory(n) for n in SHAPES},
+    **branchy_factories(),  # branches from inside sessions (tools/bench/branchy.py)
+}
 
 
 def parse_trace_spec(spec: str) -> tuple[Path, int]:
