@@ -209,21 +209,31 @@ class SarpIndex:
 
     def _exact_rounds(self, qs: Sequence[IdArray], plans: list[list[WindowPlan]],
                       segs: dict[int, Segment]) -> None:
-        """Bound-and-verify: while a query's first window short of its end has an unread
-        candidate whose bound beats its best run, read another round (ONE multi-get
-        for every such window of the batch); later windows of that query wait, since
-        they only count if it is full."""
+        """Bound-and-verify: while a query's first window short of its end may still be
+        beaten by an unread candidate, read another round (ONE multi-get for every such
+        window of the batch); later windows of that query wait, since they only count if
+        it is full. With block locators, a window whose next block is indexed nowhere
+        is settled first by one point read (one multi-get for the batch)."""
+        sb = self.router.geo.sb
         while True:
-            todo: list[tuple[int, WindowPlan, list[int]]] = []
+            open_: list[tuple[int, WindowPlan]] = []
             for qi, windows in enumerate(plans):
                 for p in windows:
                     if p.best >= p.length:
                         continue  # full: the next window counts
-                    more = p.more(p.best)
-                    if more:
-                        todo.append((qi, p, more))
+                    if p.open(p.best):
+                        open_.append((qi, p))
                     break
-            if not todo:
+            if self.cfg.block_locators:
+                ask = [(qi, p) for qi, p in open_ if p.checked_at != p.best]
+                if ask:
+                    nxt = np.stack([qs[qi][p.window * sb + p.best] for qi, p in ask])
+                    for (_, p), held in zip(ask, self.store.indexed(nxt), strict=True):
+                        p.checked_at = p.best
+                        if not held:
+                            p.settle()
+            todo = [(qi, p, more) for qi, p in open_ if (more := p.more(p.best))]
+            if not todo:  # `more` settles a plan it has nothing for: no plan is open
                 return
             self.store.activity.extra_rounds += 1
             self._verify_round(qs, todo, segs)
@@ -360,6 +370,7 @@ class SarpIndex:
             "corrupt_segments": act.corrupt_segments,
             "write_batches": act.write_batches,
             "extra_rounds": act.extra_rounds,
+            "locator_reads": act.locator_reads,
             "exact_match": int(self.cfg.exact_match),
             "change_log_version": self.counters.next_version - 1,
         }

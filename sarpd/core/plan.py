@@ -11,8 +11,14 @@ twice as many as the round before, until no bound exceeds it. The answer is then
 exact index's: every candidate left unread provably matches no further.
 
 The first round is the router's cached ranking; the candidates after it and their
-bounds are computed only when a window needs another round (rarely: on ties), from
-the posting list the plan holds (a batch's own references; nothing is cached).
+bounds are computed only when a window needs another round, from the posting list
+the plan holds (a batch's own references; nothing is cached). Two cheap proofs come
+first: the first round is the top by agreement, so a run that reaches the weakest
+first-round bound is settled (`first_bound`); and where the index keeps block
+locators, a window whose next block has no locator is settled by that one point read
+(no segment holds the block: the index does this, `SarpIndex._exact_rounds`). On a hot
+prefix shared by thousands of segments, where 1 in 15 of them ties with any query on
+a 4-bit fingerprint, that read replaces hundreds.
 """
 
 from __future__ import annotations
@@ -38,9 +44,14 @@ class WindowPlan:
     filts: U64Array  # ... and its filter
     qfilt: int  # the query's filter at the point
     chunk: int  # the size of the next extra round (doubles each round)
+    # the bound of the weakest first-round candidate: no unread one has a higher bound
+    # (the first round is the top by agreement), so a run that reaches it is settled
+    first_bound: int = 0
     best: int = 0  # the longest verified run from the window start
     best_sid: int = 0  # the candidate that has it (0: none)
     rounds: int = 1
+    settled: bool = False  # no unread candidate can beat `best`
+    checked_at: int = -1  # the run at which the next block was looked up (locators)
     _rest: U64Array | None = None  # candidates not in the first round (built on demand)
     _bounds: npt.NDArray[np.int64] | None = None
     _taken: npt.NDArray[np.bool_] | None = None
@@ -50,10 +61,21 @@ class WindowPlan:
         if run > self.best:
             self.best, self.best_sid = run, sid
 
+    def open(self, floor: int) -> bool:
+        """Whether an unread candidate may still beat `floor` (cheap: no bound of the
+        unread ones is computed)."""
+        return (not self.settled and floor < self.length
+                and self.segs.size > len(self.first) and self.first_bound > floor)
+
+    def settle(self) -> None:
+        """Proved elsewhere that no candidate beats `best` (e.g. the next block is not
+        indexed anywhere)."""
+        self.settled = True
+
     def more(self, floor: int) -> list[int]:
         """The next round: the strongest unread candidates whose bound exceeds `floor`
-        (at most `chunk` of them); [] when none can beat it."""
-        if floor >= self.length or self.segs.size <= len(self.first):
+        (at most `chunk` of them); [] when none can beat it (the plan is then settled)."""
+        if not self.open(floor):
             return []
         if self._rest is None:
             keep = ~np.isin(self.segs, np.array(self.first, dtype=np.uint64))
@@ -63,6 +85,7 @@ class WindowPlan:
         assert self._bounds is not None and self._taken is not None
         idx = np.flatnonzero((self._bounds > floor) & ~self._taken)
         if not idx.size:
+            self.settled = True
             return []
         score = (self._bounds[idx].astype(np.uint64) << np.uint64(56)) | self._rest[idx]
         if idx.size > self.chunk:

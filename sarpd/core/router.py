@@ -35,7 +35,7 @@ from sarpd.core.routing import (
     filter_at,
     filters_at,
     fingerprints,
-    top_candidates,
+    strongest,
 )
 from sarpd.core.segment import Loader, Segment
 from sarpd.model import IdArray, U64Array
@@ -49,7 +49,7 @@ class Router:
         self.geo = Geometry.of(cfg)
         self.dir = Directory(cfg.delta_max_entries)
         # candidates() rankings, valid while the directory's version is unchanged
-        self._ranked: dict[bytes, list[int]] = {}
+        self._ranked: dict[bytes, tuple[list[int], int]] = {}  # -> (first, weakest agreement)
         self._ranked_at = -1
 
     # -- routing a query ---------------------------------------------------------------
@@ -102,20 +102,27 @@ class Router:
 
     def _plan(self, qw: IdArray, w: int, offset: int) -> WindowPlan:
         segs, filts = self.dir.posting(int(qw[offset, 0]))
-        first = self._first(qw, offset, segs, filts)
-        qf = filter_at(fingerprints(qw, self.geo.sb), offset) if segs.size > len(first) else 0
-        return WindowPlan(w, len(qw), offset, first, segs, filts, qf, self.cfg.window_cap)
+        first, weakest = self._first(qw, offset, segs, filts)
+        n = len(qw)
+        if segs.size <= len(first):  # every candidate is in the first round
+            return WindowPlan(w, n, offset, first, segs, filts, 0, self.cfg.window_cap)
+        qf = filter_at(fingerprints(qw, self.geo.sb), offset)
+        first_bound = n if weakest >= 16 else min(n, offset + 1 + weakest)
+        return WindowPlan(w, n, offset, first, segs, filts, qf, self.cfg.window_cap, first_bound)
 
     def candidates(self, qw: IdArray, w: int, offset: int) -> list[int]:
         """The first round of the segments under the routing point at `offset` of
         window `w`: all of them, or past `window_cap` the strongest by fingerprint
         agreement."""
         segs, filts = self.dir.posting(int(qw[offset, 0]))
-        return self._first(qw, offset, segs, filts)
+        return self._first(qw, offset, segs, filts)[0]
 
-    def _first(self, qw: IdArray, offset: int, segs: U64Array, filts: U64Array) -> list[int]:
+    def _first(self, qw: IdArray, offset: int, segs: U64Array,
+               filts: U64Array) -> tuple[list[int], int]:
+        """The first round and the agreement of its weakest candidate (16 when every
+        candidate is in it)."""
         if segs.size <= self.cfg.window_cap:  # all of them are read: no ranking needed
-            return segs.tolist()  # type: ignore[no-any-return]
+            return segs.tolist(), 16
         # a ranking depends only on the posting list and the 16 blocks after the point:
         # kept while the directory is unchanged (a turn's insert re-routes, before it
         # changes anything, what its match ranked); bounded for read-only stretches
@@ -126,7 +133,7 @@ class Router:
         hit = self._ranked.get(ck)
         if hit is None:
             qf = filter_at(fingerprints(qw, self.geo.sb), offset)
-            hit = self._ranked[ck] = top_candidates(segs, filts, qf, self.cfg.window_cap)
+            hit = self._ranked[ck] = strongest(segs, filts, qf, self.cfg.window_cap)
         return hit
 
     # -- keeping the directory -----------------------------------------------------------

@@ -101,12 +101,19 @@ def bounds(filts: U64Array, qfilt: int, offset: int, length: int) -> npt.NDArray
     return out
 
 
-def top_candidates(segs: U64Array, filts: U64Array, qfilt: int, cap: int) -> list[int]:
-    """The `cap` strongest candidates: most fingerprint agreement, then newest."""
-    score = (agreement(filts, qfilt).astype(np.uint64) << np.uint64(56)) | segs
+def strongest(segs: U64Array, filts: U64Array, qfilt: int, cap: int) -> tuple[list[int], int]:
+    """The `cap` strongest candidates (most fingerprint agreement, then newest), and
+    the agreement of the weakest of them (no other candidate agrees more)."""
+    ag = agreement(filts, qfilt)
+    score = (ag.astype(np.uint64) << np.uint64(56)) | segs
     if segs.size <= cap:
         idx = np.argsort(score)[::-1]
     else:
         idx = np.argpartition(score, score.size - cap)[score.size - cap:]
         idx = idx[np.argsort(score[idx])[::-1]]
-    return [int(s) for s in segs[idx]]
+    return [int(s) for s in segs[idx]], int(ag[idx[-1]]) if idx.size else 16
+
+
+def top_candidates(segs: U64Array, filts: U64Array, qfilt: int, cap: int) -> list[int]:
+    """The `cap` strongest candidates: most fingerprint agreement, then newest."""
+    return strongest(segs, filts, qfilt, cap)[0]

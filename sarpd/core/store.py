@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from backends import registry
 from backends.base import Backend, WriteBatch
 from backends.errors import (
@@ -37,6 +39,7 @@ from sarpd.config import IndexConfig
 from sarpd.core.ids import chain_ids, check_sequence_tokens, ns_root, salt_ids
 from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
 from sarpd.core.segment import (
+    BLOCK_PREFIX,
     COUNTERS_KEY,
     MANIFEST_KEY,
     SEG_PREFIX,
@@ -91,6 +94,7 @@ class Activity:
     corrupt_segments: int = 0  # values that failed their checks (not served)
     write_batches: int = 0
     extra_rounds: int = 0  # bound-and-verify rounds after the first (match and insert)
+    locator_reads: int = 0  # next-block lookups that settle a tied window in one read
 
 
 class Store:
@@ -114,6 +118,14 @@ class Store:
     def scan(self, start: bytes, end: bytes) -> Generator[tuple[bytes, bytes], None, None]:
         with backend_errors():
             yield from self.backend.scan(start, end)
+
+    def indexed(self, ids: IdArray) -> list[bool]:
+        """Whether each block (internal ids) has a locator record, i.e. whether any
+        segment ever held it (only with `block_locators`): one multi-get."""
+        keys = [BLOCK_PREFIX + b for b in
+                np.ascontiguousarray(ids, dtype="<u8").view("V16").reshape(-1).tolist()]
+        self.activity.locator_reads += len(keys)
+        return [v is not None for v in self.get_many(keys)]
 
     def write(self, batch: WriteBatch, sync: bool) -> None:
         with backend_errors():

@@ -296,7 +296,11 @@ class WriteTxn:
             cands = list(dict.fromkeys(first + self.touched.get((w, int(qw[0, 0])), [])))
         best, run = self._pick(w, qw, cands, extra,
                                first_mismatch(extra.ids, qw) if extra is not None else 0)
-        while plan is not None and self.router.cfg.exact_match:
+        while plan is not None and self.router.cfg.exact_match and plan.open(run):
+            if self.router.cfg.block_locators and plan.checked_at != run:
+                plan.checked_at = run  # is the next block indexed anywhere? (one read)
+                if self.locate(qw[run : run + 1], "ids")[0] is None:
+                    break
             more = plan.more(run)
             if not more:
                 break

@@ -331,3 +331,30 @@ def test_many_siblings_of_one_parent(exact: bool) -> None:
     else:
         assert min(got) == 62 and got.count(63) < 40  # the cap's designed loss
         assert ix.activity.extra_rounds == 0
+
+
+@pytest.mark.parametrize("locators", [True, False])
+def test_a_new_block_after_a_hot_prefix_is_settled_by_one_locator_read(locators: bool) -> None:
+    """300 conversations share 20 blocks, then go their own way; a new request shares
+    the 20 and continues with a block nobody has. About 1 in 15 of the 300 ties with it
+    on that block's 4-bit fingerprint: without locators each tied one is read to prove
+    it does not match; with them one point read proves no segment holds the block."""
+    rng = np.random.default_rng(11)
+    ix = SarpIndex(MemoryBackend(), IndexConfig(block_locators=locators))
+    ix.recover()
+    seqs = _sibling_ids(20, 300, rng)
+    for s in seqs:  # longer continuations: each sibling's filter covers blocks of its own
+        s.resize((36, 2), refcheck=False)
+        s[21:, 0] = rng.integers(1, 2**63, 15, dtype=np.uint64)
+    ix.write_many([Insert(0, SeqSpec("", hashes=s), meta=1) for s in seqs])
+    query = _sibling_ids(20, 1, rng)[0]
+    query[:20] = seqs[0][:20]
+    reads = ix.activity.segment_reads
+    ix.store.forget_segments()
+    [res] = ix.match_many([Match(0, SeqSpec("", hashes=query))])
+    assert res.blocks == 20
+    extra = ix.activity.segment_reads - reads
+    if locators:
+        assert ix.activity.locator_reads >= 1 and extra <= 4
+    else:
+        assert ix.activity.locator_reads == 0 and extra > 4

@@ -12,12 +12,13 @@ QF = 0x1234_5678_9ABC_DEF1  # every nibble non-zero: a filter of 16 blocks
 
 
 def plan(agreements: list[int], first: list[int], length: int = 64, offset: int = 16,
-         chunk: int = 2) -> WindowPlan:
-    """Candidates 1, 2, ... whose agreement with the query is `agreements[i]`."""
+         chunk: int = 2, first_bound: int | None = None) -> WindowPlan:
+    """Candidates 1, 2, ... whose agreement with the query is `agreements[i]`; the
+    first round's weakest bound defaults to the window (nothing settled by it)."""
     filts = [QF if a >= 16 else _differs_at(QF, a) for a in agreements]
     segs = np.arange(1, len(agreements) + 1, dtype=np.uint64)
     return WindowPlan(0, length, offset, first, segs, np.array(filts, dtype=np.uint64), QF,
-                      chunk)
+                      chunk, length if first_bound is None else first_bound)
 
 
 def test_no_round_when_the_first_round_read_everything() -> None:
@@ -58,3 +59,17 @@ def test_offer_keeps_the_first_of_equal_runs() -> None:
     assert (p.best, p.best_sid) == (30, 1)
     p.offer(3, 31)
     assert (p.best, p.best_sid) == (31, 3)
+
+
+def test_the_first_rounds_weakest_bound_settles_without_computing_the_rest() -> None:
+    p = plan([16, 3, 9, 16], first=[4, 1], first_bound=30)
+    assert p.open(29) and not p.open(30)  # nothing unread can beat the weakest read
+    assert p.more(30) == [] and p._rest is None  # no bound of the rest was computed
+
+
+def test_settle_and_an_empty_round_close_the_plan() -> None:
+    p = plan([16, 3, 9, 16], first=[4])
+    p.settle()
+    assert not p.open(0) and p.more(0) == []
+    q = plan([3, 3, 3], first=[3])
+    assert q.more(40) == [] and q.settled and not q.open(0)  # bounds 20: none beats 40

@@ -223,5 +223,5 @@ def test_a_loader_reads_only_what_its_cache_lacks() -> None:
 def test_activity_has_the_fields_the_daemon_reads() -> None:
     assert [f.name for f in dataclasses.fields(Activity)] == [
         "matches", "matched_blocks", "queried_blocks", "segment_reads", "corrupt_segments",
-        "write_batches", "extra_rounds"]
+        "write_batches", "extra_rounds", "locator_reads"]
     assert not hasattr(Activity(), "__dict__")  # slotted
