@@ -40,7 +40,7 @@ StepFn = Callable[[int], None]
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
-    lines: int
+    inserts: int  # lines applied (blank lines skipped)
     blocks: int
     segments: int
     records: int
@@ -111,14 +111,14 @@ def run_import(source: Path, cfg: ServerConfig, read_step: StepFn | None = None,
     try:
         t0 = time.perf_counter()
         builder = BulkBuilder(cfg.index, data_dir / "import.tmp")
-        lines = 0
+        inserts = 0
         try:
             with open(source, "rb") as fh:
                 for batch in _ops(fh, limits, read_step):
                     for op, res in zip(batch, builder.insert_many(batch), strict=True):
                         if isinstance(res, SarpError):
                             raise ConfigError(f"line {op.id}: {res.code}: {res.message}")
-                    lines = batch[-1].id
+                    inserts += len(batch)
             t1 = time.perf_counter()
             backend = open_backend(cfg.backend, data_dir / cfg.backend,
                                    cache_bytes=cfg.cache_bytes)
@@ -135,7 +135,7 @@ def run_import(source: Path, cfg: ServerConfig, read_step: StepFn | None = None,
         if not ok:
             _undo(data_dir)
     t2 = time.perf_counter()
-    return _result(lines, report, t1 - t0, t2 - t1)
+    return _result(inserts, report, t1 - t0, t2 - t1)
 
 
 def _undo(data_dir: Path) -> None:
@@ -149,9 +149,9 @@ def _undo(data_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def _result(lines: int, r: BulkReport, build_s: float, write_s: float) -> ImportResult:
+def _result(inserts: int, r: BulkReport, build_s: float, write_s: float) -> ImportResult:
     total = build_s + write_s
-    return ImportResult(lines, r.blocks, r.segments, r.items, r.routing_points,
+    return ImportResult(inserts, r.blocks, r.segments, r.items, r.routing_points,
                         r.directory_bytes, build_s, write_s,
                         r.blocks / total if total else 0.0)
 
@@ -193,7 +193,7 @@ def import_(source: Path, data_dir: Path, backend: str | None, config_path: Path
     if as_json:
         emit_json(asdict(res))
         return
-    click.echo(f"imported {res.lines:,} lines into {data_dir} ({cfg.backend}): "
+    click.echo(f"imported {res.inserts:,} lines into {data_dir} ({cfg.backend}): "
                f"{res.blocks:,} blocks in {res.segments:,} segments, {res.records:,} "
                f"records; directory {res.routing_points:,} routing points "
                f"({human_bytes(res.directory_bytes)}); {res.build_s + res.write_s:.1f} s, "
