@@ -8,9 +8,13 @@ ingests; write batches elsewhere) and the routing directory, built as it went, a
 snapshot: the first start of sarpd on the data loads it and re-routes nothing.
 
 Staging (`Staging`, a Backend that only the builder's index writes to):
-- segments, counters, the manifest, the namespace counts: a dict in memory (the
-  segment values: ~25-40 B per block, so ~3-4 GB at 1e8 blocks; the limit of a bulk
-  build is this machine's memory);
+- segments: appended to files of SEG_FILE_SIDS segment ids each (a value rewritten
+  when its segment grows is appended again); memory holds only each segment's
+  offset and length (12 B per segment, ~0.2 B per block): reads are `pread`s (the
+  page cache keeps the recent ones). At the end each file is read whole, its
+  segments yielded in id order, and the file deleted, so the disk holds each value
+  about once (staged or ingested);
+- counters, the manifest, the namespace counts: a dict in memory;
 - block locators (one 29-byte record per block, too many to sort in memory at 1e8+
   blocks): a distribution sort on disk. Each write batch's records are appended
   (buffered) to one of RUNS run files chosen by the first byte of the id; at the
@@ -23,10 +27,13 @@ Staging (`Staging`, a Backend that only the builder's index writes to):
 Run file `locators-XX.run` (XX: the id's first byte, hex): records in write order,
 each RECORD bytes: the locator's key (17: b"B" + 16-byte id) then its value (12:
 u64 head key + u32 position, sarpd/core/segment.py).
+Segment file `segments-NNNNNN.log` (NNNNNN: seg id // SEG_FILE_SIDS): segment values
+(sarpd/core/segment.py's format) back to back, in write order.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,7 +44,7 @@ import numpy as np
 from backends.base import Backend, WriteBatch, ingest_by_batches
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
-from sarpd.core.segment import BLOCK_PREFIX, LOCATOR, LOG_PREFIX, block_key
+from sarpd.core.segment import BLOCK_PREFIX, LOCATOR, LOG_PREFIX, SEG_PREFIX, block_key, seg_key
 from sarpd.core.store import backend_errors
 from sarpd.errors import BadRequest, SarpError
 from sarpd.model import Insert, InsertResult, RemoveResult
@@ -46,12 +53,88 @@ RUNS = 256
 KEY_BYTES = len(block_key(bytes(16)))  # 17
 RECORD = KEY_BYTES + LOCATOR.size  # 29
 FLUSH_BYTES = 64 << 20  # locator records buffered before they are appended to the runs
-_B, _L = BLOCK_PREFIX[0], LOG_PREFIX[0]
+SEG_FILE_SIDS = 1 << 16  # segments per segment file (~100 MB of values)
+_B, _L, _S = BLOCK_PREFIX[0], LOG_PREFIX[0], SEG_PREFIX[0]
 _REC = np.dtype(f"V{RECORD}")
 _KEY = np.dtype(f"V{KEY_BYTES}")
 _VAL = np.dtype(f"V{LOCATOR.size}")
 
 ProgressFn = Callable[[int], None]
+
+
+class SegmentFiles:
+    """Segment values in append-only files, their places in memory (module docstring)."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self._fds: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
+        self._off = np.full(1024, -1, dtype=np.int64)
+        self._len = np.zeros(1024, dtype=np.int32)
+        self.count = 0
+
+    def _path(self, f: int) -> Path:
+        return self.work_dir / f"segments-{f:06d}.log"
+
+    def _fd(self, f: int) -> int:
+        fd = self._fds.get(f)
+        if fd is None:
+            fd = self._fds[f] = os.open(self._path(f), os.O_RDWR | os.O_CREAT | os.O_APPEND,
+                                        0o600)
+            self._sizes[f] = 0
+        return fd
+
+    def put_many(self, items: list[tuple[int, bytes]]) -> None:
+        top = max(sid for sid, _ in items)
+        if top >= len(self._off):
+            grow = max(top + 1, 2 * len(self._off))
+            self._off = np.concatenate([self._off, np.full(grow - len(self._off), -1, np.int64)])
+            self._len = np.concatenate([self._len, np.zeros(grow - len(self._len), np.int32)])
+        by_file: dict[int, list[tuple[int, bytes]]] = {}
+        for sid, value in items:
+            by_file.setdefault(sid // SEG_FILE_SIDS, []).append((sid, value))
+        for f, group in by_file.items():
+            fd, pos = self._fd(f), self._sizes[f]
+            for sid, value in group:
+                if self._off[sid] < 0:
+                    self.count += 1
+                self._off[sid], self._len[sid] = pos, len(value)
+                pos += len(value)
+            os.write(fd, b"".join(v for _, v in group))
+            self._sizes[f] = pos
+
+    def get(self, sid: int) -> bytes | None:
+        if sid >= len(self._off) or self._off[sid] < 0:
+            return None
+        return os.pread(self._fds[sid // SEG_FILE_SIDS], int(self._len[sid]),
+                        int(self._off[sid]))
+
+    def delete(self, sid: int) -> None:
+        if sid < len(self._off) and self._off[sid] >= 0:
+            self._off[sid] = -1
+            self.count -= 1
+
+    def items(self, consume: bool) -> Iterator[tuple[bytes, bytes]]:
+        """(segment key, value) in id order; with `consume`, each file is deleted once
+        read."""
+        for f in sorted(self._fds):
+            fd = self._fds[f]
+            data = os.pread(fd, self._sizes[f], 0)
+            lo = f * SEG_FILE_SIDS
+            hi = min(lo + SEG_FILE_SIDS, len(self._off))
+            sids = np.flatnonzero(self._off[lo:hi] >= 0) + lo
+            offs, lens = self._off[sids].tolist(), self._len[sids].tolist()
+            if consume:
+                os.close(self._fds.pop(f))
+                self._path(f).unlink()
+            for sid, off, n in zip(sids.tolist(), offs, lens, strict=True):
+                yield seg_key(sid), data[off:off + n]
+            del data
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 class Staging:
@@ -64,6 +147,7 @@ class Staging:
         self.work_dir = work_dir
         work_dir.mkdir(parents=True, exist_ok=True)
         self._data: dict[bytes, bytes] = {}
+        self._segs = SegmentFiles(work_dir)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self.locators = 0  # records appended (a key written twice counts twice)
@@ -73,18 +157,26 @@ class Staging:
         return self.work_dir / f"locators-{i:02x}.run"
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        data = self._data
+        data, segs = self._data, self._segs
+        out: list[bytes | None] = []
         for k in keys:
-            if k[0] == _B:
+            if k[0] == _S:
+                out.append(segs.get(int.from_bytes(k[1:9], "big")))
+            elif k[0] == _B:
                 raise BadRequest("a bulk build reads no block locators (no parent inserts, "
                                  "no removal by id)")
-        return [data.get(k) for k in keys]
+            else:
+                out.append(data.get(k))
+        return out
 
     def write(self, batch: WriteBatch, sync: bool) -> None:
         if any(k[0] == _B for k in batch.deletes):
             raise BadRequest("a bulk build removes no block locators")
         for k in batch.deletes:
-            self._data.pop(k, None)
+            if k[0] == _S:
+                self._segs.delete(int.from_bytes(k[1:9], "big"))
+            else:
+                self._data.pop(k, None)
         puts = batch.puts
         locs = [k + v for k, v in puts.items() if k[0] == _B]
         if locs:
@@ -97,11 +189,16 @@ class Staging:
             self.locators += len(locs)
         if len(locs) < len(puts):
             logs = 0
+            segs: list[tuple[int, bytes]] = []
             for k, v in puts.items():
-                if k[0] == _L:
+                if k[0] == _S:
+                    segs.append((int.from_bytes(k[1:9], "big"), v))
+                elif k[0] == _L:
                     logs += 1
                 elif k[0] != _B:
                     self._data[k] = v
+            if segs:
+                self._segs.put_many(segs)
             self.log_records += logs
         if self._pending_bytes >= FLUSH_BYTES:
             self._spill()
@@ -122,6 +219,10 @@ class Staging:
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Keys outside the locators (what the write path and recovery scan)."""
+        if start < SEG_PREFIX + b"\xff" * 8 and end > SEG_PREFIX:
+            for k, v in self._segs.items(consume=False):
+                if start <= k < end:
+                    yield k, v
         for k in sorted(k for k in self._data if start <= k < end):
             yield k, self._data[k]
 
@@ -137,6 +238,7 @@ class Staging:
     def close(self) -> None:
         self._data = {}
         self._pending = []
+        self._segs.close()
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def stats(self) -> dict[str, int | float | str]:
@@ -146,20 +248,23 @@ class Staging:
     @property
     def items_total(self) -> int:
         """Items `sorted_items` yields at most (before duplicate locators are dropped)."""
-        return len(self._data) + self.locators
+        return len(self._data) + self._segs.count + self.locators
 
     def sorted_items(self) -> Iterator[tuple[bytes, bytes]]:
         """Every staged record in key order: the keys below the locators, the locator
-        runs one by one (each sorted; a run's file is deleted once read), the rest."""
+        runs one by one (each sorted), the keys between, the segments in id order,
+        the rest. Each run and segment file is deleted once read."""
         self._spill()
-        keys = sorted(self._data)
         data = self._data
-        split = next((i for i, k in enumerate(keys) if k[0] > _B), len(keys))
-        for k in keys[:split]:
+        keys = sorted(data)
+        for k in (k for k in keys if k[0] < _B):
             yield k, data[k]
         for i in range(RUNS):
             yield from self._sorted_run(i)
-        for k in keys[split:]:
+        for k in (k for k in keys if _B < k[0] < _S):
+            yield k, data[k]
+        yield from self._segs.items(consume=True)
+        for k in (k for k in keys if k[0] > _S):
             yield k, data[k]
 
     def _sorted_run(self, i: int) -> Iterator[tuple[bytes, bytes]]:

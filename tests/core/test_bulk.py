@@ -87,6 +87,7 @@ def batches(ops: list[Insert], size: int = 16) -> list[list[Insert]]:
 def test_import_serves_what_the_inserts_would(tmp_path: Path, backend: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bulk, "FLUSH_BYTES", 4096)  # many spills into the runs
+    monkeypatch.setattr(bulk, "SEG_FILE_SIDS", 16)  # ... and many segment files
     ops = branchy(7, 160)
     builder = BulkBuilder(CFG, tmp_path / "work")
     for chunk in batches(ops):
@@ -174,3 +175,28 @@ def test_bulk_build_refuses_what_it_cannot_stage(tmp_path: Path) -> None:
     with pytest.raises(BadRequest, match="locators"):
         builder.staging.get_many([BLOCK_PREFIX + bytes(16)])
     builder.close()
+
+
+def test_segment_files_keep_the_last_value_in_id_order(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bulk, "SEG_FILE_SIDS", 4)
+    st = Staging(tmp_path / "w")
+    want: dict[bytes, bytes] = {}
+    for rnd in range(3):
+        wb = WriteBatch()
+        for sid in range(rnd, 3000, rnd + 1):  # rewrites, in files of 4 ids
+            wb.put(b"S" + sid.to_bytes(8, "big"), b"v%d-%d" % (sid, rnd) * (1 + sid % 5))
+            want[b"S" + sid.to_bytes(8, "big")] = b"v%d-%d" % (sid, rnd) * (1 + sid % 5)
+        st.write(wb, False)
+    gone = b"S" + (7).to_bytes(8, "big")
+    wb = WriteBatch()
+    wb.delete(gone)
+    st.write(wb, False)
+    del want[gone]
+    keys = [b"S" + sid.to_bytes(8, "big") for sid in (0, 7, 8, 2999, 3000)]
+    assert st.get_many(keys) == [want.get(k) for k in keys]
+    assert list(st.scan(b"S", b"T")) == sorted(want.items())
+    assert st.items_total == len(want)
+    assert list(st.sorted_items()) == sorted(want.items())
+    assert not list((tmp_path / "w").glob("segments-*.log"))  # each file deleted once read
+    st.close()
