@@ -178,9 +178,10 @@ def import_(source: Path, data_dir: Path, backend: str | None, config_path: Path
     namespace counts and the manifest are written as sorted table files that RocksDB
     ingests (write batches on other engines), and the routing directory as a
     snapshot, so sarpd started on DATA_DIR afterwards serves exactly what these
-    inserts would have produced and re-routes nothing. Needs memory for the segments
-    (~30-40 B per block) and disk for the locators' sort runs (~30 B per block) in
-    DATA_DIR/import.tmp. A bad line stops the import and leaves DATA_DIR empty.
+    inserts would have produced and re-routes nothing. Scratch space: ~55 B per block
+    of disk in DATA_DIR/import.tmp (staged segments and the locators' sort runs, given
+    back as the table files are written). A bad line stops the import and leaves
+    DATA_DIR empty.
     """
     try:
         cfg = load_config(config_path, data_dir=data_dir, backend=backend)

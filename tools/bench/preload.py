@@ -11,7 +11,8 @@ with 2-16 siblings of the same parent (tree search). New blocks get fresh random
 64-bit ids, so the replay shares only the system prompts with the fill, as a new
 day's traffic would; hot posting lists hold thousands of sessions.
 Each session is inserted once, whole (its last turn: what its turns would leave in
-the index), parents before their branches.
+the index, without replaying each turn's match and insert), parents before their
+branches.
 
 Fill path: inserts for all. Every index (sarp and every baseline, SSD or memory)
 gets the same sequences through its own `insert_many`, in batches of BATCH, then
