@@ -77,3 +77,20 @@ def test_run_bench_preloads_every_index_the_same(tmp_path: Path) -> None:
     reused = {r.index: r.tokens_reused for r in res.results}
     assert reused["sarp"] == reused["dram-blockhash"] == reused["ssd-blockhash"] > 0
     assert len(list((tmp_path / "cache").iterdir())) == len(names)
+
+
+def test_cli_preload_options(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from tools.bench.cli import bench
+
+    args = ["-w", "codeact", "--index", "sarp,dram-blockhash", "--preload", "5000",
+            "--preload-cache", str(tmp_path / "c"), "--json", "-"]
+    res = CliRunner().invoke(bench, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["preload_blocks"] == 5000
+    assert [r["index"] for r in doc["results"]] == ["sarp", "dram-blockhash"]
+    assert len(list((tmp_path / "c").iterdir())) == 2

@@ -103,7 +103,10 @@ def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Pat
                    json_out: str | None) -> None:
     from tools.bench.scale import recovery_at_scale
 
-    names = indexes.split(",") if indexes else ["sarp", "dram-blockhash", "redis"]
+    names, note = left_out(indexes.split(",") if indexes else
+                           ["sarp", "dram-blockhash", "redis"], blocks)
+    if note:
+        click.echo(note, err=True)
     root = data_dir or Path(tempfile.mkdtemp(prefix="sarp-scale-"))
     try:
         res = recovery_at_scale(names, blocks, backend, root,
