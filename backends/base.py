@@ -10,11 +10,17 @@ An implementation must:
   return only once the batch is durable (fsync'd). Raise `BackendIOError`
   (backends/errors.py) when it could not persist (then nothing of the batch is visible).
 - `scan`: yield (key, value) for start <= key < end in key order.
+- `ingest`: load many (key, value) pairs given in strictly increasing key order (a
+  bulk load of a new data set: `sarpctl import`, the bench's preload). RocksDB writes
+  them as sorted table files and ingests those; every other engine honours it through
+  `ingest_by_batches` (write batches of INGEST_BATCH_BYTES, one sync at the end).
+  Durable when it returns. Keys out of order raise ValueError (a caller's bug) before
+  anything of the offending item is written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -72,4 +78,44 @@ class Backend(Protocol):
     def stats(self) -> dict[str, int | float | str]:
         """Engine counters: at least `disk_bytes`."""
         ...
+
+    def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Put every (key, value) of `items` (strictly increasing keys; need not fit in
+        memory), durably; returns how many. The optional bulk ability: an engine
+        without a faster way returns `ingest_by_batches(self, items)`."""
+        ...
+
+
+INGEST_BATCH_BYTES = 8 << 20  # the fallback's write batches (keys + values)
+
+
+def sorted_items(items: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """`items`, checked to be in strictly increasing key order (ValueError naming the
+    first pair out of order)."""
+    last: bytes | None = None
+    for key, value in items:
+        if last is not None and key <= last:
+            raise ValueError(f"ingest: key {key.hex()} does not follow {last.hex()} "
+                             "(keys must be strictly increasing)")
+        last = key
+        yield key, value
+
+
+def ingest_by_batches(backend: Backend, items: Iterable[tuple[bytes, bytes]],
+                      batch_bytes: int = INGEST_BATCH_BYTES) -> int:
+    """The fallback of `Backend.ingest`: write batches of about `batch_bytes`, unsynced,
+    then one `sync` (durable on return)."""
+    n = size = 0
+    wb = WriteBatch()
+    for key, value in sorted_items(items):
+        wb.puts[key] = value
+        n += 1
+        size += len(key) + len(value)
+        if size >= batch_bytes:
+            backend.write(wb, False)
+            wb, size = WriteBatch(), 0
+    if len(wb):
+        backend.write(wb, False)
+    backend.sync()
+    return n
 

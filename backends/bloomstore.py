@@ -21,11 +21,11 @@ directly; the registry passes only `cache_bytes`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from backends.base import WriteBatch
+from backends.base import WriteBatch, ingest_by_batches
 from backends.errors import (
     BackendConfigError,
     BackendCorrupt,
@@ -109,6 +109,10 @@ class BloomStoreBackend:
 
     def resume(self) -> None:
         """Nothing to do: a failed write leaves this engine writable."""
+
+    def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Write batches (Backend.ingest's fallback)."""
+        return ingest_by_batches(self, items)
 
     def close(self) -> None:
         _call(self._store.close)

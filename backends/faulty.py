@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from backends.base import Backend, WriteBatch
+from backends.base import Backend, WriteBatch, ingest_by_batches
 from backends.errors import BackendIOError
 
 ENV = "SARPD_FAULT_FILE"
@@ -92,6 +92,10 @@ class FaultyBackend:
 
     def resume(self) -> None:
         self.inner.resume()
+
+    def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Write batches through this wrapper, so that its faults apply."""
+        return ingest_by_batches(self, items)
 
     def close(self) -> None:
         self.inner.close()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from backends.base import WriteBatch
+from backends.base import WriteBatch, ingest_by_batches
 from backends.errors import BackendIOError
 
 
@@ -74,6 +74,9 @@ class MemoryBackend:
 
     def resume(self) -> None:
         """Nothing to do: a failed write leaves this engine writable."""
+
+    def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        return ingest_by_batches(self, items)
 
     def close(self) -> None:
         with self._lock:

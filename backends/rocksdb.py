@@ -34,17 +34,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import rocksdict
 
 from backends._files import OpenPaths, dir_bytes
-from backends.base import WriteBatch
+from backends.base import WriteBatch, sorted_items
 from backends.errors import BackendConfigError, BackendIOError
 
 MiB = 1024 * 1024
@@ -52,6 +53,7 @@ BLOOM_BITS_PER_KEY = 10
 COMPRESSION = "lz4"
 BACKGROUND_JOBS = 2
 RESUME_RETRY_S = 1.0  # after a reopen that failed, refuse writes this long
+SST_FILE_BYTES = 256 * MiB  # ingest(): table files of about this size
 
 # stats() name -> RocksDB integer property (all cheap: no scan of the data)
 _PROPERTIES = {
@@ -296,6 +298,44 @@ class RocksDBBackend:
                 raise self._error(f"reopen after a failed write ({self._failed})",
                                   exc) from exc
             self._failed = ""
+
+    def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Bulk load: `items` (sorted) go into table files of ~SST_FILE_BYTES written
+        by SstFileWriter with this database's options (same bloom filter, compression,
+        block format), in `<path>/ingest.tmp/`, then ONE `ingest_external_file` moves
+        them in (non-overlapping files: into the bottommost level they fit, no
+        compaction, no WAL). Durable on return (the ingestion syncs the files and the
+        MANIFEST)."""
+        tmp = self.path / "ingest.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        files: list[str] = []
+        n = 0
+        try:
+            tmp.mkdir()
+            writer: rocksdict.SstFileWriter | None = None
+            for key, value in sorted_items(items):
+                if writer is None:
+                    files.append(str(tmp / f"{len(files):06d}.sst"))
+                    writer = rocksdict.SstFileWriter(self._opts)
+                    writer.open(files[-1])
+                writer[key] = value
+                n += 1
+                if not n & 4095 and writer.file_size() >= SST_FILE_BYTES:
+                    writer.finish()
+                    writer = None
+            if writer is not None:
+                writer.finish()
+            if files:
+                opts = rocksdict.IngestExternalFileOptions()
+                opts.set_move_files(True)
+                self._db.ingest_external_file(files, opts)
+        except ValueError:
+            raise  # keys out of order: the caller's bug
+        except Exception as exc:
+            raise self._error(f"ingest of {n} items in {len(files)} table files", exc) from exc
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return n
 
     def close(self) -> None:
         """Flush the memtables (a clean reopen then replays no WAL) and close.

@@ -41,14 +41,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import wiredtiger
 
 from backends._files import OpenPaths, dir_bytes
-from backends.base import WriteBatch
+from backends.base import WriteBatch, ingest_by_batches
 from backends.errors import BackendConfigError, BackendIOError
 
 MiB = 1024 * 1024
@@ -456,6 +456,10 @@ class WiredTigerBackend:
 
     def resume(self) -> None:
         """Nothing to do: a failed write leaves this engine writable."""
+
+    def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Write batches (Backend.ingest's fallback)."""
+        return ingest_by_batches(self, items)
 
     def close(self) -> None:
         """Wait for the calls in progress, checkpoint and close. Idempotent."""

@@ -27,6 +27,7 @@ from tools.ctl_common import (
     human_bytes,
     read_tokens,
 )
+from tools.ctl_import import import_
 from tools.ctl_ops import dump, top
 
 SOCKET_HELP = (
@@ -210,8 +211,9 @@ def check(ctx: click.Context, fix: bool, as_json: bool) -> None:
 
 
 # `sarpctl bench` (the evaluation harness), `sarpctl bridge vllm` (the KV-events bridge),
-# `sarpctl top` and `sarpctl dump` (operator views) live in their own modules.
-for _command in (bench, bridge, top, dump):
+# `sarpctl top` and `sarpctl dump` (operator views), `sarpctl import` (a bulk build)
+# live in their own modules.
+for _command in (bench, bridge, top, dump, import_):
     main.add_command(_command)
 
 

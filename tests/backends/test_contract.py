@@ -262,6 +262,42 @@ def test_write_failure_is_backend_io_error_and_invisible(
     assert backend.get_many([b"small", b"big", b"other"]) == [b"x", None, None]
 
 
+# --- ingest (bulk load) ---------------------------------------------------------------
+
+
+def _ingest_items(n: int) -> list[tuple[bytes, bytes]]:
+    return [(b"S" + be8(i), b"v%d" % i * (1 + i % 7)) for i in range(n)]
+
+
+def test_ingest_loads_sorted_items_over_existing_data(backend: Backend) -> None:
+    put_all(backend, [(b"A", b"kept"), (b"S" + be8(3), b"old")], sync=True)
+    items = _ingest_items(5000)
+    assert backend.ingest(iter(items)) == 5000  # an iterator: need not be a list
+    assert backend.get_many([b"A", b"S" + be8(3), b"S" + be8(4999), b"S" + be8(5000)]) == [
+        b"kept", items[3][1], items[4999][1], None]
+    assert list(backend.scan(b"S", b"T")) == items
+    put_all(backend, [(b"S" + be8(1), b"after")], sync=True)  # writable afterwards
+    assert get_one(backend, b"S" + be8(1)) == b"after"
+
+
+def test_ingest_empty_and_out_of_order(backend: Backend) -> None:
+    assert backend.ingest([]) == 0
+    with pytest.raises(ValueError, match="strictly increasing"):
+        backend.ingest([(b"b", b"1"), (b"a", b"2")])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        backend.ingest([(b"c", b"1"), (b"c", b"2")])
+    assert get_one(backend, b"a") is None
+
+
+def test_ingested_items_survive_reopen(persistent_opener: Opener) -> None:
+    backend = persistent_opener()
+    items = _ingest_items(3000)
+    backend.ingest(items)
+    backend.close()
+    again = persistent_opener()
+    assert list(again.scan(b"S", b"T")) == items
+
+
 # --- persistence ----------------------------------------------------------------------
 
 

@@ -49,3 +49,40 @@ def test_recovery_at_scale_on_tiny_sizes(tmp_path: Path) -> None:
         assert r.blocks == 2000 and r.build_s > 0 and r.recovery_s > 0 and r.disk_bytes > 0
     with pytest.raises(ValueError, match="unknown index nope"):
         recovery_at_scale(["nope"], 10, "rocksdb", tmp_path)
+
+
+def test_sarp_takes_the_bulk_path_unless_an_ssd_baseline_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools.bench.sarp_index import SarpBench
+
+    calls: list[Path] = []
+    real = SarpBench.bulk_open
+
+    def spy(self: SarpBench, data_dir: Path, *args: object, **kw: object) -> None:
+        calls.append(data_dir)
+        real(self, data_dir, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SarpBench, "bulk_open", spy)
+    res = recovery_at_scale(["sarp", "dram-blockhash"], 3000, "rocksdb", tmp_path / "a")
+    assert calls == [tmp_path / "a" / "sarp"]
+    assert "0 segments re-routed" in res[0].detail  # the bulk build's snapshot is whole
+    recovery_at_scale(["sarp", "ssd-blockhash"], 3000, "rocksdb", tmp_path / "b")
+    assert len(calls) == 1  # inserts for every SSD index
+
+
+def test_bulk_open_serves_what_inserts_would(tmp_path: Path) -> None:
+    from tools.bench.sarp_index import SarpBench
+
+    seqs = list(sequences(3 * SEQ_BLOCKS + 300, seed=4))
+    metas = [np.arange(len(s), dtype=np.uint64) + 7 for s in seqs]
+    bulk, ref = SarpBench(), SarpBench()
+    bulk.bulk_open(tmp_path / "bulk", "rocksdb", 1 << 20, [(seqs, [""] * len(seqs), metas)])
+    ref.open(tmp_path / "ref", "rocksdb", 1 << 20)
+    ref.insert_many(seqs, [""] * len(seqs), metas)
+    probes = [s[: len(s) // 2] for s in seqs] + [s[:64] for s in seqs] + seqs
+    got, want = bulk.match_many(probes, [""] * len(probes)), ref.match_many(
+        probes, [""] * len(probes))
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+    assert sum(len(g) for g in got) > 0
+    bulk.close()
+    ref.close()

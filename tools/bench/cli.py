@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from tools.bench.preload import left_out
 from tools.bench.report import text_table, write_report
 from tools.bench.runner import index_factories, run_bench
 
@@ -38,6 +39,11 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
               help="Durability of every index's inserts: 'always' fsyncs each insert call.")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(1),
               help="Turns per match/insert call (the daemon batches the same way).")
+@click.option("--preload", default=0, show_default=True, type=click.IntRange(0),
+              metavar="BLOCKS", help="Fill every index with BLOCKS blocks of the workload's "
+              "shape (its namespaces, system prompts, sessions, branches) before the replay.")
+@click.option("--preload-cache", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Keep each filled index (per index and size) in DIR and reuse it.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Where the indexes are built (default: a temporary directory, removed).")
 @click.option("--json", "json_out", default=None, metavar="FILE|-",
@@ -46,8 +52,8 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
               help="Write a Markdown table and PNG plots (throughput, recovery, latency "
                    "CDF, reuse loss) into DIR.")
 def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: int,
-          recovery_only: bool, blocks: int, sync: str, batch: int, data_dir: Path | None,
-          json_out: str | None,
+          recovery_only: bool, blocks: int, sync: str, batch: int, preload: int,
+          preload_cache: Path | None, data_dir: Path | None, json_out: str | None,
           report: Path | None) -> None:
     """Replay a workload through sarp and the baselines in ONE run and compare them.
 
@@ -62,6 +68,9 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
         _recovery_only(indexes, blocks, backend, data_dir, json_out)
         return
     names = indexes.split(",") if indexes else list(index_factories())
+    names, note = left_out(names, preload)
+    if note:
+        click.echo(note, err=True)
     try:
         wl = get_workload(workload, scale=scale, seed=seed)
     except (ValueError, FileNotFoundError) as exc:
@@ -74,7 +83,8 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     assert root is not None
     try:
         res = run_bench(wl, names, backend, root, batch=batch, progress=progress_bars(quiet),
-                        sync=sync == "always")
+                        sync=sync == "always", preload=preload, preload_cache=preload_cache,
+                        seed=seed)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--index") from exc
     finally:
@@ -95,7 +105,10 @@ def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Pat
                    json_out: str | None) -> None:
     from tools.bench.scale import recovery_at_scale
 
-    names = indexes.split(",") if indexes else ["sarp", "dram-blockhash", "redis"]
+    names, note = left_out(indexes.split(",") if indexes else
+                           ["sarp", "dram-blockhash", "redis"], blocks)
+    if note:
+        click.echo(note, err=True)
     root = data_dir or Path(tempfile.mkdtemp(prefix="sarp-scale-"))
     try:
         res = recovery_at_scale(names, blocks, backend, root,

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from tools.bench.api import BLOCK_TOKENS, BenchIndex, Turn, Workload
+from tools.bench.preload import preload as preload_index
+from tools.bench.preload import shape_of as preload_shape
 
 ProgressFn = Callable[[int], None]
 
@@ -58,18 +60,20 @@ class BenchResult:
     blocks: int
     cache_bytes: int
     results: list[IndexResult]
+    preload_blocks: int = 0  # blocks each index held before the replay (--preload)
 
     def to_json(self) -> dict[str, Any]:
         return {"workload": self.workload, "description": self.description,
                 "requests": self.requests, "blocks": self.blocks,
-                "cache_bytes": self.cache_bytes,
+                "cache_bytes": self.cache_bytes, "preload_blocks": self.preload_blocks,
                 "results": [r.public() for r in self.results]}
 
     @staticmethod
     def from_json(doc: dict[str, Any]) -> BenchResult:
         return BenchResult(doc["workload"], doc.get("description", ""), doc["requests"],
                            doc["blocks"], doc.get("cache_bytes", 0),
-                           [IndexResult(**r) for r in doc["results"]])
+                           [IndexResult(**r) for r in doc["results"]],
+                           doc.get("preload_blocks", 0))
 
     def by_name(self) -> dict[str, IndexResult]:
         return {r.index: r for r in self.results}
@@ -90,12 +94,13 @@ def index_factories() -> dict[str, Callable[[], BenchIndex]]:
     return out
 
 
-def cache_budget(turns: Sequence[Turn]) -> tuple[int, int]:
-    """(unique blocks, cache bytes = 10 % of the uncompressed SSD-BlockHash store)."""
+def cache_budget(turns: Sequence[Turn], preload: int = 0) -> tuple[int, int]:
+    """(unique blocks, cache bytes = 10 % of the uncompressed SSD-BlockHash store,
+    counting the `preload` blocks every index holds too)."""
     if not turns:
-        return 0, 1 << 20
+        return 0, max(1 << 20, preload * 16 // 10)
     unique = int(np.unique(np.concatenate([t.sequence for t in turns])).size)
-    return unique, max(1 << 20, unique * 16 // 10)
+    return unique, max(1 << 20, (unique + preload) * 16 // 10)
 
 
 def batches(turns: Sequence[Turn], size: int) -> list[tuple[int, Sequence[Turn]]]:
@@ -173,26 +178,34 @@ def run_index(name: str, index: BenchIndex, turns: Sequence[Turn], data_dir: Pat
 
 def run_bench(workload: Workload, names: Sequence[str], backend: str, data_dir: Path,
               batch: int = 16, progress: Callable[[str, int], ProgressFn] | None = None,
-              sync: bool = False) -> BenchResult:
+              sync: bool = False, preload: int = 0, preload_cache: Path | None = None,
+              seed: int = 0) -> BenchResult:
     """Every index is built with the same durability policy (`sync`: fsync each
-    insert call before it returns)."""
+    insert call before it returns); with `preload`, each is first filled with that
+    many blocks of the workload's shape (tools/bench/preload.py)."""
     factories = index_factories()
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown index {', '.join(unknown)} (known: {', '.join(factories)})")
     turns = list(workload.turns())
-    blocks, cache = cache_budget(turns)
+    blocks, cache = cache_budget(turns, preload)
+    shape = preload_shape(turns) if preload else None
     results: list[IndexResult] = []
     order = sorted(names, key=lambda n: n != "sarp")  # sarp first: radix's cap follows it
     for name in order:
-        bar = progress(name, len(turns)) if progress is not None else None
         index = factories[name](sync=sync)  # type: ignore[call-arg]
         if name == "segment-radix" and results and results[0].index == "sarp":
             index = fitted_radix(index, turns, data_dir, backend, cache, batch,
                                  RADIX_RECOVERY_X * results[0].recovery_s)
+        if shape is not None:
+            preload_index(name, lambda n=name: factories[n](sync=sync),  # type: ignore[call-arg,misc]
+                          data_dir / name, backend, cache, shape, preload, seed, preload_cache,
+                          progress(f"{name} preload", preload) if progress else None)
+        bar = progress(name, len(turns)) if progress is not None else None
         results.append(run_index(name, index, turns, data_dir, backend, cache, batch, bar))
     results.sort(key=lambda r: list(names).index(r.index))
-    return BenchResult(workload.name, workload.describe(), len(turns), blocks, cache, results)
+    return BenchResult(workload.name, workload.describe(), len(turns), blocks, cache, results,
+                       preload)
 
 
 RADIX_RECOVERY_X = 1.5  # segment-radix's memory cap: recovery ~1.5x sarp's (brief: 0.96-1.96x)

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from backends.base import Backend
 from sarpd.config import IndexConfig
+from sarpd.core.bulk import BulkBuilder
 from sarpd.core.index import SarpIndex
 from sarpd.core.store import open_backend
 from sarpd.model import Insert, Match, MatchResult, SeqSpec
@@ -53,6 +54,29 @@ class SarpBench:
         self.data_dir, self.backend_name, self.cache_bytes = data_dir, backend, cache_bytes
         self.ix = _open(data_dir, backend, cache_bytes, self.config, self.sync)
         self.ix.recover()
+
+    def bulk_open(self, data_dir: Path, backend: str, cache_bytes: int,
+                  batches: Iterable[tuple[Sequence[Ids], Sequence[str], Sequence[U64]]],
+                  progress: Callable[[int], None] | None = None) -> None:
+        """`open` on a directory built by sarp's bulk path (sarpd/core/bulk.py: the
+        write path into staging, one sorted ingest, a snapshot) from `batches` of
+        `insert_many` arguments."""
+        builder = BulkBuilder(self.config, data_dir / "bulk.tmp")
+        try:
+            for seqs, ns, metas in batches:
+                self.ix = builder.index
+                self.insert_many(seqs, ns, metas)
+                if progress is not None:
+                    progress(sum(len(s) for s in seqs))
+            be = open_backend(backend, data_dir / backend, cache_bytes=cache_bytes)
+            try:
+                builder.finish(be, data_dir / "snapshots")
+            finally:
+                be.close()
+        finally:
+            self.ix = None
+            builder.close()
+        self.open(data_dir, backend, cache_bytes)
 
     def _index(self) -> SarpIndex:
         assert self.ix is not None, "open() first"

@@ -4,6 +4,9 @@ Fills each named index with N blocks (sessions of 1,024-block sequences that sha
 a few system prompts, inserted in large batches, no matching), flushes it, then
 measures a cold recovery exactly as the full benchmark does: spawn a fresh process
 (or restart redis-server) and time until the first match is answered.
+sarp is filled by its bulk path (`SarpBench.bulk_open`: the same inserts, staged and
+ingested as sorted table files) unless an SSD baseline runs too: every SSD index is
+then filled by its own inserts (never an ingested store beside an LSM built by writes).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.bench.api import BenchIndex, Ids
+from tools.bench.preload import MEMORY_INDEXES
 from tools.bench.runner import index_factories
 
 SEQ_BLOCKS = 1024
@@ -50,21 +54,22 @@ def sequences(blocks: int, seed: int = 0) -> Iterator[Ids]:
 
 def fill(index: BenchIndex, blocks: int, progress: Callable[[int], None] | None,
          seed: int = 0) -> None:
+    for seqs, ns, metas in _batches(blocks, seed):
+        index.insert_many(seqs, ns, metas)
+        if progress is not None:
+            progress(sum(len(s) for s in seqs))
+
+
+def _batches(blocks: int, seed: int = 0) -> Iterator[tuple[list[Ids], list[str], list[Ids]]]:
+    """`insert_many` arguments: BATCH sequences at a time, meta = block position."""
     batch: list[Ids] = []
     for seq in sequences(blocks, seed):
         batch.append(seq)
         if len(batch) == BATCH:
-            _insert(index, batch, progress)
+            yield batch, [""] * len(batch), [np.arange(len(s), dtype=np.uint64) for s in batch]
             batch = []
     if batch:
-        _insert(index, batch, progress)
-
-
-def _insert(index: BenchIndex, batch: list[Ids], progress: Callable[[int], None] | None) -> None:
-    index.insert_many(batch, [""] * len(batch),
-                      [np.arange(len(s), dtype=np.uint64) for s in batch])
-    if progress is not None:
-        progress(sum(len(s) for s in batch))
+        yield batch, [""] * len(batch), [np.arange(len(s), dtype=np.uint64) for s in batch]
 
 
 def recovery_at_scale(names: Sequence[str], blocks: int, backend: str, data_dir: Path,
@@ -75,13 +80,19 @@ def recovery_at_scale(names: Sequence[str], blocks: int, backend: str, data_dir:
     if unknown:
         raise ValueError(f"unknown index {', '.join(unknown)} (known: {', '.join(factories)})")
     cache = max(1 << 20, blocks * 16 // 10)
+    bulk = all(n in MEMORY_INDEXES or n.startswith("sarp") for n in names)
     out = []
     for name in names:
         index = factories[name]()
-        index.open(data_dir / name, backend, cache)
+        bar = progress(name, blocks) if progress else None
         try:
             t0 = time.perf_counter()
-            fill(index, blocks, progress(name, blocks) if progress else None)
+            bulk_open = getattr(index, "bulk_open", None)
+            if bulk and bulk_open is not None:
+                bulk_open(data_dir / name, backend, cache, _batches(blocks), bar)
+            else:
+                index.open(data_dir / name, backend, cache)
+                fill(index, blocks, bar)
             index.flush()
             build = time.perf_counter() - t0
             memory, disk = index.memory_bytes(), index.disk_bytes()
