@@ -74,10 +74,11 @@ def backend_errors() -> Iterator[None]:
         raise StorageError(exc.message) from exc
 
 
-def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
+def open_backend(name: str, path: Path, *, cache_bytes: int,
+                 direct_io: bool = False) -> Backend:
     """`backends.registry.open_backend`, with the backends' errors mapped to sarp's."""
     with backend_errors():
-        return registry.open_backend(name, path, cache_bytes=cache_bytes)
+        return registry.open_backend(name, path, cache_bytes=cache_bytes, direct_io=direct_io)
 
 
 @dataclass(slots=True)
