@@ -99,6 +99,7 @@ class Store:
         self.cfg = cfg
         self.activity = Activity()
         self._cache: OrderedDict[int, Segment] = OrderedDict()
+        self.cache_segments = SEGMENT_CACHE  # the cache's size (the bench sizes it)
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self._open_manifest()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
@@ -274,5 +275,5 @@ class Store:
         cache = self._cache
         cache[sid] = seg
         cache.move_to_end(sid)
-        if len(cache) > SEGMENT_CACHE:
+        while len(cache) > self.cache_segments:
             cache.popitem(last=False)

@@ -244,8 +244,9 @@ class SegmentRadix(BackendBaseline):
     def total_nodes(self) -> int:
         return self._next_id - 1  # node ids are 1, 2, ... and nodes are never deleted
 
-    def memory_bytes(self) -> int:
-        """Measured by a walk over the resident nodes: sys.getsizeof of each node, its
+    def routing_bytes(self) -> int:
+        """The capped tree, outside the budget (memory_bytes is the engine's).
+        Measured by a walk over the resident nodes: sys.getsizeof of each node, its
         int fields (other than CPython's shared small ints), its eviction-heap tuple
         and list slot, its children dict and sorted key array (the cap is enforced on
         a running count of the same quantities)."""
@@ -278,12 +279,12 @@ class SegmentRadix(BackendBaseline):
                     problems.append(f"node {node.id}: sorted key array out of step")
         if sum(len(n.children or {}) for n in resident) != len(self._heap):
             problems.append("resident children and heap disagree")
-        if self.memory_bytes() != self._mem:
-            problems.append(f"memory walk {self.memory_bytes()} != running count {self._mem}")
+        if self.routing_bytes() != self._mem:
+            problems.append(f"memory walk {self.routing_bytes()} != running count {self._mem}")
         return problems
 
     def estimated_bytes(self) -> int:
-        """The running count the cap is enforced on (memory_bytes() walks instead)."""
+        """The running count the cap is enforced on (routing_bytes() walks instead)."""
         return self._mem
 
     # -- open, snapshot, recovery ---------------------------------------------------
