@@ -35,7 +35,7 @@ def test_rows_have_ratios_against_sarp_and_loss_against_the_exact_index() -> Non
     assert seg[2] == "2.00" and seg[6] == "25.0000" and seg[col["rec x sarp"]] == "0.50"
     assert seg[col["recover s"]] == "0.2500" and seg[col["spawn s"]] == "0.5000"
     assert seg[col["memory"]] == "3.0 MiB" and seg[col["routing"]] == "2.0 KiB"
-    assert seg[col["reads/match"]] == "1.5" and seg[col["disk"]] == "512 B"
+    assert seg[col["reads/match"]] == "1.50" and seg[col["disk"]] == "512 B"
 
 
 def test_text_table_is_aligned_and_explains_its_ratios() -> None:

@@ -37,7 +37,7 @@ def rows(res: BenchResult) -> list[list[str]]:
                     f"{r.recovery_s:.4f}", f"{r.recovery_spawn_s:.4f}",
                     "1" if r.index == "sarp" else f"{rec:.2f}",
                     human_bytes(r.memory_bytes), human_bytes(r.routing_bytes),
-                    f"{r.reads_per_match:,.1f}", human_bytes(r.disk_bytes)])
+                    f"{r.reads_per_match:,.2f}", human_bytes(r.disk_bytes)])
     return out
 
 

@@ -183,7 +183,8 @@ def engine_memory(backend: Backend) -> int:
 
 
 class CountingBackend:
-    """The run's backend, counting every key read through `get_many`."""
+    """The run's backend, counting every key read through `get_many`, and each
+    `scan` as one read (one seek; segment-hash-head matches by prefix scans)."""
 
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
@@ -200,6 +201,7 @@ class CountingBackend:
         self.inner.write(batch, sync)
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self.reads += 1
         return self.inner.scan(start, end)
 
     def sync(self) -> None:

@@ -72,6 +72,7 @@ from tools.bench.baselines._radix_store import (
 )
 
 SORTED_FROM = 16  # children from which a node keeps a sorted numpy key array
+FIT_TRIES = 3  # cold recoveries per probe of fit_cap (the fastest counts)
 
 Getter = Callable[[list[bytes]], list[bytes | None]]
 
@@ -215,22 +216,28 @@ class SegmentRadix(BackendBaseline):
         else:
             self._evict()
 
+    def _best_recovery(self, tries: int = FIT_TRIES) -> RecoveryResult:
+        """The fastest of `tries` cold recoveries (in-process seconds are tens of ms
+        here: one measurement is too noisy to fit a cap on)."""
+        return min((self.recover() for _ in range(tries)), key=lambda r: r.seconds)
+
     def fit_cap(self, target_s: float, probes: int = 6) -> RecoveryResult:
-        """Set the largest cap whose measured cold recovery takes at most `target_s`
-        (e.g. 1.5x sarp's): a binary search over byte caps between 0 and the whole
-        tree, each probe a real `recover()` after a snapshot at that cap. Returns the
-        last measurement at the cap left set (cap 0 if even that is slower)."""
+        """Set the largest cap whose cold recovery (in-process seconds, the best of
+        FIT_TRIES) takes at most `target_s` (e.g. 1.5x sarp's): a binary search over
+        byte caps between 0 and the whole tree, each probe real `recover()`s after a
+        snapshot at that cap. Returns the last measurement at the cap left set (cap 0
+        if even that is slower)."""
         self.set_memory_cap(None)
         whole = self._mem
         self.flush()
-        if (res := self.recover()).seconds <= target_s:
+        if (res := self._best_recovery()).seconds <= target_s:
             return res
         lo, hi = 0, whole
         for _ in range(probes):
             mid = (lo + hi) // 2
             self.set_memory_cap(mid)
             self.flush()
-            if self.recover().seconds <= target_s:
+            if self._best_recovery().seconds <= target_s:
                 lo = mid
             else:
                 hi = mid
@@ -302,7 +309,7 @@ class SegmentRadix(BackendBaseline):
                 super()._close_state()
 
     def flush(self) -> None:
-        self.backend.sync()
+        super().flush()
         self._snapshot()
 
     def disk_bytes(self) -> int:
