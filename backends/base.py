@@ -56,6 +56,9 @@ class Backend(Protocol):
     # whether data written survives close() and a reopen (the in-memory test backend
     # does not: the contract suite then skips its reopen and crash cases)
     persistent: bool
+    # whether reads bypass the OS page cache (opened with direct_io=True: the engine's
+    # own cache is then the only cache; see `BackendFactory` in backends/registry.py)
+    direct_io: bool
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
 
@@ -67,6 +70,12 @@ class Backend(Protocol):
         """Make everything written so far durable."""
         ...
 
+    def flush_buffers(self) -> None:
+        """Write the engine's in-memory write buffers (memtables, dirty cache pages)
+        to its files, so that later reads hit its cache or the disk (the bench calls
+        it after filling an index)."""
+        ...
+
     def resume(self) -> None:
         """Make the engine writable again after a failed write or sync (RocksDB stays
         read-only after a background error until reopened); a no-op where the engine
@@ -76,7 +85,9 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
     def stats(self) -> dict[str, int | float | str]:
-        """Engine counters: at least `disk_bytes`."""
+        """Engine counters: at least `disk_bytes` and `memory_bytes` (what the engine
+        holds in memory now: its cache in use, write buffers / memtables and any
+        per-table index it keeps outside the cache)."""
         ...
 
     def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:

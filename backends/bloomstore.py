@@ -14,9 +14,12 @@ BackendFormatError; a limit or tunable out of range, or a geometry that differs 
 the stored one -> BackendConfigError; every other engine failure (I/O, closed store,
 directory already open) -> BackendIOError. Each message names the directory.
 
-`cache_bytes` is the engine's page cache (verified pages). Other engine tunables can
-be passed as keyword arguments (`Tuning` fields) by code that opens the class
-directly; the registry passes only `cache_bytes`.
+`cache_bytes` is the engine's page cache (verified pages); `direct_io` makes page
+reads bypass the OS page cache (`Tuning.direct_io`: posix_fadvise DONTNEED after
+each read and after each fsync of a page file). Other engine tunables can be passed
+as keyword arguments (`Tuning` fields) by code that opens the class directly; the
+registry passes only `cache_bytes` and `direct_io`. `stats()["memory_bytes"]`: the
+page cache in use, the write buffers, the page tables and the mapped filter chains.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from bloomstore import (
 
 MiB = 1024 * 1024
 T = TypeVar("T")
+# the engine's memory (stats()["memory_bytes"]), from its own counters
+_MEMORY = ("cache_used_bytes", "buffer_ram_bytes", "index_ram_bytes", "chain_mapped_bytes")
 
 
 def _mapped(exc: BloomStoreError) -> BackendError:
@@ -69,13 +74,15 @@ class BloomStoreBackend:
     persistent = True
 
     def __init__(self, path: Path, cache_bytes: int = 64 * MiB,
-                 geometry: Geometry | None = None, **tuning: Any) -> None:
+                 geometry: Geometry | None = None, *, direct_io: bool = False,
+                 **tuning: Any) -> None:
         if cache_bytes < 0:
             raise BackendConfigError(f"bloomstore: cache_bytes {cache_bytes} must be >= 0")
         self.path = Path(path)
         self.cache_bytes = cache_bytes
+        self.direct_io = direct_io
         try:
-            config = Tuning(cache_bytes=cache_bytes, **tuning)
+            config = Tuning(cache_bytes=cache_bytes, direct_io=direct_io, **tuning)
         except ConfigError as exc:
             raise BackendConfigError(exc.message) from exc
         self._store = _call(lambda: BloomStore(self.path, geometry, config))
@@ -107,6 +114,10 @@ class BloomStoreBackend:
     def compact(self) -> None:
         _call(self._store.compact)
 
+    def flush_buffers(self) -> None:
+        """Every partition's write buffer to pages (a checkpoint of the log)."""
+        _call(self._store.checkpoint)
+
     def resume(self) -> None:
         """Nothing to do: a failed write leaves this engine writable."""
 
@@ -121,4 +132,6 @@ class BloomStoreBackend:
         out: dict[str, int | float | str] = {"backend": self.name}
         out.update(_call(self._store.stats))
         out["cache_bytes_configured"] = self.cache_bytes
+        out["direct_io"] = int(self.direct_io)
+        out["memory_bytes"] = sum(int(out.get(k, 0)) for k in _MEMORY)
         return out

@@ -39,6 +39,7 @@ class FaultyBackend:
         self.inner = inner
         self.name = inner.name
         self.persistent = inner.persistent
+        self.direct_io = inner.direct_io
         self.control = control
         self.faults = 0
         self._mode = ""
@@ -89,6 +90,12 @@ class FaultyBackend:
         if mode:
             raise self._fail("sync", errno.EIO if mode != "enospc" else errno.ENOSPC)
         self.inner.sync()
+
+    def flush_buffers(self) -> None:
+        mode = self.mode()
+        if mode:
+            raise self._fail("flush_buffers", errno.EIO if mode != "enospc" else errno.ENOSPC)
+        self.inner.flush_buffers()
 
     def resume(self) -> None:
         self.inner.resume()

@@ -20,10 +20,12 @@ class MemoryBackend:
     name = "memory"
     persistent = False
 
-    def __init__(self, path: Path | None = None, cache_bytes: int = 0) -> None:
-        # path and cache_bytes are accepted so that every registered backend opens the
-        # same way; a memory backend has no use for them.
+    def __init__(self, path: Path | None = None, cache_bytes: int = 0, *,
+                 direct_io: bool = False) -> None:
+        # path, cache_bytes and direct_io are accepted so that every registered backend
+        # opens the same way; a memory backend reads no file, so it honours direct_io.
         self.path = path
+        self.direct_io = direct_io
         self._data: dict[bytes, bytes] = {}
         self._sorted: list[bytes] = []
         self._sorted_valid = True
@@ -72,6 +74,11 @@ class MemoryBackend:
         with self._lock:
             self._check_open("sync")
 
+    def flush_buffers(self) -> None:
+        """Nothing to do: there is no write buffer in front of the data."""
+        with self._lock:
+            self._check_open("flush_buffers")
+
     def resume(self) -> None:
         """Nothing to do: a failed write leaves this engine writable."""
 
@@ -92,6 +99,7 @@ class MemoryBackend:
                 "disk_bytes": 0,
                 "estimate_num_keys": len(self._data),
                 "value_bytes": sum(len(v) for v in self._data.values()),
+                "memory_bytes": sum(len(k) + len(v) for k, v in self._data.items()),
                 "write_batches": self._writes,
                 "open": int(not self._closed),
             }

@@ -1,7 +1,12 @@
 """Backend names -> factories. Adding an engine is one line in `BACKENDS`.
 
-Every factory is called as `factory(path, cache_bytes=n)`. A backend class whose
-constructor is `Cls(path: Path, cache_bytes: int = ...)` registers with
+Every factory is called as `factory(path, cache_bytes=n, direct_io=b)`: `direct_io`
+(default false) is THE tunable for reading around the OS page cache (O_DIRECT or
+the engine's equivalent, each backend's docstring says which), so that the engine's
+own cache of `cache_bytes` is the only cache of its data (the bench turns it on for
+every SSD design). A backend class whose
+constructor is `Cls(path: Path, cache_bytes: int = ..., *, direct_io: bool = False)`
+registers with
 `_lazy("backends.module", "Cls")`: its module is imported on first open only, so an
 engine whose package is optional (wiredtiger is built from source) costs nothing
 until it is used. A backend that keeps nothing across `close()` sets the class
@@ -23,13 +28,13 @@ from backends.faulty import wrap_from_env
 
 
 class BackendFactory(Protocol):
-    def __call__(self, path: Path, *, cache_bytes: int) -> Backend: ...
+    def __call__(self, path: Path, *, cache_bytes: int, direct_io: bool = False) -> Backend: ...
 
 
 def _lazy(module: str, cls_name: str) -> BackendFactory:
-    def make(path: Path, *, cache_bytes: int) -> Backend:
+    def make(path: Path, *, cache_bytes: int, direct_io: bool = False) -> Backend:
         cls = getattr(importlib.import_module(module), cls_name)
-        backend = cls(path, cache_bytes=cache_bytes)
+        backend = cls(path, cache_bytes=cache_bytes, direct_io=direct_io)
         if not isinstance(backend, Backend):
             raise TypeError(f"{module}.{cls_name} does not implement backends.base.Backend")
         return backend
@@ -49,7 +54,8 @@ def backend_names() -> list[str]:
     return list(BACKENDS)
 
 
-def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
+def open_backend(name: str, path: Path, *, cache_bytes: int,
+                 direct_io: bool = False) -> Backend:
     """Open (creating if missing) the backend `name` on `path`."""
     try:
         factory = BACKENDS[name]
@@ -57,5 +63,5 @@ def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
         raise BackendConfigError(
             f"backend {name!r} is not known (known: {', '.join(backend_names())})"
         ) from None
-    return wrap_from_env(factory(path, cache_bytes=cache_bytes))
+    return wrap_from_env(factory(path, cache_bytes=cache_bytes, direct_io=direct_io))
 

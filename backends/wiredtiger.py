@@ -16,6 +16,9 @@ Configuration:
   `write(sync=False)` commits, then writes the log buffer to the OS without fsync: the
   batch survives a crash of the process, not of the machine (as RocksDB's sync=False).
 - `statistics=(fast)`: `stats()` reads WiredTiger's counters.
+- `direct_io`: `direct_io=[data]`, data files are read and written with O_DIRECT
+  (WiredTiger aligns its buffers), so its cache is the only cache of the table's
+  pages; the log goes through the page cache as before.
 
 Threading: the connection is shared, a session and its cursor are not thread-safe.
 Every call takes a (session, cursor) pair from a pool and puts it back after, so the
@@ -84,9 +87,11 @@ _STATISTICS = {
 _OPEN = OpenPaths("wiredtiger", "WiredTigerBackend")
 
 
-def connection_config(cache_bytes: int, checkpoint_wait_s: int, checkpoint_log_bytes: int) -> str:
+def connection_config(cache_bytes: int, checkpoint_wait_s: int, checkpoint_log_bytes: int,
+                      direct_io: bool = False) -> str:
     """The `wiredtiger_open` configuration of every open (new or existing directory)."""
     return (
+        ("direct_io=[data]," if direct_io else "") +
         f"create,cache_size={max(cache_bytes, MIN_CACHE_BYTES)},"
         f"session_max={SESSION_MAX},"
         f"log=(enabled=true,file_max={LOG_FILE_MAX},remove=true),"
@@ -138,6 +143,7 @@ class WiredTigerBackend:
         *,
         checkpoint_wait_s: int = CHECKPOINT_WAIT_S,
         checkpoint_log_bytes: int = CHECKPOINT_LOG_BYTES,
+        direct_io: bool = False,
     ) -> None:
         if cache_bytes < 0:
             raise BackendConfigError(f"wiredtiger: cache_bytes {cache_bytes} must be >= 0")
@@ -148,7 +154,9 @@ class WiredTigerBackend:
             )
         self.path = Path(path)
         self.cache_bytes = max(cache_bytes, MIN_CACHE_BYTES)
-        self._config = connection_config(cache_bytes, checkpoint_wait_s, checkpoint_log_bytes)
+        self.direct_io = direct_io
+        self._config = connection_config(cache_bytes, checkpoint_wait_s, checkpoint_log_bytes,
+                                         direct_io)
         self._lock = threading.Lock()  # guards the fields below; hot path: `with` it
         self._cond = threading.Condition(self._lock)
         self._write_lock = threading.Lock()
@@ -452,6 +460,20 @@ class WiredTigerBackend:
         finally:
             self._leave()
 
+    def flush_buffers(self) -> None:
+        """Checkpoint: every dirty page in the cache is written to the data files."""
+        self._enter("flush_buffers")
+        try:
+            handle = self._acquire()
+            try:
+                handle.session.checkpoint()
+            finally:
+                self._pool.append(handle)
+        except WiredTigerError as exc:
+            raise self._failed("checkpoint", exc) from exc
+        finally:
+            self._leave()
+
     # -- close and stats -----------------------------------------------------------------
 
     def resume(self) -> None:
@@ -491,6 +513,7 @@ class WiredTigerBackend:
             return out
         out.update(
             cache_bytes_configured=self.cache_bytes,
+            direct_io=int(self.direct_io),
             engine_version=str(wiredtiger.wiredtiger_version()[0]),
             engine_diagnostic_build=int(wiredtiger.diagnostic_build()),
             reopens_after_panic=self.reopens,
@@ -506,6 +529,7 @@ class WiredTigerBackend:
             raise self._failed("stats", exc) from exc
         finally:
             self._leave()
+        out["memory_bytes"] = int(out.get("cache_bytes_inuse", 0))  # dirty pages included
         return out
 
     @staticmethod

@@ -59,7 +59,8 @@ def write_generation(part: Partition, keys: list[bytes], values: list[bytes],
     geo = part.geometry
     gen = part.state.gen + 1
     pages_name, chain_name = file_names(part.index, gen)
-    pages = DataFile(part.dirpath / pages_name, create=True, truncate=True)
+    pages = DataFile(part.dirpath / pages_name, create=True, truncate=True,
+                     uncached=part.uncached)
     table = PageTable()
     chain = Chain(part.dirpath / chain_name, geo.filter_bits, 0, True, table.slab_sum)
     try:

@@ -80,7 +80,9 @@ class Tuning:
     least `compact_min_pages` pages (0 disables). max_buffered_bytes: while flushes
     fail, writes are refused past this many buffered bytes. fsync: fsync pages and
     chains before the manifest names them, and manifest snapshots (the log follows
-    each write's own `sync`)."""
+    each write's own `sync`). direct_io: reads of pages bypass the OS page cache
+    (posix_fadvise DONTNEED after each read and after each fsync of a page file;
+    the bit-sliced filter chains stay memory-mapped)."""
 
     page_bytes: int = 64 * KiB
     wal_bytes: int = 8 * MiB
@@ -89,6 +91,7 @@ class Tuning:
     compact_min_pages: int = 8
     max_buffered_bytes: int = 256 * MiB
     fsync: bool = True
+    direct_io: bool = False
 
     def __post_init__(self) -> None:
         _check("page_bytes", self.page_bytes, 256, 1 << 30)

@@ -67,13 +67,19 @@ class DataFile:
     """An open file descriptor. A scan may hold one after the store moved on to a new
     file generation (compaction unlinks the old file): the descriptor stays valid
     until the last holder drops it or the store closes (`close()` sets fd to -1,
-    so a stale holder never reads a reused descriptor number)."""
+    so a stale holder never reads a reused descriptor number). `uncached` (the
+    store's `direct_io` tuning): after each read, and after each fsync of the whole
+    file, posix_fadvise(DONTNEED) drops its pages from the OS page cache, so a read
+    is served by the store's own cache or by the device, never by the page cache
+    (a written page stays cached until it is written back and synced or read)."""
 
-    __slots__ = ("fd", "path")
+    __slots__ = ("fd", "path", "uncached")
 
-    def __init__(self, path: Path, create: bool, truncate: bool = False) -> None:
+    def __init__(self, path: Path, create: bool, truncate: bool = False,
+                 uncached: bool = False) -> None:
         flags = os.O_RDWR | (os.O_CREAT if create else 0) | (os.O_TRUNC if truncate else 0)
         self.path = path
+        self.uncached = uncached
         self.fd = -1  # until the open succeeds (__del__ then has nothing to close)
         self.fd = os.open(path, flags, 0o644)
 
@@ -88,13 +94,18 @@ class DataFile:
     def read(self, size: int, offset: int) -> bytes:
         if self.fd < 0:
             raise OSError(f"{self.path} is closed")
-        return pread_exact(self.fd, size, offset)
+        data = pread_exact(self.fd, size, offset)
+        if self.uncached:  # the page cache must not serve the next read of it
+            os.posix_fadvise(self.fd, offset, size, os.POSIX_FADV_DONTNEED)
+        return data
 
     def write(self, data: bytes | memoryview, offset: int) -> None:
         pwrite_all(self.fd, data, offset)
 
     def sync(self) -> None:
         os.fdatasync(self.fd)
+        if self.uncached:  # written back, so clean: drop what the writes left cached
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size

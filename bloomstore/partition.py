@@ -35,8 +35,9 @@ def file_names(index: int, gen: int) -> tuple[str, str]:
 
 class Partition:
     def __init__(self, index: int, state: PartitionState, dirpath: Path,
-                 geometry: Geometry) -> None:
+                 geometry: Geometry, uncached: bool = False) -> None:
         self.index = index
+        self.uncached = uncached  # page reads bypass the OS page cache (DataFile)
         self.state = state
         self.dirpath = dirpath
         self.geometry = geometry
@@ -55,7 +56,8 @@ class Partition:
         if not create and not pages_path.exists():
             raise CorruptionError(f"{pages_path}: missing (the manifest lists "
                                   f"{len(self.state.table)} pages in it)")
-        self.pages = DataFile(pages_path, create=create, truncate=create)
+        self.pages = DataFile(pages_path, create=create, truncate=create,
+                              uncached=self.uncached)
         self.chain = Chain(self.dirpath / chain_name, self.geometry.filter_bits,
                            len(self.state.table), create, self.slab_sum)
         self.file_gen = gen

@@ -135,7 +135,7 @@ class BloomStore:
             exists = (self.path / wal_name(state.wal_gen)).exists()
             self._wal = Wal(self.path, state.wal_gen, state.next_lsn, create=not exists)
         self.geometry = state.geometry
-        self._parts = [Partition(i, s, self.path, self.geometry)
+        self._parts = [Partition(i, s, self.path, self.geometry, self.tuning.direct_io)
                        for i, s in enumerate(state.parts)]
         self._remove_orphans(state.wal_gen)
         self._replay(state)

@@ -143,6 +143,7 @@ class Staging:
 
     name = "staging"
     persistent = False
+    direct_io = False  # memory and files of its own: no engine reads to bypass
 
     def __init__(self, work_dir: Path) -> None:
         self.work_dir = work_dir
@@ -236,6 +237,9 @@ class Staging:
     def resume(self) -> None:
         """Nothing to do: staging writes do not fail half-way."""
 
+    def flush_buffers(self) -> None:
+        """Nothing to do: segment values are appended to their files as they come."""
+
     def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
         return ingest_by_batches(self, items)
 
@@ -246,7 +250,8 @@ class Staging:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def stats(self) -> dict[str, int | float | str]:
-        return {"backend": self.name, "disk_bytes": 0, "keys": len(self._data),
+        return {"backend": self.name, "disk_bytes": 0, "memory_bytes": 0,
+                "keys": len(self._data),
                 "locator_records": self.locators, "log_records_dropped": self.log_records}
 
     @property

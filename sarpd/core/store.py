@@ -77,10 +77,11 @@ def backend_errors() -> Iterator[None]:
         raise StorageError(exc.message) from exc
 
 
-def open_backend(name: str, path: Path, *, cache_bytes: int) -> Backend:
+def open_backend(name: str, path: Path, *, cache_bytes: int,
+                 direct_io: bool = False) -> Backend:
     """`backends.registry.open_backend`, with the backends' errors mapped to sarp's."""
     with backend_errors():
-        return registry.open_backend(name, path, cache_bytes=cache_bytes)
+        return registry.open_backend(name, path, cache_bytes=cache_bytes, direct_io=direct_io)
 
 
 @dataclass(slots=True)
@@ -103,6 +104,7 @@ class Store:
         self.cfg = cfg
         self.activity = Activity()
         self._cache: OrderedDict[int, Segment] = OrderedDict()
+        self.cache_segments = SEGMENT_CACHE  # the cache's size (the bench sizes it)
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self._open_manifest()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
@@ -286,5 +288,5 @@ class Store:
         cache = self._cache
         cache[sid] = seg
         cache.move_to_end(sid)
-        if len(cache) > SEGMENT_CACHE:
+        while len(cache) > self.cache_segments:
             cache.popitem(last=False)

@@ -104,3 +104,33 @@ def test_log_of_another_format_version_is_backend_format_error(tmp_path: Path) -
     again = BloomStoreBackend(path)
     assert again.get_many([b"k000001"]) == [b"value 1"]
     again.close()
+
+
+def test_direct_io_drops_read_pages_from_the_page_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With direct_io every page read is followed by posix_fadvise(DONTNEED) of the
+    range it read (and every fsync of a page file by one of the whole file); without
+    it there is none."""
+    import os
+
+    calls: list[tuple[int, int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        calls.append((offset, length, advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    for direct in (False, True):
+        calls.clear()
+        be = BloomStoreBackend(tmp_path / str(direct), cache_bytes=0, direct_io=direct)
+        try:
+            put_all(be, [(b"k%05d" % i, b"v" * 64) for i in range(2000)], sync=True)
+            be.flush_buffers()
+            assert be.get_many([b"k00007", b"k01999"]) == [b"v" * 64] * 2
+            assert be.stats()["direct_io"] == int(direct)
+        finally:
+            be.close()
+        reads = [c for c in calls if c[1] > 0]
+        assert bool(reads) is direct
+        assert all(advice == os.POSIX_FADV_DONTNEED for _, _, advice in calls)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class NotABackend:
     """Opens like a backend, implements none of the protocol."""
 
-    def __init__(self, path: Path, cache_bytes: int = 0) -> None:
+    def __init__(self, path: Path, cache_bytes: int = 0, *, direct_io: bool = False) -> None:
         self.path = path
 
 

@@ -153,3 +153,29 @@ def test_resume_after_a_failed_write_makes_writes_work_again(tmp_path: Path) -> 
         assert again.get_many([b"before", b"after"]) == [b"1", b"2"]
     finally:
         again.close()
+
+
+def _db_options(path: Path) -> dict[str, str]:
+    files = sorted(path.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    out: dict[str, str] = {}
+    section = ""
+    for line in files[-1].read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[DBOptions]" and "=" in line:
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_direct_io_sets_use_direct_reads(tmp_path: Path, direct: bool) -> None:
+    """What RocksDB recorded for the open: direct reads exactly when asked for."""
+    db = RocksDBBackend(tmp_path / "db", cache_bytes=1 << 20, direct_io=direct)
+    try:
+        opts = _db_options(tmp_path / "db")
+        assert opts["use_direct_reads"] == str(direct).lower()
+        assert db.stats()["direct_io"] == int(direct)
+    finally:
+        db.close()

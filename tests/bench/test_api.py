@@ -19,7 +19,8 @@ def test_turn_is_a_frozen_record_compared_by_identity() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.session = 3  # type: ignore[misc]
     assert t == t and t != Turn(2, "a", ids[:2], ids)  # arrays: no elementwise __eq__
-    assert RecoveryResult(0.5).detail == "" and BLOCK_TOKENS == 16
+    rec = RecoveryResult(0.5, 0.75)
+    assert rec.detail == "" and rec.spawn_s == 0.75 and BLOCK_TOKENS == 16
 
 
 def protocol_members() -> set[str]:
@@ -32,7 +33,7 @@ def test_every_index_implements_bench_index(name: str) -> None:
     index = index_factories()[name]()
     members = protocol_members()
     assert members >= {"open", "match_many", "insert_many", "flush", "recover",
-                       "memory_bytes", "disk_bytes", "close"}
+                       "memory_bytes", "routing_bytes", "backend_reads", "disk_bytes", "close"}
     for m in members:
         assert callable(getattr(index, m)), f"{name} lacks {m}"
         want = list(inspect.signature(getattr(BenchIndex, m)).parameters)[1:]

@@ -16,7 +16,8 @@ from tools.sarpctl import main
 FIELDS = {"index": str, "backend": str, "requests": int, "seconds": float,
           "throughput_rps": float, "match_us_mean": float, "match_us_p99": float,
           "tokens_reused": int, "tokens_queried": int, "recovery_s": float,
-          "memory_bytes": int, "disk_bytes": int}
+          "recovery_spawn_s": float, "memory_bytes": int, "routing_bytes": int,
+          "reads_per_match": float, "disk_bytes": int}
 
 
 def tiny_trace(tmp_path: Path) -> Path:
@@ -49,6 +50,9 @@ def bench_json(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
 
 def test_json_has_the_specified_fields(bench_json: dict[str, object]) -> None:
+    assert bench_json["schema"] == 2 and bench_json["direct_io"] is True  # the default
+    assert bench_json["preload_blocks"] == 0
+    assert isinstance(bench_json["cache_bytes"], int) and bench_json["cache_bytes"] > 0
     assert isinstance(bench_json["workload"], str) and bench_json["workload"].startswith("trace")
     assert bench_json["requests"] == 24
     assert isinstance(bench_json["blocks"], int) and bench_json["blocks"] > 0
@@ -61,6 +65,14 @@ def test_json_has_the_specified_fields(bench_json: dict[str, object]) -> None:
             assert isinstance(r[field], typ), (r["index"], field, r[field])
         assert r["requests"] == 24
         assert r["tokens_queried"] > 0 and r["recovery_s"] > 0
+        assert r["recovery_spawn_s"] >= r["recovery_s"]  # the spawn's time includes it
+        assert r["memory_bytes"] > 0
+    by = {r["index"]: r for r in results}
+    assert by["sarp"]["routing_bytes"] > 0 and by["segment-radix"]["routing_bytes"] > 0
+    assert by["ssd-blockhash"]["routing_bytes"] == 0
+    assert by["dram-blockhash"]["reads_per_match"] == 0  # its dict answers
+    assert by["ssd-blockhash"]["reads_per_match"] >= 1 and by["redis"]["reads_per_match"] >= 1
+    assert by["sarp"]["reads_per_match"] >= 0
 
 
 def test_every_index_reuses_exactly_what_the_exact_index_does(
@@ -118,3 +130,27 @@ def test_json_names_the_verifier(bench_json: dict[str, object]) -> None:
     from sarpd.core import verify
 
     assert sarp["verifier"] == verify.IMPLEMENTATION
+
+
+def test_a_failing_index_costs_only_its_own_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index that fails on purpose: its JSON entry is {index, error}, the others
+    are printed, and the exit status says something failed. --page-cache reaches the
+    JSON."""
+    from tests.bench.test_runner import with_broken_index
+
+    with_broken_index(monkeypatch)
+    trace = tiny_trace(tmp_path)
+    res = CliRunner().invoke(main, ["bench", "-w", f"trace:{trace}", "--page-cache",
+                                    "--index", "broken,dram-blockhash", "--json", "-"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["direct_io"] is False and doc["schema"] == 2
+    broken, exact = doc["results"]
+    assert broken == {"index": "broken", "error": "broken: RuntimeError: broken on purpose"}
+    assert exact["index"] == "dram-blockhash" and exact["tokens_reused"] > 0
+    assert "failed: broken" in res.stderr
+    table = CliRunner().invoke(main, ["bench", "-w", f"trace:{trace}",
+                                      "--index", "dram-blockhash,broken"])
+    assert table.exit_code == 1
+    assert "FAILED broken: broken: RuntimeError: broken on purpose" in table.output

@@ -55,3 +55,29 @@ def test_redis_server_dies_with_the_harness(tmp_path: Path) -> None:
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+@pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
+def test_rewrite_aof_waits_for_a_rewrite_already_running(tmp_path: Path) -> None:
+    """Redis refuses BGREWRITEAOF while a rewrite runs (its automatic one, here one
+    made slow with rdb-key-save-delay); rewrite_aof waits for it, then rewrites."""
+    from redis.exceptions import ResponseError
+
+    from tools.bench.redis_server import IN_PROGRESS, RedisServer
+
+    with RedisServer(tmp_path / "r", sync=False) as server:
+        server.start()
+        c = server.client()
+        c.mset({b"k%d" % i: b"v" for i in range(200)})
+        c.config_set("rdb-key-save-delay", 2000)  # 2 ms per key: a ~0.4 s rewrite
+        c.bgrewriteaof()
+        with pytest.raises(ResponseError, match=IN_PROGRESS):
+            c.bgrewriteaof()  # what crashed the redis baseline's flush
+        c.set(b"late", b"1")  # after the running rewrite started
+        server.rewrite_aof()
+        info = c.info("persistence")
+        assert not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+        assert info["aof_last_bgrewrite_status"] == "ok"
+        c.config_set("rdb-key-save-delay", 0)
+        res = server.restart(lambda c: c.mget([b"k0", b"late"]))
+        assert res.result == [b"v", b"1"]

@@ -3,15 +3,20 @@ budget, one replay through an index, a whole run on two indexes, results as JSON
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tools.bench.api import Turn
+from tools.bench.api import Ids, Turn
 from tools.bench.baselines import baseline_class
+from tools.bench.baselines._common import U64
+from tools.bench.baselines.blockhash import SsdBlockHash
 from tools.bench.runner import (
     BenchResult,
+    IndexFailure,
+    IndexResult,
     batches,
     cache_budget,
     index_factories,
@@ -19,6 +24,25 @@ from tools.bench.runner import (
     run_bench,
 )
 from tools.bench.workloads import get_workload
+
+
+class Broken(SsdBlockHash):
+    """An index that fails on purpose, in the middle of its replay."""
+
+    name = "broken"
+
+    def match_many(self, prompts: Sequence[Ids], ns: Sequence[str]) -> list[U64]:
+        if self.backend_reads():
+            raise RuntimeError("broken on purpose")
+        return super().match_many(prompts, ns)
+
+
+def with_broken_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `broken` one of the indexes the harness knows (tests/bench/test_cli.py too)."""
+    import tools.bench.runner as runner
+
+    known = runner.index_factories()
+    monkeypatch.setattr(runner, "index_factories", lambda: {**known, "broken": Broken})
 
 
 def turn(session: int, prompt: list[int], extra: list[int] | None = None,
@@ -88,3 +112,26 @@ def test_run_bench_on_two_indexes_and_json_roundtrip(tmp_path: Path) -> None:
 def test_index_factories_put_sarp_first() -> None:
     names = list(index_factories())
     assert names[:3] == ["sarp", "sarp-cap4", "sarp-no-locators"] and "segment-radix" in names
+
+
+def test_a_failing_index_costs_only_its_own_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with_broken_index(monkeypatch)
+    wl = get_workload("codeact")
+    res = run_bench(wl, ["ssd-blockhash", "broken", "dram-blockhash"], "rocksdb", tmp_path,
+                    direct_io=True)
+    good, broken, exact = res.results
+    assert broken == IndexFailure("broken", "broken: RuntimeError: broken on purpose")
+    assert isinstance(good, IndexResult) and isinstance(exact, IndexResult)
+    assert good.tokens_reused == exact.tokens_reused > 0
+    assert [f.index for f in res.failed()] == ["broken"]
+    doc = res.to_json()
+    assert doc["results"][1] == {"index": "broken", "error": broken.error}
+    assert doc["schema"] == 2 and doc["direct_io"] is True and doc["preload_blocks"] == 0
+    back = BenchResult.from_json(doc)
+    assert back.failed() == [broken] and back.direct_io and back.schema == 2
+    # the counters behind the new columns
+    assert good.reads_per_match > 1 and exact.reads_per_match == 0
+    assert good.memory_bytes > 0 and exact.memory_bytes > good.memory_bytes
+    assert good.routing_bytes == 0
+    assert 0 < good.recovery_s < good.recovery_spawn_s

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.bench.sarp_index import SarpBench, as_hashes, no_locators
+from tools.bench.sarp_index import (
+    OWN_CACHE_SHARE,
+    SEGMENT_BYTES,
+    SarpBench,
+    as_hashes,
+    no_locators,
+    segment_bytes,
+    split_budget,
+)
 
 U64 = np.uint64
 
@@ -50,5 +58,40 @@ def test_without_block_locators(tmp_path: Path) -> None:
         ids = np.arange(1, 41, dtype=U64)
         index.insert_many([ids], [""], [np.arange(40, dtype=U64)])
         assert index.match_many([ids[:30]], [""])[0].tolist() == list(range(30))
+    finally:
+        index.close()
+
+
+def test_the_budget_is_split_between_the_engine_and_the_segment_cache() -> None:
+    engine, segments = split_budget(10 << 20)
+    own = int((10 << 20) * OWN_CACHE_SHARE)
+    assert engine == (10 << 20) - own and segments == own // SEGMENT_BYTES
+    assert engine + segments * SEGMENT_BYTES <= 10 << 20
+    assert split_budget(0) == (0, 0)
+
+
+def test_memory_counts_the_engine_and_the_decoded_segments(tmp_path: Path) -> None:
+    """memory_bytes = engine memory + decoded segments (within their share of the
+    budget); routing_bytes = the directory; backend_reads = segments fetched."""
+    budget = 1 << 20
+    index = SarpBench()
+    index.open(tmp_path / "sarp", "rocksdb", budget, direct_io=True)
+    try:
+        ix = index.ix
+        assert ix is not None and ix.backend.direct_io
+        assert ix.store.cache_segments == split_budget(budget)[1]
+        assert ix.backend.stats()["cache_bytes_configured"] == split_budget(budget)[0]
+        seqs = [np.arange(1 + 10_000 * i, 1 + 10_000 * i + 640, dtype=U64) for i in range(60)]
+        index.insert_many(seqs, [""] * 60, [np.ones(640, U64)] * 60)
+        index.flush()
+        cached = segment_bytes(ix)
+        assert 0 < cached <= budget * OWN_CACHE_SHARE
+        engine = int(ix.backend.stats()["memory_bytes"])
+        assert index.memory_bytes() == engine + cached
+        assert index.routing_bytes() == ix.dir.nbytes > 0
+        index.recover()  # a reopen: the cache is empty, reads come from the backend
+        before = index.backend_reads()
+        assert index.match_many(seqs[:2], ["", ""])[0].tolist() == [1] * 640
+        assert index.backend_reads() - before >= 20  # 10 segments per sequence
     finally:
         index.close()

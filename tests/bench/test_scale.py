@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tools.bench.baselines import baseline_class
-from tools.bench.scale import SEQ_BLOCKS, fill, recovery_at_scale, sequences
+from tools.bench.runner import IndexFailure
+from tools.bench.scale import SEQ_BLOCKS, ScaleResult, fill, recovery_at_scale, sequences
 
 
 def test_sequences_total_the_blocks_and_share_prompts() -> None:
@@ -46,7 +47,9 @@ def test_recovery_at_scale_on_tiny_sizes(tmp_path: Path) -> None:
                             progress)  # type: ignore[arg-type]
     assert [r.index for r in res] == bars == ["sarp", "ssd-blockhash"]
     for r in res:
+        assert isinstance(r, ScaleResult)
         assert r.blocks == 2000 and r.build_s > 0 and r.recovery_s > 0 and r.disk_bytes > 0
+        assert r.recovery_spawn_s > r.recovery_s
     with pytest.raises(ValueError, match="unknown index nope"):
         recovery_at_scale(["nope"], 10, "rocksdb", tmp_path)
 
@@ -86,3 +89,16 @@ def test_bulk_open_serves_what_inserts_would(tmp_path: Path) -> None:
     assert sum(len(g) for g in got) > 0
     bulk.close()
     ref.close()
+def test_a_failing_index_costs_only_its_own_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.bench.test_runner import with_broken_index
+
+    with_broken_index(monkeypatch)
+    import tools.bench.runner as runner
+    import tools.bench.scale as scale
+
+    monkeypatch.setattr(scale, "index_factories", runner.index_factories)
+    broken, good = recovery_at_scale(["broken", "ssd-blockhash"], 1500, "rocksdb", tmp_path,
+                                     direct_io=True)
+    assert broken == IndexFailure("broken", "broken: RuntimeError: broken on purpose")
+    assert isinstance(good, ScaleResult) and good.recovery_s > 0

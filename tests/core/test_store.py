@@ -123,7 +123,7 @@ def test_open_backend_maps_and_opens(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(SarpError, match="backend 'nope' is not known"):
         open_backend("nope", tmp_path / "n", cache_bytes=0)
 
-    def bad_tunable(name: str, path: Path, *, cache_bytes: int) -> None:
+    def bad_tunable(name: str, path: Path, *, cache_bytes: int, direct_io: bool = False) -> None:
         raise be_errors.BackendConfigError("cache_bytes: -1 is below 0")
 
     monkeypatch.setattr("backends.registry.open_backend", bad_tunable)

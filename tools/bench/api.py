@@ -51,16 +51,27 @@ class Workload(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RecoveryResult:
-    seconds: float  # cold start (process start or reopen) to the first answered match
+    """A cold restart on the data of a full index. `seconds`: in-process time to open
+    the data, load what the index keeps in memory and answer the first match (timed
+    inside a fresh process after its imports: no interpreter start); `spawn_s`: from
+    spawning that process (redis: restarting redis-server) to its first answer."""
+
+    seconds: float
+    spawn_s: float
     detail: str = ""
 
 
 class BenchIndex(Protocol):
-    """An index under test. One instance per run; `open` creates it under `data_dir`."""
+    """An index under test. One instance per run; `open` creates it under `data_dir`.
+
+    `cache_bytes` is the run's ONE memory budget: the engine's cache plus every cache
+    the index keeps itself must fit in it. `direct_io`: the backend reads around the
+    OS page cache (backends.registry), so that budget is the only cache of the data."""
 
     name: str
 
-    def open(self, data_dir: Path, backend: str, cache_bytes: int) -> None: ...
+    def open(self, data_dir: Path, backend: str, cache_bytes: int,
+             direct_io: bool = False) -> None: ...
 
     def match_many(self, prompts: Sequence[Ids], ns: Sequence[str]) -> list[npt.NDArray[np.uint64]]:
         """Per prompt: the metadata of every matched block, from position 0 (its length
@@ -78,12 +89,23 @@ class BenchIndex(Protocol):
         ...
 
     def recover(self) -> RecoveryResult:
-        """Close, then measure a cold restart of this index on the same data: from
-        process start (or reopen) to the first answered match."""
+        """Close, then measure a cold restart of this index on the same data (see
+        RecoveryResult), then reopen it here."""
         ...
 
     def memory_bytes(self) -> int:
-        """Resident memory of the index's own structures (not the backend cache)."""
+        """What the index holds in memory inside the budget, from the engine's and its
+        own counters: the engine's cache in use, its write buffers / memtables and the
+        index's own caches (in-memory indexes: their whole footprint)."""
+        ...
+
+    def routing_bytes(self) -> int:
+        """Routing structures kept in memory outside the budget (sarp's directory,
+        segment-radix's capped tree); 0 for an index that has none."""
+        ...
+
+    def backend_reads(self) -> int:
+        """Backend point reads (keys or segments fetched) since open, cumulative."""
         ...
 
     def disk_bytes(self) -> int: ...

@@ -13,7 +13,7 @@ import click
 
 from tools.bench.preload import left_out
 from tools.bench.report import text_table, write_report
-from tools.bench.runner import index_factories, run_bench
+from tools.bench.runner import SCHEMA, index_factories, run_bench
 
 INDEX_HELP = "Comma-separated indexes to run (default: every one the harness knows)."
 
@@ -37,6 +37,9 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
               help="Indexed blocks for --recovery-only.")
 @click.option("--sync", type=click.Choice(["none", "always"]), default="none", show_default=True,
               help="Durability of every index's inserts: 'always' fsyncs each insert call.")
+@click.option("--page-cache", is_flag=True,
+              help="Let the SSD indexes read through the OS page cache (default: direct "
+                   "I/O, so each index's memory budget is its only cache).")
 @click.option("--batch", default=16, show_default=True, type=click.IntRange(1),
               help="Turns per match/insert call (the daemon batches the same way).")
 @click.option("--preload", default=0, show_default=True, type=click.IntRange(0),
@@ -52,20 +55,24 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
               help="Write a Markdown table and PNG plots (throughput, recovery, latency "
                    "CDF, reuse loss) into DIR.")
 def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: int,
-          recovery_only: bool, blocks: int, sync: str, batch: int, preload: int,
-          preload_cache: Path | None, data_dir: Path | None, json_out: str | None,
-          report: Path | None) -> None:
+          recovery_only: bool, blocks: int, sync: str, page_cache: bool, batch: int,
+          preload: int, preload_cache: Path | None, data_dir: Path | None,
+          json_out: str | None, report: Path | None) -> None:
     """Replay a workload through sarp and the baselines in ONE run and compare them.
 
     Each turn first matches its accumulated history, then inserts the extended sequence;
-    sessions advance round-robin. Every SSD design gets the same cache budget (10 % of
-    the uncompressed SSD-BlockHash store). Recovery is measured from a cold start of a
-    fresh process to its first answered match, on an index holding the whole workload.
+    sessions advance round-robin. Every SSD design gets the same memory budget (10 % of
+    the uncompressed SSD-BlockHash store) for its engine cache and its own caches, and
+    reads with direct I/O unless --page-cache. Recovery (recovery_s) is the in-process
+    time to open, load and answer the first match, in a fresh process after its
+    imports; recovery_spawn_s is from the spawn. An index that fails is reported with
+    its error, the others still run, and the exit status is then 1.
     """
     from tools.bench.workloads import get_workload
 
+    direct_io = not page_cache
     if recovery_only:
-        _recovery_only(indexes, blocks, backend, data_dir, json_out)
+        _recovery_only(indexes, blocks, backend, data_dir, json_out, direct_io)
         return
     names = indexes.split(",") if indexes else list(index_factories())
     names, note = left_out(names, preload)
@@ -84,7 +91,7 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     try:
         res = run_bench(wl, names, backend, root, batch=batch, progress=progress_bars(quiet),
                         sync=sync == "always", preload=preload, preload_cache=preload_cache,
-                        seed=seed)
+                        seed=seed, direct_io=direct_io)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--index") from exc
     finally:
@@ -99,11 +106,18 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     if report is not None:
         for p in write_report(res, report):
             click.echo(f"wrote {p}", err=quiet)
+    _exit_if_failed([f.index for f in res.failed()])
+
+
+def _exit_if_failed(failed: list[str]) -> None:
+    if failed:
+        click.echo(f"failed: {', '.join(failed)} (the others' results are above)", err=True)
+        sys.exit(1)
 
 
 def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Path | None,
-                   json_out: str | None) -> None:
-    from tools.bench.scale import recovery_at_scale
+                   json_out: str | None, direct_io: bool) -> None:
+    from tools.bench.scale import ScaleResult, recovery_at_scale
 
     names, note = left_out(indexes.split(",") if indexes else
                            ["sarp", "dram-blockhash", "redis"], blocks)
@@ -112,27 +126,36 @@ def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Pat
     root = data_dir or Path(tempfile.mkdtemp(prefix="sarp-scale-"))
     try:
         res = recovery_at_scale(names, blocks, backend, root,
-                                progress=progress_bars(json_out == "-"))
+                                progress=progress_bars(json_out == "-"), direct_io=direct_io)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--index") from exc
     finally:
         if data_dir is None:
             shutil.rmtree(root, ignore_errors=True)
-    doc = {"blocks": blocks, "backend": backend,
-           "results": [{"index": r.index, "blocks": r.blocks, "build_s": r.build_s,
-                        "recovery_s": r.recovery_s, "memory_bytes": r.memory_bytes,
+    done = [r for r in res if isinstance(r, ScaleResult)]
+    failed = [r for r in res if not isinstance(r, ScaleResult)]
+    doc = {"schema": SCHEMA, "blocks": blocks, "backend": backend, "direct_io": direct_io,
+           "results": [r.public() if not isinstance(r, ScaleResult) else
+                       {"index": r.index, "blocks": r.blocks, "build_s": r.build_s,
+                        "recovery_s": r.recovery_s, "recovery_spawn_s": r.recovery_spawn_s,
+                        "memory_bytes": r.memory_bytes, "routing_bytes": r.routing_bytes,
                         "disk_bytes": r.disk_bytes, "detail": r.detail} for r in res]}
     if json_out == "-":
         click.echo(json.dumps(doc))
-        return
-    sarp = next((r for r in res if r.index == "sarp"), None)
-    click.echo(f"recovery at {blocks:,} blocks ({backend}):")
-    for r in res:
-        ratio = f"{r.recovery_s / sarp.recovery_s:8.2f}x sarp" if sarp else ""
-        click.echo(f"{r.index:>16}  build {r.build_s:9.2f} s  recovery {r.recovery_s:9.4f} s"
-                   f"  {ratio}  memory {r.memory_bytes:>12,} B  disk {r.disk_bytes:>13,} B")
-    if json_out:
-        Path(json_out).write_text(json.dumps(doc, indent=2))
+    else:
+        sarp = next((r for r in done if r.index == "sarp"), None)
+        click.echo(f"recovery at {blocks:,} blocks ({backend}, "
+                   f"{'direct I/O' if direct_io else 'page cache on'}):")
+        for r in done:
+            ratio = f"{r.recovery_s / sarp.recovery_s:8.2f}x sarp" if sarp else ""
+            click.echo(f"{r.index:>16}  build {r.build_s:9.2f} s  recovery {r.recovery_s:9.4f} s"
+                       f"  (spawn {r.recovery_spawn_s:8.4f} s) {ratio}  memory "
+                       f"{r.memory_bytes:>12,} B  disk {r.disk_bytes:>13,} B")
+        for f in failed:
+            click.echo(f"FAILED {f.index}: {f.error}")
+        if json_out:
+            Path(json_out).write_text(json.dumps(doc, indent=2))
+    _exit_if_failed([f.index for f in failed])
 
 
 def progress_bars(quiet: bool) -> Callable[[str, int], Callable[[int], None]]:

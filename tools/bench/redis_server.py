@@ -10,6 +10,10 @@ RDB preamble in rewritten base files) and RDB snapshots (Redis' default save poi
 `restart(first)` stops the server cleanly (SHUTDOWN: AOF fsync'd, RDB saved), starts it
 again on the same files and times both readiness and the first answer of `first`
 (e.g. the first MGET of a match), retrying while Redis answers LOADING.
+`rewrite_aof()` compacts the AOF with BGREWRITEAOF and waits for it; Redis may be
+running its own automatic rewrite at that moment (auto-aof-rewrite-percentage), and
+a second BGREWRITEAOF is then refused ("Background append only file rewriting
+already in progress"), so it first waits for a running rewrite to finish.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 T = TypeVar("T")
 SAVE_POINTS = "3600 1 300 100 60 10000"  # Redis' defaults
 POLL_S = 0.0005
+REWRITE_POLL_S = 0.001
+IN_PROGRESS = "already in progress"  # BGREWRITEAOF's refusal while one runs
 _PR_SET_PDEATHSIG = 1
 
 
@@ -189,6 +195,34 @@ class RedisServer:
         ready = time.perf_counter() - t0
         result = self._until(t0, first)
         return Restart(ready, time.perf_counter() - t0, result)
+
+    def _rewriting(self) -> bool:
+        info = self.client().info("persistence")
+        return bool(info["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"])
+
+    def _wait_rewrite(self) -> None:
+        t0 = time.perf_counter()
+        while self._rewriting():
+            if time.perf_counter() - t0 > self.timeout_s:
+                raise RedisServerError(f"AOF rewrite still running after {self.timeout_s} s: "
+                                       f"{self.log_tail()}")
+            time.sleep(REWRITE_POLL_S)
+
+    def rewrite_aof(self) -> None:
+        """BGREWRITEAOF of everything written so far, and wait until it is done (after
+        any rewrite already running: Redis refuses a second one meanwhile)."""
+        while True:
+            self._wait_rewrite()
+            try:
+                self.client().bgrewriteaof()
+                break
+            except ResponseError as exc:
+                if IN_PROGRESS not in str(exc):
+                    raise
+        self._wait_rewrite()
+        status = self.client().info("persistence").get("aof_last_bgrewrite_status")
+        if status != "ok":
+            raise RedisServerError(f"BGREWRITEAOF failed ({status}): {self.log_tail()}")
 
     def disk_bytes(self) -> int:
         """AOF files plus the RDB file."""

@@ -1,5 +1,6 @@
 """Human-readable output of a bench run: a terminal table with ratios against sarp,
 a Markdown table, and PNG plots (matplotlib, imported only when a report is asked for).
+Indexes that failed are listed under the table with their error.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from tools.bench.runner import BenchResult, IndexResult
 from tools.ctl_common import human_bytes
 
 COLUMNS = ("index", "req/s", "x sarp", "match us", "p99 us", "reused tok", "loss %",
-           "recover s", "rec x sarp", "memory", "disk")
+           "recover s", "spawn s", "rec x sarp", "memory", "routing", "reads/match", "disk")
 
 
 def _exact(res: BenchResult) -> int | None:
@@ -25,7 +26,7 @@ def rows(res: BenchResult) -> list[list[str]]:
     sarp = res.by_name().get("sarp")
     exact = _exact(res)
     out = []
-    for r in res.results:
+    for r in res.completed():
         ratio = sarp.throughput_rps / r.throughput_rps if sarp and r.throughput_rps else 0.0
         rec = r.recovery_s / sarp.recovery_s if sarp and sarp.recovery_s else 0.0
         loss = (exact - r.tokens_reused) / exact * 100 if exact else 0.0
@@ -33,14 +34,26 @@ def rows(res: BenchResult) -> list[list[str]]:
                     "1" if r.index == "sarp" else f"{ratio:.2f}",
                     f"{r.match_us_mean:,.1f}", f"{r.match_us_p99:,.1f}",
                     f"{r.tokens_reused:,}", f"{loss:.4f}",
-                    f"{r.recovery_s:.4f}", "1" if r.index == "sarp" else f"{rec:.2f}",
-                    human_bytes(r.memory_bytes), human_bytes(r.disk_bytes)])
+                    f"{r.recovery_s:.4f}", f"{r.recovery_spawn_s:.4f}",
+                    "1" if r.index == "sarp" else f"{rec:.2f}",
+                    human_bytes(r.memory_bytes), human_bytes(r.routing_bytes),
+                    f"{r.reads_per_match:,.2f}", human_bytes(r.disk_bytes)])
     return out
+
+
+def failures(res: BenchResult) -> list[str]:
+    return [f"FAILED {f.index}: {f.error}" for f in res.failed()]
+
+
+def conditions(res: BenchResult) -> str:
+    io = "direct I/O" if res.direct_io else "page cache on"
+    return (f"memory budget {human_bytes(res.cache_bytes)} (engine cache + own caches), "
+            f"{io}, preload {res.preload_blocks:,} blocks, schema {res.schema}")
 
 
 def text_table(res: BenchResult) -> str:
     body = rows(res)
-    widths = [max(len(c), *(len(row[i]) for row in body)) for i, c in enumerate(COLUMNS)]
+    widths = [max(len(c), *(len(row[i]) for row in body), 0) for i, c in enumerate(COLUMNS)]
 
     def line(cells: tuple[str, ...] | list[str]) -> str:
         return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
@@ -48,16 +61,20 @@ def text_table(res: BenchResult) -> str:
     sarp = res.by_name().get("sarp")
     verifier = f", sarp verifier: {sarp.verifier}" if sarp and sarp.verifier else ""
     head = (f"workload {res.workload}: {res.requests:,} requests, {res.blocks:,} unique blocks, "
-            f"cache budget {human_bytes(res.cache_bytes)}{verifier}\n{res.description}")
-    return "\n".join([head, line(COLUMNS), *(line(r) for r in body)]) + (
-        "\n'x sarp': sarp's throughput / this index's; 'rec x sarp': this index's recovery "
-        "time / sarp's; loss: tokens reused below the exact dram-blockhash")
+            f"{conditions(res)}{verifier}\n{res.description}")
+    return "\n".join([head, line(COLUMNS), *(line(r) for r in body), *failures(res)]) + (
+        "\n'x sarp': sarp's throughput / this index's; 'recover s': in-process (open, load, "
+        "first match); 'spawn s': from a process spawn; 'rec x sarp': this index's recover s "
+        "/ sarp's; memory: inside the budget; routing: in memory outside it; loss: tokens "
+        "reused below the exact dram-blockhash")
 
 
 def markdown_table(res: BenchResult) -> str:
-    out = [f"### {res.workload}", "", res.description, "",
+    out = [f"### {res.workload}", "", f"{res.description}; {conditions(res)}", "",
            "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(r) + " |" for r in rows(res)]
+    if res.failed():
+        out += ["", *failures(res)]
     return "\n".join(out) + "\n"
 
 
@@ -73,7 +90,8 @@ def write_report(res: BenchResult, directory: Path) -> list[Path]:
     md = directory / f"{slug}.md"
     md.write_text(markdown_table(res))
     paths = [md]
-    names = [r.index for r in res.results]
+    done = res.completed()
+    names = [r.index for r in done]
     short = res.workload.split("/")[-1]
 
     def bar(values: list[float], ylabel: str, fname: str, log: bool = False) -> None:
@@ -90,14 +108,15 @@ def write_report(res: BenchResult, directory: Path) -> list[Path]:
         plt.close(fig)
         paths.append(p)
 
-    bar([r.throughput_rps for r in res.results], "requests/s (higher is better)", "throughput")
-    bar([r.recovery_s for r in res.results], "recovery s (lower is better)", "recovery", log=True)
+    bar([r.throughput_rps for r in done], "requests/s (higher is better)", "throughput")
+    bar([r.recovery_s for r in done], "recovery s, in-process (lower is better)", "recovery",
+        log=True)
     exact = _exact(res)
     if exact:
-        bar([max(0.0, (exact - r.tokens_reused) / exact * 100) for r in res.results],
+        bar([max(0.0, (exact - r.tokens_reused) / exact * 100) for r in done],
             "reuse loss % vs exact", "loss")
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for r in res.results:
+    for r in done:
         _cdf(ax, r)
     ax.set_xscale("log")
     ax.set_xlabel("match latency per request (us)")

@@ -2,11 +2,25 @@
 
 For each index: open it empty under its own directory, replay the same turns in the
 same batches (per batch: one match call for the prompts, then one insert call for
-the sequences), flush, measure a cold recovery, and record memory and disk. Match
-latency is the batch's match time divided by its size (the daemon batches the same
-way); throughput counts turns (match + insert) per second of replay.
-All SSD designs get the same cache budget: 10 % of the uncompressed SSD-BlockHash
-store (unique blocks x 16 bytes: an 8-byte key and an 8-byte value).
+the sequences), record memory, flush (durable, write buffers written out), measure
+a cold recovery, and record disk. Match latency is the batch's match time divided
+by its size (the daemon batches the same way); throughput counts turns (match +
+insert) per second of replay; reads_per_match is the index's backend point reads
+during its match calls per match request.
+All SSD designs get the same memory budget: 10 % of the uncompressed SSD-BlockHash
+store (unique blocks x 16 bytes: an 8-byte key and an 8-byte value), which the
+engine's cache and the index's own caches share; with `direct_io` (the default of
+`sarpctl bench`) the OS page cache serves none of their reads.
+
+An index that fails (an exception anywhere in its run) costs only its own result:
+its entry is an `IndexFailure` (`{"index": NAME, "error": MESSAGE}` in the JSON),
+the other indexes run and are reported, and `BenchResult.failed` tells the caller.
+
+JSON (`BenchResult.to_json`), schema 2: `schema`, `workload`, `description`,
+`requests`, `blocks`, `cache_bytes` (the budget), `preload_blocks`, `direct_io`,
+`results` (per index: `IndexResult`'s fields but the per-request latencies, or an
+`IndexFailure`). Schema 1 (before recovery_s meant in-process time) had no
+`schema` field.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from tools.bench.preload import preload as preload_index
 from tools.bench.preload import shape_of as preload_shape
 
 ProgressFn = Callable[[int], None]
+SCHEMA = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +53,15 @@ class IndexResult:
     match_us_p99: float
     tokens_reused: int
     tokens_queried: int
-    recovery_s: float
-    memory_bytes: int
+    recovery_s: float  # in-process: open, load, first answered match
+    memory_bytes: int  # inside the budget: engine cache + write buffers + own caches
     disk_bytes: int
     insert_us_mean: float = 0.0
     recovery_detail: str = ""
     verifier: str = ""  # sarp: which first-mismatch implementation ran (c or numpy)
+    recovery_spawn_s: float = 0.0  # process spawn to the first answered match
+    routing_bytes: int = 0  # routing structures in memory, outside the budget
+    reads_per_match: float = 0.0  # backend point reads per match request (mean)
     match_us: list[float] = field(default_factory=list, repr=False)
 
     def public(self) -> dict[str, Any]:
@@ -53,30 +71,54 @@ class IndexResult:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexFailure:
+    """An index whose run raised: the message names the index and the exception."""
+
+    index: str
+    error: str
+
+    def public(self) -> dict[str, Any]:
+        return {"index": self.index, "error": self.error}
+
+
+@dataclass(frozen=True, slots=True)
 class BenchResult:
     workload: str
     description: str
     requests: int
     blocks: int
     cache_bytes: int
-    results: list[IndexResult]
+    results: list[IndexResult | IndexFailure]
+    direct_io: bool = False
     preload_blocks: int = 0  # blocks each index held before the replay (--preload)
+    schema: int = SCHEMA
 
     def to_json(self) -> dict[str, Any]:
-        return {"workload": self.workload, "description": self.description,
-                "requests": self.requests, "blocks": self.blocks,
-                "cache_bytes": self.cache_bytes, "preload_blocks": self.preload_blocks,
+        return {"schema": self.schema, "workload": self.workload,
+                "description": self.description, "requests": self.requests,
+                "blocks": self.blocks, "cache_bytes": self.cache_bytes,
+                "preload_blocks": self.preload_blocks, "direct_io": self.direct_io,
                 "results": [r.public() for r in self.results]}
 
     @staticmethod
     def from_json(doc: dict[str, Any]) -> BenchResult:
+        """Schema 2, or schema 1 (no `schema` field; the new fields read as 0)."""
+        results: list[IndexResult | IndexFailure] = [
+            IndexFailure(**r) if "error" in r else IndexResult(**r) for r in doc["results"]]
         return BenchResult(doc["workload"], doc.get("description", ""), doc["requests"],
-                           doc["blocks"], doc.get("cache_bytes", 0),
-                           [IndexResult(**r) for r in doc["results"]],
-                           doc.get("preload_blocks", 0))
+                           doc["blocks"], doc.get("cache_bytes", 0), results,
+                           bool(doc.get("direct_io", False)), int(doc.get("preload_blocks", 0)),
+                           int(doc.get("schema", 1)))
 
     def by_name(self) -> dict[str, IndexResult]:
-        return {r.index: r for r in self.results}
+        """The indexes that completed, by name."""
+        return {r.index: r for r in self.results if isinstance(r, IndexResult)}
+
+    def completed(self) -> list[IndexResult]:
+        return [r for r in self.results if isinstance(r, IndexResult)]
+
+    def failed(self) -> list[IndexFailure]:
+        return [r for r in self.results if isinstance(r, IndexFailure)]
 
 
 def index_factories() -> dict[str, Callable[[], BenchIndex]]:
@@ -119,20 +161,43 @@ def batches(turns: Sequence[Turn], size: int) -> list[tuple[int, Sequence[Turn]]
     return out
 
 
+@dataclass(slots=True)
+class Replayed:
+    """What one replay measured."""
+
+    match_us: list[float] = field(default_factory=list)  # per request
+    total_s: float = 0.0
+    insert_s: float = 0.0
+    reused: int = 0  # blocks
+    queried: int = 0  # blocks
+    match_reads: int = 0  # backend point reads during the match calls
+
+
 def replay(index: BenchIndex, turns: Sequence[Turn], batch: int,
            progress: ProgressFn | None = None,
            on_batch: Callable[[float, float], None] | None = None,
            ) -> tuple[list[float], float, float, int, int]:
     """(per-request match µs, total seconds, insert seconds, blocks reused, blocks queried).
     `on_batch(match_s, insert_s)` is called after each batch."""
-    match_us: list[float] = []
+    r = replay_counted(index, turns, batch, progress, on_batch)
+    return r.match_us, r.total_s, r.insert_s, r.reused, r.queried
+
+
+def replay_counted(index: BenchIndex, turns: Sequence[Turn], batch: int,
+                   progress: ProgressFn | None = None,
+                   on_batch: Callable[[float, float], None] | None = None) -> Replayed:
+    """`replay`, also counting the index's backend reads during its match calls."""
+    out = Replayed()
+    match_us = out.match_us
     total = inserting = 0.0
-    reused = queried = 0
+    reused = queried = reads = 0
     for b, chunk in batches(turns, batch):
         ns = [t.ns for t in chunk]
+        r0 = index.backend_reads()
         t0 = time.perf_counter()
         metas = index.match_many([t.prompt for t in chunk], ns)
         t1 = time.perf_counter()
+        reads += index.backend_reads() - r0
         index.insert_many([t.sequence for t in chunk], ns,
                           [np.full(len(t.sequence), b + i + 1, dtype=np.uint64)
                            for i, t in enumerate(chunk)])
@@ -146,43 +211,55 @@ def replay(index: BenchIndex, turns: Sequence[Turn], batch: int,
             progress(len(chunk))
         if on_batch is not None:
             on_batch(t1 - t0, t2 - t1)
-    return match_us, total, inserting, reused, queried
+    out.total_s, out.insert_s, out.reused, out.queried = total, inserting, reused, queried
+    out.match_reads = reads
+    return out
 
 
 def run_index(name: str, index: BenchIndex, turns: Sequence[Turn], data_dir: Path,
               backend: str, cache_bytes: int, batch: int,
-              progress: ProgressFn | None = None) -> IndexResult:
-    index.open(data_dir / name, backend, cache_bytes)
+              progress: ProgressFn | None = None, direct_io: bool = False) -> IndexResult:
+    """memory_bytes: the larger of the sample at the end of the replay (write buffers
+    still full) and the one after the recovery's reopen; routing_bytes likewise."""
+    index.open(data_dir / name, backend, cache_bytes, direct_io)
     try:
-        match_us, total, inserting, reused, queried = replay(index, turns, batch, progress)
+        r = replay_counted(index, turns, batch, progress)
+        memory, routing = index.memory_bytes(), index.routing_bytes()
         index.flush()
         stats = getattr(index, "stats", None)
         verifier = str(stats().get("verifier", "")) if callable(stats) else ""
-        memory, disk = index.memory_bytes(), index.disk_bytes()
+        disk = index.disk_bytes()
         rec = index.recover()
         memory = max(memory, index.memory_bytes())
+        routing = max(routing, index.routing_bytes())
     finally:
         index.close()
     n = len(turns)
-    arr = np.array(match_us) if match_us else np.zeros(1)
+    arr = np.array(r.match_us) if r.match_us else np.zeros(1)
     return IndexResult(
         index=name, backend=backend if name not in ("redis", "dram-blockhash-memory") else name,
-        requests=n, seconds=total, throughput_rps=n / total if total else 0.0,
+        requests=n, seconds=r.total_s, throughput_rps=n / r.total_s if r.total_s else 0.0,
         match_us_mean=float(arr.mean()), match_us_p99=float(np.percentile(arr, 99)),
-        tokens_reused=reused * BLOCK_TOKENS, tokens_queried=queried * BLOCK_TOKENS,
+        tokens_reused=r.reused * BLOCK_TOKENS, tokens_queried=r.queried * BLOCK_TOKENS,
         recovery_s=rec.seconds, memory_bytes=memory, disk_bytes=disk,
-        insert_us_mean=inserting * 1e6 / n if n else 0.0, recovery_detail=rec.detail,
-        verifier=verifier, match_us=match_us,
+        insert_us_mean=r.insert_s * 1e6 / n if n else 0.0, recovery_detail=rec.detail,
+        verifier=verifier, recovery_spawn_s=rec.spawn_s, routing_bytes=routing,
+        reads_per_match=r.match_reads / n if n else 0.0, match_us=r.match_us,
     )
+
+
+def failure(name: str, exc: BaseException) -> IndexFailure:
+    return IndexFailure(name, f"{name}: {type(exc).__name__}: {exc}")
 
 
 def run_bench(workload: Workload, names: Sequence[str], backend: str, data_dir: Path,
               batch: int = 16, progress: Callable[[str, int], ProgressFn] | None = None,
               sync: bool = False, preload: int = 0, preload_cache: Path | None = None,
-              seed: int = 0) -> BenchResult:
+              seed: int = 0, direct_io: bool = False) -> BenchResult:
     """Every index is built with the same durability policy (`sync`: fsync each
-    insert call before it returns); with `preload`, each is first filled with that
-    many blocks of the workload's shape (tools/bench/preload.py)."""
+    insert call before it returns) and the same `direct_io`; with `preload`, each is
+    first filled with that many blocks of the workload's shape (tools/bench/preload.py).
+    An index that raises gets an IndexFailure and the run goes on (module docstring)."""
     factories = index_factories()
     unknown = [n for n in names if n not in factories]
     if unknown:
@@ -190,32 +267,39 @@ def run_bench(workload: Workload, names: Sequence[str], backend: str, data_dir: 
     turns = list(workload.turns())
     blocks, cache = cache_budget(turns, preload)
     shape = preload_shape(turns) if preload else None
-    results: list[IndexResult] = []
+    results: list[IndexResult | IndexFailure] = []
     order = sorted(names, key=lambda n: n != "sarp")  # sarp first: radix's cap follows it
     for name in order:
-        index = factories[name](sync=sync)  # type: ignore[call-arg]
-        if name == "segment-radix" and results and results[0].index == "sarp":
-            index = fitted_radix(index, turns, data_dir, backend, cache, batch,
-                                 RADIX_RECOVERY_X * results[0].recovery_s)
-        if shape is not None:
-            preload_index(name, lambda n=name: factories[n](sync=sync),  # type: ignore[call-arg,misc]
-                          data_dir / name, backend, cache, shape, preload, seed, preload_cache,
-                          progress(f"{name} preload", preload) if progress else None)
         bar = progress(name, len(turns)) if progress is not None else None
-        results.append(run_index(name, index, turns, data_dir, backend, cache, batch, bar))
+        try:
+            index = factories[name](sync=sync)  # type: ignore[call-arg]
+            sarp = results[0] if results else None
+            if name == "segment-radix" and isinstance(sarp, IndexResult) and sarp.index == "sarp":
+                index = fitted_radix(index, turns, data_dir, backend, cache, batch,
+                                     RADIX_RECOVERY_X * sarp.recovery_s, direct_io)
+            if shape is not None:
+                preload_index(name, lambda n=name: factories[n](sync=sync),  # type: ignore[call-arg,misc]
+                              data_dir / name, backend, cache, shape, preload, seed,
+                              preload_cache,
+                              progress(f"{name} preload", preload) if progress else None)
+            results.append(run_index(name, index, turns, data_dir, backend, cache, batch, bar,
+                                     direct_io))
+        except Exception as exc:  # one index failing must not cost the others' results
+            results.append(failure(name, exc))
     results.sort(key=lambda r: list(names).index(r.index))
     return BenchResult(workload.name, workload.describe(), len(turns), blocks, cache, results,
-                       preload)
+                       direct_io=direct_io, preload_blocks=preload)
 
 
 RADIX_RECOVERY_X = 1.5  # segment-radix's memory cap: recovery ~1.5x sarp's (brief: 0.96-1.96x)
 
 
 def fitted_radix(index: BenchIndex, turns: Sequence[Turn], data_dir: Path, backend: str,
-                 cache: int, batch: int, target_s: float) -> BenchIndex:
+                 cache: int, batch: int, target_s: float, direct_io: bool = False) -> BenchIndex:
     """Choose segment-radix's memory cap on a trial replay: the largest cap whose cold
-    recovery takes at most `target_s`; return a fresh index with that cap."""
-    index.open(data_dir / "segment-radix-fit", backend, cache)
+    recovery (in-process: RecoveryResult.seconds) takes at most `target_s`; return a
+    fresh index with that cap."""
+    index.open(data_dir / "segment-radix-fit", backend, cache, direct_io)
     try:
         replay(index, turns, batch)
         index.fit_cap(target_s)  # type: ignore[attr-defined]

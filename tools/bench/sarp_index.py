@@ -2,8 +2,15 @@
 
 Block ids go in as `hashes` (64-bit engine-style ids, zero-extended), so sarp sees
 the same ids as every baseline. `flush` writes a snapshot (what a clean shutdown of
-sarpd does); `recover` measures a cold restart in a fresh process: open the backend,
-load the snapshot, re-route what changed after it, answer one match.
+sarpd does) and the engine's write buffers; `recover` measures a cold restart in a
+fresh process: open the backend, load the snapshot, re-route what changed after it,
+answer one match (`seconds` from after the child's imports, `spawn_s` from its spawn).
+
+The budget: sarp's decoded-segment cache is its own cache, so it is sized from the
+run's budget (OWN_CACHE_SHARE of it, at SEGMENT_BYTES per full decoded segment) and
+the engine gets the rest. memory_bytes = the engine's memory (backends.base stats)
++ the decoded segments held (measured); routing_bytes = the directory;
+backend_reads = `activity.segment_reads` (segments fetched from the backend).
 """
 
 from __future__ import annotations
@@ -28,6 +35,22 @@ from sarpd.model import Insert, Match, MatchResult, SeqSpec
 from tools.bench.api import Ids, RecoveryResult
 
 U64 = npt.NDArray[np.uint64]
+OWN_CACHE_SHARE = 0.5  # of the budget, for the decoded-segment cache; the engine gets the rest
+_ARRAY = sys.getsizeof(np.zeros(0))  # a numpy array's header
+# one full decoded segment: the object, its ids (64 x 16 B) and metas (64 x 8 B)
+SEGMENT_BYTES = 200 + 2 * _ARRAY + 64 * 24
+
+
+def split_budget(cache_bytes: int) -> tuple[int, int]:
+    """(engine cache bytes, decoded segments sarp may keep) for a budget."""
+    own = int(cache_bytes * OWN_CACHE_SHARE)
+    return cache_bytes - own, own // SEGMENT_BYTES
+
+
+def segment_bytes(ix: SarpIndex) -> int:
+    """What the decoded-segment cache holds now (measured per segment)."""
+    return sum(sys.getsizeof(seg) + 2 * _ARRAY + seg.ids.nbytes + seg.meta.nbytes
+               for _, seg in ix.store.cached_segments())
 
 
 def as_hashes(ids: Ids) -> npt.NDArray[np.uint64]:
@@ -49,15 +72,20 @@ class SarpBench:
         self.data_dir = Path()
         self.backend_name = "rocksdb"
         self.cache_bytes = 0
+        self.direct_io = False
+        self._reads_before = 0  # segment reads of indexes closed by recover()
 
-    def open(self, data_dir: Path, backend: str, cache_bytes: int) -> None:
+    def open(self, data_dir: Path, backend: str, cache_bytes: int,
+             direct_io: bool = False) -> None:
         self.data_dir, self.backend_name, self.cache_bytes = data_dir, backend, cache_bytes
-        self.ix = _open(data_dir, backend, cache_bytes, self.config, self.sync)
+        self.direct_io = direct_io
+        self.ix = _open(data_dir, backend, cache_bytes, self.config, self.sync, direct_io)
         self.ix.recover()
 
     def bulk_open(self, data_dir: Path, backend: str, cache_bytes: int,
                   batches: Iterable[tuple[Sequence[Ids], Sequence[str], Sequence[U64]]],
-                  progress: Callable[[int], None] | None = None) -> None:
+                  progress: Callable[[int], None] | None = None,
+                  direct_io: bool = False) -> None:
         """`open` on a directory built by sarp's bulk path (sarpd/core/bulk.py: the
         write path into staging, one sorted ingest, a snapshot) from `batches` of
         `insert_many` arguments."""
@@ -76,7 +104,7 @@ class SarpBench:
         finally:
             self.ix = None
             builder.close()
-        self.open(data_dir, backend, cache_bytes)
+        self.open(data_dir, backend, cache_bytes, direct_io)
 
     def _index(self) -> SarpIndex:
         assert self.ix is not None, "open() first"
@@ -98,16 +126,20 @@ class SarpBench:
             assert not isinstance(r, Exception), r
 
     def flush(self) -> None:
-        self._index().snapshot()
+        ix = self._index()
+        ix.snapshot()
+        ix.backend.flush_buffers()
 
     def recover(self) -> RecoveryResult:
-        """Timed like every baseline: from spawning a fresh process to its first
-        answered match (interpreter start and imports included)."""
+        """Timed like every baseline: in a fresh process, from after its imports to
+        its first answered match (`seconds`) and from its spawn (`spawn_s`)."""
         self.close()
         cmd = [sys.executable, "-m", "tools.bench.sarp_index", "--data-dir", str(self.data_dir),
                "--backend", self.backend_name, "--cache-bytes", str(self.cache_bytes)]
         if not self.config.block_locators:
             cmd.append("--no-block-locators")
+        if self.direct_io:
+            cmd.append("--direct-io")
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None
@@ -118,12 +150,21 @@ class SarpBench:
             raise RuntimeError(f"sarp: recovery process failed (exit {proc.returncode}): "
                                f"{err[-2000:]}")
         out = json.loads(line)
-        self.open(self.data_dir, self.backend_name, self.cache_bytes)
-        return RecoveryResult(seconds, f"after imports {out['seconds']:.4f} s; snapshot + "
-                              f"change log, {out['rerouted']} segments re-routed")
+        self.open(self.data_dir, self.backend_name, self.cache_bytes, self.direct_io)
+        return RecoveryResult(out["seconds"], seconds,
+                              f"spawn to first match {seconds:.4f} s; snapshot + change log, "
+                              f"{out['rerouted']} segments re-routed")
 
     def memory_bytes(self) -> int:
+        ix = self._index()
+        return int(ix.backend.stats().get("memory_bytes", 0)) + segment_bytes(ix)
+
+    def routing_bytes(self) -> int:
         return self._index().dir.nbytes
+
+    def backend_reads(self) -> int:
+        reads = self._reads_before
+        return reads + (self.ix.activity.segment_reads if self.ix is not None else 0)
 
     def disk_bytes(self) -> int:
         snaps = sum(p.stat().st_size for p in (self.data_dir / "snapshots").glob("*.snap"))
@@ -134,6 +175,7 @@ class SarpBench:
 
     def close(self) -> None:
         if self.ix is not None:
+            self._reads_before += self.ix.activity.segment_reads
             self.ix.close()
             self.ix = None
 
@@ -151,9 +193,12 @@ def capped(sync: bool = False) -> SarpBench:
 
 
 def _open(data_dir: Path, backend: str, cache_bytes: int, config: IndexConfig,
-          sync: bool) -> SarpIndex:
-    be = open_backend(backend, data_dir / backend, cache_bytes=cache_bytes)
-    return SarpIndex(be, config, data_dir / "snapshots", sync=sync)
+          sync: bool, direct_io: bool) -> SarpIndex:
+    engine, segments = split_budget(cache_bytes)
+    be = open_backend(backend, data_dir / backend, cache_bytes=engine, direct_io=direct_io)
+    ix = SarpIndex(be, config, data_dir / "snapshots", sync=sync)
+    ix.store.cache_segments = segments
+    return ix
 
 
 def _cold_recovery() -> None:
@@ -163,10 +208,11 @@ def _cold_recovery() -> None:
     p.add_argument("--backend", default="rocksdb")
     p.add_argument("--cache-bytes", type=int, default=8 << 20)
     p.add_argument("--no-block-locators", action="store_true")
+    p.add_argument("--direct-io", action="store_true")
     a = p.parse_args()
     t0 = time.perf_counter()
     config = IndexConfig(block_locators=not a.no_block_locators)
-    ix = _open(a.data_dir, a.backend, a.cache_bytes, config, False)
+    ix = _open(a.data_dir, a.backend, a.cache_bytes, config, False, a.direct_io)
     rep = ix.recover()
     ix.match_many([Match(0, SeqSpec("", hashes=as_hashes(np.arange(1, 5, dtype=np.uint64))))])
     seconds = time.perf_counter() - t0

@@ -50,7 +50,7 @@ def test_segment_radix_capped_is_exact(cap: int, tmp_path: Path) -> None:
     index.open(tmp_path / "radix", "rocksdb", 1 << 20)
     try:
         r = run_sessions(index, seed=23, steps=50, recover_at=30)
-        walk = index.memory_bytes()
+        walk = index.routing_bytes()
         assert walk == index.estimated_bytes()
         assert index.check() == []
         assert walk <= max(cap, 200)  # the root alone is ~150 B
@@ -73,7 +73,7 @@ def test_segment_radix_cap_changes_and_crash_recovery(tmp_path: Path) -> None:
     full = index.resident_nodes()
     assert full == index.total_nodes()
     index.set_memory_cap(10_000)  # lowering evicts now
-    assert 0 < index.resident_nodes() < full and index.memory_bytes() <= 10_000
+    assert 0 < index.resident_nodes() < full and index.routing_bytes() <= 10_000
     assert index.check() == []
     for step in steps[25:40]:
         r.step(step)

@@ -10,12 +10,20 @@ Encodings (all baselines): a key holding a block id is the salted id as 8 bytes
 big-endian (so keys sort like the ids); metadata is 8 bytes little-endian; an array of
 ids or metas is raw little-endian uint64.
 
-Cold start: `Baseline.recover()` closes the index, then times a fresh Python process
-(`python -m tools.bench.baselines.recover NAME ...`) from its spawn to the line it
-prints right after answering its first match (the probe: the last sequence inserted),
-so the interpreter start, imports, backend open and the index's own load are all
-included, as they are for sarp. The child's answer must equal the one given before
-the restart. The parent then reopens the index in-process and goes on.
+Cold start: `Baseline.recover()` closes the index, then runs a fresh Python process
+(`python -m tools.bench.baselines.recover NAME ...`) that opens it and answers its
+first match (the probe: the last sequence inserted). `RecoveryResult.seconds` is the
+child's own time from after its imports to that answer (backend open, the index's
+load, the match: in-process, as for sarp); `spawn_s` is the parent's time from the
+spawn to the line the child prints (interpreter start and imports included). The
+child's answer must equal the one given before the restart. The parent then reopens
+the index in-process and goes on.
+
+Budget and counters: the backend is opened with the run's cache budget and
+`direct_io`; `memory_bytes()` of a backend baseline is the engine's
+`stats()["memory_bytes"]` (cache in use, memtables, table readers) plus what the
+index keeps itself; every key the index reads from the backend is counted
+(`backend_reads()`, behind the bench's reads_per_match).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -35,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from backends.base import Backend
+from backends.base import Backend, WriteBatch
 from sarpd.core.store import open_backend
 from tools.bench.api import Ids, RecoveryResult
 
@@ -168,6 +176,53 @@ def metas_array(parts: Sequence[npt.NDArray[Any]]) -> U64:
     return out
 
 
+def engine_memory(backend: Backend) -> int:
+    """The engine's memory now (backends.base.Backend.stats: cache in use, write
+    buffers / memtables, indexes kept outside the cache)."""
+    return int(backend.stats().get("memory_bytes", 0))
+
+
+class CountingBackend:
+    """The run's backend, counting every key read through `get_many`, and each
+    `scan` as one read (one seek; segment-hash-head matches by prefix scans)."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.persistent = inner.persistent
+        self.direct_io = inner.direct_io
+        self.reads = 0
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        self.reads += len(keys)
+        return self.inner.get_many(keys)
+
+    def write(self, batch: WriteBatch, sync: bool) -> None:
+        self.inner.write(batch, sync)
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self.reads += 1
+        return self.inner.scan(start, end)
+
+    def sync(self) -> None:
+        self.inner.sync()
+
+    def flush_buffers(self) -> None:
+        self.inner.flush_buffers()
+
+    def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        return self.inner.ingest(items)
+
+    def resume(self) -> None:
+        self.inner.resume()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def stats(self) -> dict[str, int | float | str]:
+        return self.inner.stats()
+
+
 class Baseline(abc.ABC):
     """Base of every baseline: open/close bookkeeping, the recovery probe and the
     cold-start measurement. `sync` is the run's durability policy: every
@@ -181,6 +236,7 @@ class Baseline(abc.ABC):
         self._data_dir: Path | None = None
         self.backend_name = ""
         self.cache_bytes = 0
+        self.direct_io = False
         self._probe: tuple[U64, str] = (np.zeros(0, dtype=np.uint64), "")
 
     @property
@@ -189,12 +245,14 @@ class Baseline(abc.ABC):
             raise BaselineError(f"{self.name}: not open")
         return self._data_dir
 
-    def open(self, data_dir: Path, backend: str, cache_bytes: int) -> None:
+    def open(self, data_dir: Path, backend: str, cache_bytes: int,
+             direct_io: bool = False) -> None:
         if self._data_dir is not None:
             raise BaselineError(f"{self.name}: already open on {self._data_dir}")
         data_dir = Path(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         self._data_dir, self.backend_name, self.cache_bytes = data_dir, backend, cache_bytes
+        self.direct_io = direct_io
         try:
             self._open_state()
         except BaseException:
@@ -233,6 +291,13 @@ class Baseline(abc.ABC):
     @abc.abstractmethod
     def disk_bytes(self) -> int: ...
 
+    def routing_bytes(self) -> int:
+        """Routing structures kept in memory outside the budget (none by default)."""
+        return 0
+
+    @abc.abstractmethod
+    def backend_reads(self) -> int: ...
+
     def remember_probe(self, seqs: Sequence[Ids], ns: Sequence[str]) -> None:
         for ids, name in zip(reversed(seqs), reversed(ns), strict=True):
             if len(ids):
@@ -250,26 +315,38 @@ class Baseline(abc.ABC):
 class BackendBaseline(Baseline):
     """A baseline whose entries live on the run's backend in `data_dir/<backend>/`."""
 
-    _backend: Backend | None = None
+    _backend: CountingBackend | None = None
+    _reads_before = 0  # keys read by backends this index closed (reopens keep counting)
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> CountingBackend:
         if self._backend is None:
             raise BaselineError(f"{self.name}: not open")
         return self._backend
 
-    def _open_backend(self) -> Backend:
-        self._backend = open_backend(self.backend_name, self.data_dir / self.backend_name,
-                                     cache_bytes=self.cache_bytes)
+    def _open_backend(self) -> CountingBackend:
+        self._backend = CountingBackend(open_backend(
+            self.backend_name, self.data_dir / self.backend_name,
+            cache_bytes=self.cache_bytes, direct_io=self.direct_io))
         return self._backend
+
+    def backend_reads(self) -> int:
+        return self._reads_before + (self._backend.reads if self._backend is not None else 0)
+
+    def memory_bytes(self) -> int:
+        """The engine's memory (the index keeps nothing else, unless it says so)."""
+        return engine_memory(self.backend)
 
     def _close_state(self) -> None:
         backend, self._backend = self._backend, None
         if backend is not None:
+            self._reads_before += backend.reads
             backend.close()
 
     def flush(self) -> None:
+        """Durable, and the engine's write buffers written to its files."""
         self.backend.sync()
+        self.backend.flush_buffers()
 
     def disk_bytes(self) -> int:
         return int(self.backend.stats()["disk_bytes"])
@@ -295,6 +372,8 @@ def cold_start(index: Baseline) -> RecoveryResult:
            "--data-dir", str(data_dir), "--backend", index.backend_name,
            "--cache-bytes", str(index.cache_bytes), "--probe", str(probe), "--ns", ns,
            "--options", json.dumps(index.recovery_options())]
+    if index.direct_io:
+        cmd.append("--direct-io")
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -323,4 +402,5 @@ def cold_start(index: Baseline) -> RecoveryResult:
               f"({len(expected)} blocks); in-process reopen {reopen:.3f} s")
     if report.get("detail"):
         detail += f"; {report['detail']}"
-    return RecoveryResult(seconds=seconds, detail=detail)
+    return RecoveryResult(seconds=report["open_s"] + report["match_s"], spawn_s=seconds,
+                          detail=detail)

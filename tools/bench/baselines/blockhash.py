@@ -41,7 +41,7 @@ class SsdBlockHash(BackendBaseline):
     prefix-closed, nothing is ever removed), then one write batch (one fsync under
     sync=always) of the blocks from there on, the first occurrence in the batch
     winning. Recovery: a fresh process reopens the backend and answers the first
-    match."""
+    match. Memory: the engine's (its cache, memtables); reads: one per id looked up."""
 
     name = "ssd-blockhash"
 
@@ -77,8 +77,6 @@ class SsdBlockHash(BackendBaseline):
         self.backend.write(WriteBatch(puts=puts), self.sync)
         self.remember_probe(seqs, ns)
 
-    def memory_bytes(self) -> int:
-        return 0  # no per-entry state in memory: the backend cache is the backend's
 
 
 class DramBlockHash(BackendBaseline):
@@ -89,9 +87,11 @@ class DramBlockHash(BackendBaseline):
     (one key per block, the SSD-BlockHash layout) to the run's backend, durable as the
     run's sync policy says. Recovery: a fresh process opens the backend, scans the
     whole per-block store into a new dict (keys and values decoded with numpy, then
-    `dict(zip(...))`) and answers the first match. memory_bytes: sys.getsizeof of the
-    dict (its hash table) plus every key int object plus every value int object that
-    is not one of CPython's shared small ints (computed by a walk when asked)."""
+    `dict(zip(...))`) and answers the first match. memory_bytes (its whole
+    footprint): sys.getsizeof of the dict (its hash table) plus every key int object
+    plus every value int object that is not one of CPython's shared small ints
+    (computed by a walk when asked), plus the engine memory of its backend. A match
+    reads nothing from the backend."""
 
     name = "dram-blockhash"
 
@@ -156,7 +156,7 @@ class DramBlockHash(BackendBaseline):
         d = self._dict
         total = sys.getsizeof(d) + sum(map(sys.getsizeof, d))
         total += sum(sys.getsizeof(v) for v in d.values() if v not in _SMALL_INTS)
-        return total
+        return total + super().memory_bytes()
 
     def __len__(self) -> int:
         return len(self._dict)

@@ -1,7 +1,7 @@
 """The cold-start process of `Baseline.recover()` (see `_common.cold_start`).
 
     python -m tools.bench.baselines.recover NAME --data-dir D --backend B \\
-        --cache-bytes N --probe ids.npy --ns NS --options '{"sync": true}'
+        --cache-bytes N --probe ids.npy --ns NS --options '{"sync": true}' [--direct-io]
 
 Opens the baseline on D (its full load), answers one match of the probe and prints
 one JSON line: the probe's metas and the time of each step. The parent times the
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe", required=True, type=Path)
     p.add_argument("--ns", default="")
     p.add_argument("--options", default="{}")
+    p.add_argument("--direct-io", action="store_true")
     args = p.parse_args(argv)
 
     from tools.bench.baselines import baseline_class
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = np.load(args.probe)
     t1 = time.perf_counter()
     index = cls(**json.loads(args.options))
-    index.open(args.data_dir, args.backend, args.cache_bytes)
+    index.open(args.data_dir, args.backend, args.cache_bytes, args.direct_io)
     t2 = time.perf_counter()
     metas = index.match_many([ids], [args.ns])[0]
     t3 = time.perf_counter()

@@ -114,9 +114,6 @@ class SegmentHash(BackendBaseline):
     def _open_state(self) -> None:
         self._open_backend()
 
-    def memory_bytes(self) -> int:
-        return 0  # nothing per entry in memory
-
     # -- match -------------------------------------------------------------------
 
     def _round1(self, states: list[_State], get: Getter) -> None:
@@ -301,9 +298,6 @@ class SegmentHashHead(BackendBaseline):
 
     def _open_state(self) -> None:
         self._open_backend()
-
-    def memory_bytes(self) -> int:
-        return 0
 
     def _match_one(self, q: U64,
                    scan: Callable[[bytes], Iterable[tuple[bytes, bytes]]]) -> _HeadMatch:

@@ -72,6 +72,7 @@ from tools.bench.baselines._radix_store import (
 )
 
 SORTED_FROM = 16  # children from which a node keeps a sorted numpy key array
+FIT_TRIES = 3  # cold recoveries per probe of fit_cap (the fastest counts)
 
 Getter = Callable[[list[bytes]], list[bytes | None]]
 
@@ -215,22 +216,28 @@ class SegmentRadix(BackendBaseline):
         else:
             self._evict()
 
+    def _best_recovery(self, tries: int = FIT_TRIES) -> RecoveryResult:
+        """The fastest of `tries` cold recoveries (in-process seconds are tens of ms
+        here: one measurement is too noisy to fit a cap on)."""
+        return min((self.recover() for _ in range(tries)), key=lambda r: r.seconds)
+
     def fit_cap(self, target_s: float, probes: int = 6) -> RecoveryResult:
-        """Set the largest cap whose measured cold recovery takes at most `target_s`
-        (e.g. 1.5x sarp's): a binary search over byte caps between 0 and the whole
-        tree, each probe a real `recover()` after a snapshot at that cap. Returns the
-        last measurement at the cap left set (cap 0 if even that is slower)."""
+        """Set the largest cap whose cold recovery (in-process seconds, the best of
+        FIT_TRIES) takes at most `target_s` (e.g. 1.5x sarp's): a binary search over
+        byte caps between 0 and the whole tree, each probe real `recover()`s after a
+        snapshot at that cap. Returns the last measurement at the cap left set (cap 0
+        if even that is slower)."""
         self.set_memory_cap(None)
         whole = self._mem
         self.flush()
-        if (res := self.recover()).seconds <= target_s:
+        if (res := self._best_recovery()).seconds <= target_s:
             return res
         lo, hi = 0, whole
         for _ in range(probes):
             mid = (lo + hi) // 2
             self.set_memory_cap(mid)
             self.flush()
-            if self.recover().seconds <= target_s:
+            if self._best_recovery().seconds <= target_s:
                 lo = mid
             else:
                 hi = mid
@@ -244,8 +251,9 @@ class SegmentRadix(BackendBaseline):
     def total_nodes(self) -> int:
         return self._next_id - 1  # node ids are 1, 2, ... and nodes are never deleted
 
-    def memory_bytes(self) -> int:
-        """Measured by a walk over the resident nodes: sys.getsizeof of each node, its
+    def routing_bytes(self) -> int:
+        """The capped tree, outside the budget (memory_bytes is the engine's).
+        Measured by a walk over the resident nodes: sys.getsizeof of each node, its
         int fields (other than CPython's shared small ints), its eviction-heap tuple
         and list slot, its children dict and sorted key array (the cap is enforced on
         a running count of the same quantities)."""
@@ -278,12 +286,12 @@ class SegmentRadix(BackendBaseline):
                     problems.append(f"node {node.id}: sorted key array out of step")
         if sum(len(n.children or {}) for n in resident) != len(self._heap):
             problems.append("resident children and heap disagree")
-        if self.memory_bytes() != self._mem:
-            problems.append(f"memory walk {self.memory_bytes()} != running count {self._mem}")
+        if self.routing_bytes() != self._mem:
+            problems.append(f"memory walk {self.routing_bytes()} != running count {self._mem}")
         return problems
 
     def estimated_bytes(self) -> int:
-        """The running count the cap is enforced on (memory_bytes() walks instead)."""
+        """The running count the cap is enforced on (routing_bytes() walks instead)."""
         return self._mem
 
     # -- open, snapshot, recovery ---------------------------------------------------
@@ -301,7 +309,7 @@ class SegmentRadix(BackendBaseline):
                 super()._close_state()
 
     def flush(self) -> None:
-        self.backend.sync()
+        super().flush()
         self._snapshot()
 
     def disk_bytes(self) -> int:
