@@ -12,7 +12,9 @@ Match (docs/DECISIONS.md): for each query, ids -> for every 64-block window the
 deepest routing point present in the directory (all lattice offsets of the batch
 probed in one vectorised lookup) -> the `window_cap` strongest candidates by
 fingerprint agreement -> ONE backend multi-get for every candidate of the batch ->
-verify full ids and presence -> the longest gap-free run from position 0.
+verify full ids and presence -> with exact matching, further rounds where an unread
+candidate's bound beats the best run (sarpd/core/plan.py) -> the longest gap-free
+run from position 0.
 
 After a failed commit memory may differ from the disk: the index reloads (counters,
 segment cache, directory) before it answers again, and makes the backend writable

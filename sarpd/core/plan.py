@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sarpd.core.routing import bounds
-from sarpd.model import U64Array
+from sarpd.core.routing import bounds, filter_at, fingerprints
+from sarpd.model import IdArray, U64Array
 
 
 @dataclass(slots=True, eq=False)
@@ -42,7 +42,8 @@ class WindowPlan:
     first: list[int]  # the first round, strongest first (the router's cached ranking)
     segs: U64Array  # every candidate under the point ...
     filts: U64Array  # ... and its filter
-    qfilt: int  # the query's filter at the point
+    qw: IdArray  # the query's ids from the window start (its filter: only when needed)
+    sb: int  # blocks per window
     chunk: int  # the size of the next extra round (doubles each round)
     # the bound of the weakest first-round candidate: no unread one has a higher bound
     # (the first round is the top by agreement), so a run that reaches it is settled
@@ -80,7 +81,8 @@ class WindowPlan:
         if self._rest is None:
             keep = ~np.isin(self.segs, np.array(self.first, dtype=np.uint64))
             self._rest = self.segs[keep]
-            self._bounds = bounds(self.filts[keep], self.qfilt, self.offset, self.length)
+            qfilt = filter_at(fingerprints(self.qw, self.sb), self.offset)
+            self._bounds = bounds(self.filts[keep], qfilt, self.offset, self.length)
             self._taken = np.zeros(self._rest.size, dtype=bool)
         assert self._bounds is not None and self._taken is not None
         idx = np.flatnonzero((self._bounds > floor) & ~self._taken)

@@ -48,7 +48,7 @@ class Router:
         self.cfg = cfg
         self.geo = Geometry.of(cfg)
         self.dir = Directory(cfg.delta_max_entries)
-        # candidates() rankings, valid while the directory's version is unchanged
+        # first-round rankings, valid while the directory's version is unchanged
         self._ranked: dict[bytes, tuple[list[int], int]] = {}  # -> (first, weakest agreement)
         self._ranked_at = -1
 
@@ -77,45 +77,36 @@ class Router:
                 out[qi].append(o)
         return out
 
-    def route_many(self, qs: Sequence[IdArray]) -> list[list[list[int]]]:
-        """Per query, per window from 0 up to the first without a routing hit: the
-        first-round candidates (`candidates` at the window's deepest point)."""
-        return [[p.first for p in plans] for plans in self.plan_many(qs)]
-
     def plan_many(self, qs: Sequence[IdArray]) -> list[list[WindowPlan]]:
         """Per query, per window from 0 up to the first without a routing hit: how its
         candidates are read (module `plan`: a first round, then bound-and-verify)."""
         sb = self.geo.sb
-        return [[self._plan(q[w * sb : (w + 1) * sb], w, d) for w, d in enumerate(deepest)]
+        return [[self.plan_at(q[w * sb : (w + 1) * sb], w, d) for w, d in enumerate(deepest)]
                 for q, deepest in zip(qs, self.deepest(qs), strict=True)]
 
     def plan_window(self, qw: IdArray, w: int) -> WindowPlan | None:
         """The plan of one window of a query (`qw`: its ids from the window start, at
         most one window); None when no routing point of it is in the directory."""
         deepest = self.deepest([qw[: self.geo.sb]])[0]
-        return self._plan(qw[: self.geo.sb], w, deepest[0]) if deepest else None
+        return self.plan_at(qw[: self.geo.sb], w, deepest[0]) if deepest else None
 
     def route_window(self, qw: IdArray, w: int) -> list[int]:
         """First-round candidate segments for one window of a query."""
         plan = self.plan_window(qw, w)
         return plan.first if plan is not None else []
 
-    def _plan(self, qw: IdArray, w: int, offset: int) -> WindowPlan:
+    def plan_at(self, qw: IdArray, w: int, offset: int) -> WindowPlan:
+        """The plan of window `w` of a query (`qw`: its ids from the window start, at
+        most one window) read under the routing point at `offset`: its first round is
+        all the candidates, or past `window_cap` the strongest by agreement."""
         segs, filts = self.dir.posting(int(qw[offset, 0]))
         first, weakest = self._first(qw, offset, segs, filts)
         n = len(qw)
-        if segs.size <= len(first):  # every candidate is in the first round
-            return WindowPlan(w, n, offset, first, segs, filts, 0, self.cfg.window_cap)
-        qf = filter_at(fingerprints(qw, self.geo.sb), offset)
-        first_bound = n if weakest >= 16 else min(n, offset + 1 + weakest)
-        return WindowPlan(w, n, offset, first, segs, filts, qf, self.cfg.window_cap, first_bound)
-
-    def candidates(self, qw: IdArray, w: int, offset: int) -> list[int]:
-        """The first round of the segments under the routing point at `offset` of
-        window `w`: all of them, or past `window_cap` the strongest by fingerprint
-        agreement."""
-        segs, filts = self.dir.posting(int(qw[offset, 0]))
-        return self._first(qw, offset, segs, filts)[0]
+        first_bound = 0  # every candidate is in the first round
+        if segs.size > len(first):
+            first_bound = n if weakest >= 16 else min(n, offset + 1 + weakest)
+        return WindowPlan(w, n, offset, first, segs, filts, qw, self.geo.sb,
+                          self.cfg.window_cap, first_bound)
 
     def _first(self, qw: IdArray, offset: int, segs: U64Array,
                filts: U64Array) -> tuple[list[int], int]:

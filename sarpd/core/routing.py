@@ -112,8 +112,3 @@ def strongest(segs: U64Array, filts: U64Array, qfilt: int, cap: int) -> tuple[li
         idx = np.argpartition(score, score.size - cap)[score.size - cap:]
         idx = idx[np.argsort(score[idx])[::-1]]
     return [int(s) for s in segs[idx]], int(ag[idx[-1]]) if idx.size else 16
-
-
-def top_candidates(segs: U64Array, filts: U64Array, qfilt: int, cap: int) -> list[int]:
-    """The `cap` strongest candidates: most fingerprint agreement, then newest."""
-    return strongest(segs, filts, qfilt, cap)[0]

@@ -73,6 +73,11 @@ def test_deepest_point_with_pruned_points_and_a_branch() -> None:
     assert w.router.deepest([diverged]) == [[0]]
 
 
+def first_rounds(w: World, qs: list[np.ndarray]) -> list[list[list[int]]]:
+    """Per query, per window: the first-round candidates of its plan."""
+    return [[p.first for p in plans] for plans in w.router.plan_many(qs)]
+
+
 def test_windows_are_contiguous_from_the_first() -> None:
     w = World()
     q = ids(24, 3)
@@ -80,21 +85,21 @@ def test_windows_are_contiguous_from_the_first() -> None:
     a1 = w.add(1, q[8:16], 0)
     a2 = w.add(2, q[16:24], 0)
     assert w.router.deepest([q]) == [[0, 0, 0]]
-    assert w.router.route_many([q]) == [[[a0], [a1], [a2]]]
+    assert first_rounds(w, [q]) == [[[a0], [a1], [a2]]]
     gap = q.copy()
     gap[8:16] = ids(8, 4)  # window 1 unknown: window 2 cannot extend the match
     assert w.router.deepest([gap]) == [[0]]
-    assert w.router.route_many([gap, q[:8]]) == [[[a0]], [[a0]]]
+    assert first_rounds(w, [gap, q[:8]]) == [[[a0]], [[a0]]]
 
 
-def test_route_many_and_route_window_agree() -> None:
+def test_plan_many_and_route_window_agree() -> None:
     w = World()
     base = ids(16, 5)
     for seed in range(6):  # branches off a shared prefix: refined and base points
         cut = 2 + seed
         w.add(0, np.concatenate([base[:cut], ids(8 - cut, 10 + seed)]), cut)
     qs = [base[:8], base[:3], np.concatenate([base[:6], ids(2, 99)])]
-    many = w.router.route_many(qs)
+    many = first_rounds(w, qs)
     for q, per_window in zip(qs, many, strict=True):
         assert per_window == [w.router.route_window(q[:8], 0)]
 
@@ -123,7 +128,7 @@ def test_ranking_reads_the_strongest_candidates_only() -> None:
     target = w.segs[sids[3]].ids
     near = np.concatenate([target[:4], ids(4, 77)])  # agrees on 3 blocks after the head
     w.add(0, near, 4)
-    ranked = w.router.candidates(target, 0, 0)
+    ranked = w.router.plan_at(target, 0, 0).first
     assert len(ranked) == 2 and ranked[0] == sids[3]  # full agreement first
-    assert w.router.candidates(target, 0, 0) == ranked  # the same ranking again
+    assert w.router.plan_at(target, 0, 0).first == ranked  # the same ranking again
     assert len(w.router.dir.posting(int(head[0, 0]))[0]) == 7

@@ -14,7 +14,7 @@ from sarpd.core.routing import (
     filter_at,
     filters_at,
     fingerprints,
-    top_candidates,
+    strongest,
 )
 
 GEO = Geometry.of(IndexConfig())
@@ -79,9 +79,9 @@ def test_ranking_picks_the_strongest_then_the_newest() -> None:
     # agreement: seg 1: 16, seg 2: 0, seg 3: 16, seg 4: 1 (differs at block 2), seg 5: 0
     filts = np.array([q, filt(0x21), q, filt(0x12), filt(0xF1)], dtype=np.uint64)
     assert agreement(filts, q).tolist() == [16, 0, 16, 1, 0]
-    assert top_candidates(segs, filts, q, 2) == [3, 1]
-    assert top_candidates(segs, filts, q, 3) == [3, 1, 4]
-    assert top_candidates(segs, filts, q, 10) == [3, 1, 4, 5, 2]
+    assert strongest(segs, filts, q, 2)[0] == [3, 1]
+    assert strongest(segs, filts, q, 3)[0] == [3, 1, 4]
+    assert strongest(segs, filts, q, 10)[0] == [3, 1, 4, 5, 2]
 
 
 def _differs_at(qf: int, block: int) -> int:
