@@ -3,7 +3,10 @@
 Key b"M" (sarpd/core/segment.py's key table), value a JSON object, keys sorted:
 
     format          int   FORMAT_VERSION: the on-disk format of the whole data set
-    segment_format  int   sarpd.core.segment.SEGMENT_FORMAT
+    segment_format  int   sarpd.core.segment.SEGMENT_FORMAT: the newest segment value
+                          format the data may hold (1: no holder tables; data of
+                          segment format 1 is upgraded to 2 by its first open, which
+                          writes only the manifest: format-1 values stay valid)
     hash            str   sarpd.core.ids.HASH_NAME (the id scheme)
     block_tokens    int   tokens per block
     segment_blocks  int   blocks per segment / window
@@ -28,7 +31,8 @@ from sarpd.errors import CorruptData, FormatVersionError
 
 FORMAT_VERSION = 1  # on-disk format of the whole data set
 
-_SAME = ("hash", "block_tokens", "segment_blocks", "segment_format")
+_SAME = ("hash", "block_tokens", "segment_blocks")
+_UPGRADABLE_SEGMENT_FORMATS = (1,)  # read as they are; the manifest is rewritten
 
 
 def expected_manifest(cfg: IndexConfig) -> dict[str, object]:
@@ -50,8 +54,9 @@ def missing_manifest() -> CorruptData:
         "manifest, or start on an empty data directory)")
 
 
-def check_manifest(raw: bytes, cfg: IndexConfig) -> None:
-    """Refuse a stored manifest this build or configuration cannot read."""
+def check_manifest(raw: bytes, cfg: IndexConfig) -> bool:
+    """Refuse a stored manifest this build or configuration cannot read. True when it
+    must be rewritten (an older segment format this build reads and upgrades)."""
     try:
         have = json.loads(raw)
     except ValueError as exc:
@@ -70,9 +75,15 @@ def check_manifest(raw: bytes, cfg: IndexConfig) -> None:
         if have.get(k) != want[k]:
             raise FormatVersionError(f"data was written with {k}={have.get(k)!r}; "
                                      f"this configuration has {want[k]!r}")
+    seg_fmt = have.get("segment_format")
+    if seg_fmt != SEGMENT_FORMAT and seg_fmt not in _UPGRADABLE_SEGMENT_FORMATS:
+        raise FormatVersionError(f"data was written with segment_format={seg_fmt!r}; this "
+                                 f"build reads {SEGMENT_FORMAT} and upgrades "
+                                 f"{', '.join(map(str, _UPGRADABLE_SEGMENT_FORMATS))}")
     # data written before the setting existed has every block's locator
     if have.get("block_locators", True) != cfg.block_locators:
         raise FormatVersionError(
             f"data was written with block_locators={have.get('block_locators', True)}; "
             f"this configuration has {cfg.block_locators} (blocks indexed without "
             "locators cannot be found by bare id: rebuild the index to change it)")
+    return seg_fmt != SEGMENT_FORMAT

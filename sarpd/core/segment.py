@@ -17,11 +17,11 @@ order is numeric order):
     b"N"                   -> counters: next seg id, next version, present blocks,
                               segments (u64 LE each)
 
-Segment value, format 1 (little-endian):
+Segment value, format 1 (little-endian; format 2 adds the holder table):
 
     off  size  field
     0    4     magic b"SRPS"
-    4    1     format version (1)
+    4    1     format version: 1, or 2 when the holder table is not empty
     5    1     nblocks, 1..segment_blocks
     6    2     reserved (0)
     8    8     seg id
@@ -30,9 +30,16 @@ Segment value, format 1 (little-endian):
     24   8     presence mask: bit i set <=> block i is indexed
     32   8     namespace tag (sarpd.core.ids.ns_tag)
     40   4     CRC-32 of bytes [0, 40) followed by [44, end)
-    44   4     reserved (0)
+    44   4     h: entries of the holder table (format 2; 0 and absent in format 1)
     48   16n   block ids (16 bytes LE each)
-    48+16n 8n  block metadata (uint64 LE each)
+    48+16n 8n  block metadata: each block's first holder (uint64 LE each)
+    48+24n 8h  format 2: the other holders' metadata words, ascending, distinct
+    48+24n+8h 8h  format 2: their masks: bit i set <=> that holder holds block i
+
+Holders (protocol 2): block i's holders are meta[i] and every table entry whose mask
+has bit i; an entry never repeats meta[i] of a block it holds, holds only present
+blocks, and has a non-zero mask. A segment whose blocks each have one holder has an
+empty table and is written in format 1, byte for byte what it was before holders.
 
 Invariants: a segment's key never changes (it is the segment's identity; an
 extension rewrites the value in place and appends a change-log record); every
@@ -46,14 +53,15 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from sarpd.errors import CorruptData, FormatVersionError
 from sarpd.model import IdArray, U64Array
 
-SEGMENT_FORMAT = 1
+SEGMENT_FORMAT = 2  # the newest value format; values of format 1 are read as well
+SEGMENT_FORMATS = (1, 2)
 MAGIC = b"SRPS"
 HEADER = struct.Struct("<4sBBHQQQQII")  # 48 bytes
 assert HEADER.size == 48
@@ -90,16 +98,22 @@ def block_key(id16: bytes) -> bytes:
     return BLOCK_PREFIX + id16
 
 
+_NO_HOLDERS = np.empty(0, dtype=np.uint64)
+
+
 @dataclass(slots=True)
 class Segment:
-    """A decoded segment. Mutable working copy: the write path edits and re-encodes it."""
+    """A decoded segment. Mutable working copy: the write path edits and re-encodes it.
+    `xmeta`/`xmask`: the holder table (module docstring), empty for one holder a block."""
 
     seg_id: int
     window: int
     presence: int
     ns_tag: int
     ids: IdArray  # (n, 2) uint64
-    meta: U64Array  # (n,) uint64
+    meta: U64Array  # (n,) uint64: each block's first holder
+    xmeta: U64Array = field(default_factory=lambda: _NO_HOLDERS)  # (h,) ascending
+    xmask: U64Array = field(default_factory=lambda: _NO_HOLDERS)  # (h,)
 
     @property
     def nblocks(self) -> int:
@@ -119,8 +133,66 @@ class Segment:
         """A copy whose arrays may be modified."""
         return Segment(
             self.seg_id, self.window, self.presence, self.ns_tag,
-            self.ids.copy(), self.meta.copy(),
+            self.ids.copy(), self.meta.copy(), self.xmeta.copy(), self.xmask.copy(),
         )
+
+    # -- holders (sarpd/core/holders.py reads them for matches) --------------------
+    def holders_of(self, i: int) -> list[int]:
+        """The holders of block i (first holder first); [] when it is absent."""
+        if not self.is_present(i):
+            return []
+        bit = np.uint64(1 << i)
+        return [int(self.meta[i]), *self.xmeta[(self.xmask & bit) != 0].tolist()]
+
+    def holds(self, i: int, holder: int) -> bool:
+        return holder in self.holders_of(i)
+
+    def add_holder(self, i: int, holder: int) -> bool:
+        """Make `holder` a holder of present block i; False when it already was."""
+        if not self.is_present(i) or self.holds(i, holder):
+            return False
+        at = int(np.searchsorted(self.xmeta, np.uint64(holder)))
+        if at < len(self.xmeta) and int(self.xmeta[at]) == holder:
+            self.xmask[at] |= np.uint64(1 << i)
+        else:
+            self.xmeta = np.insert(self.xmeta, at, np.uint64(holder))
+            self.xmask = np.insert(self.xmask, at, np.uint64(1 << i))
+        return True
+
+    def drop_holder(self, i: int, holder: int | None) -> bool:
+        """Take `holder` (None: every holder) off block i. The block becomes absent
+        when no holder is left; returns True when it did."""
+        if not self.is_present(i):
+            return False
+        bit = np.uint64(1 << i)
+        held = (self.xmask & bit) != 0
+        if holder is None or (int(self.meta[i]) == holder and not held.any()):
+            self.xmask[held] &= ~bit
+            self.presence &= ~(1 << i)
+        elif int(self.meta[i]) == holder:  # the smallest other holder becomes the first
+            j = int(np.flatnonzero(held)[0])
+            self.meta[i] = self.xmeta[j]
+            self.xmask[j] &= ~bit
+        else:
+            self.xmask[held & (self.xmeta == np.uint64(holder))] &= ~bit
+        self._compact()
+        return not self.is_present(i)
+
+    def keep_head(self, run: int) -> tuple[U64Array, U64Array]:
+        """The holder table restricted to blocks [0, run) (a branch's copy of a head)."""
+        m = self.xmask & np.uint64((1 << run) - 1)
+        keep = m != 0
+        return self.xmeta[keep].copy(), m[keep]
+
+    def holdings(self) -> int:
+        """Block-holder pairs of the present blocks."""
+        extra = sum(int(x).bit_count() for x in self.xmask.tolist())
+        return self.presence.bit_count() + extra
+
+    def _compact(self) -> None:
+        keep = self.xmask != 0
+        if not keep.all():
+            self.xmeta, self.xmask = self.xmeta[keep], self.xmask[keep]
 
 
 # segment ids -> their decoded segments (None: missing or corrupt); the mapping returned
@@ -129,16 +201,14 @@ Loader = Callable[[Iterable[int]], Mapping[int, "Segment | None"]]
 
 
 def encode_segment(seg: Segment) -> bytes:
-    n = seg.nblocks
+    n, h = seg.nblocks, len(seg.xmeta)
     if not 1 <= n <= 64:
         raise CorruptData(f"segment {seg.seg_id}: nblocks {n} not in 1..64")
-    body = (
-        np.ascontiguousarray(seg.ids, dtype="<u8").tobytes()
-        + np.ascontiguousarray(seg.meta, dtype="<u8").tobytes()
-    )
+    parts = [seg.ids, seg.meta, seg.xmeta, seg.xmask] if h else [seg.ids, seg.meta]
+    body = b"".join(np.ascontiguousarray(a, dtype="<u8").tobytes() for a in parts)
     head = HEADER.pack(
-        MAGIC, SEGMENT_FORMAT, n, 0, seg.seg_id, seg.window,
-        seg.presence & ((1 << n) - 1), seg.ns_tag, 0, 0,
+        MAGIC, 2 if h else 1, n, 0, seg.seg_id, seg.window,
+        seg.presence & ((1 << n) - 1), seg.ns_tag, 0, h,
     )
     crc = zlib.crc32(body, zlib.crc32(head[44:], zlib.crc32(head[:40])))
     return head[:40] + crc.to_bytes(4, "little") + head[44:] + body
@@ -148,15 +218,19 @@ def decode_segment(value: bytes, expect_id: int | None = None) -> Segment:
     """Parse and check a segment value. Arrays are read-only views of `value`."""
     if len(value) < HEADER.size:
         raise CorruptData(f"segment value of {len(value)} bytes is shorter than its header (48)")
-    magic, fmt, n, _r, seg_id, window, presence, tag, crc, _r2 = HEADER.unpack_from(value)
+    magic, fmt, n, _r, seg_id, window, presence, tag, crc, h = HEADER.unpack_from(value)
     if magic != MAGIC:
         raise CorruptData(f"segment magic {magic!r} is not {MAGIC!r}")
-    if fmt != SEGMENT_FORMAT:
+    if fmt not in SEGMENT_FORMATS:
         raise FormatVersionError(
-            f"segment {seg_id} has format {fmt}; this build reads format {SEGMENT_FORMAT}"
+            f"segment {seg_id} has format {fmt}; this build reads formats "
+            f"{', '.join(map(str, SEGMENT_FORMATS))}"
         )
-    if not 1 <= n <= 64 or len(value) != HEADER.size + 24 * n:
-        raise CorruptData(f"segment {seg_id}: nblocks {n} does not fit a value of {len(value)} B")
+    if fmt == 1 and h:
+        raise CorruptData(f"segment {seg_id}: format 1 with {h} holder entries")
+    if not 1 <= n <= 64 or len(value) != HEADER.size + 24 * n + 16 * h:
+        raise CorruptData(f"segment {seg_id}: nblocks {n} and {h} holder entries do not fit "
+                          f"a value of {len(value)} B")
     mv = memoryview(value)
     if zlib.crc32(mv[44:], zlib.crc32(mv[:40])) != crc:
         raise CorruptData(f"segment {seg_id}: checksum mismatch")
@@ -164,7 +238,16 @@ def decode_segment(value: bytes, expect_id: int | None = None) -> Segment:
         raise CorruptData(f"segment under key {expect_id} says it is {seg_id}")
     ids = np.frombuffer(value, dtype="<u8", count=2 * n, offset=HEADER.size).reshape(n, 2)
     meta = np.frombuffer(value, dtype="<u8", count=n, offset=HEADER.size + 16 * n)
-    return Segment(seg_id, window, presence, tag, ids, meta)
+    if not h:
+        return Segment(seg_id, window, presence, tag, ids, meta)
+    off = HEADER.size + 24 * n
+    xmeta = np.frombuffer(value, dtype="<u8", count=h, offset=off)
+    xmask = np.frombuffer(value, dtype="<u8", count=h, offset=off + 8 * h)
+    if (bool((xmask == 0).any()) or bool((xmask & ~np.uint64(presence)).any())
+            or (h > 1 and bool((xmeta[1:] <= xmeta[:-1]).any()))):
+        raise CorruptData(f"segment {seg_id}: holder table is not ascending, has an empty "
+                          "entry or holds an absent block")
+    return Segment(seg_id, window, presence, tag, ids, meta, xmeta, xmask)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from sarpd.core.directory import DirectoryArrays
-from sarpd.core.segment import SEGMENT_FORMAT
+from sarpd.core.segment import SEGMENT_FORMAT, SEGMENT_FORMATS
 from sarpd.errors import CorruptData, FormatVersionError, StorageError
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def read_snapshot(path: Path) -> tuple[SnapshotMeta, DirectoryArrays]:
             raise CorruptData(f"{path}: bad magic {magic!r}")
         if zlib.crc32(head[:52]) != hcrc:
             raise CorruptData(f"{path}: header checksum mismatch")
-        if fmt != SNAP_FORMAT or seg_fmt != SEGMENT_FORMAT:
+        if fmt != SNAP_FORMAT or seg_fmt not in SEGMENT_FORMATS:
             raise FormatVersionError(
                 f"{path}: snapshot format {fmt}/segment format {seg_fmt}; this build reads "
                 f"{SNAP_FORMAT}/{SEGMENT_FORMAT}"

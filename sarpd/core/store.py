@@ -150,10 +150,9 @@ class Store:
     # -- the manifest --------------------------------------------------------------------
     def _open_manifest(self) -> None:
         raw = self.get_one(MANIFEST_KEY)
-        if raw is not None:
-            check_manifest(raw, self.cfg)
+        if raw is not None and not check_manifest(raw, self.cfg):
             return
-        if self._holds_data():
+        if raw is None and self._holds_data():
             raise missing_manifest()
         wb = WriteBatch()
         wb.put(MANIFEST_KEY, encode_manifest(self.cfg))

@@ -60,7 +60,7 @@ def test_the_header_is_the_documented_table() -> None:
     seg = segment(2, 9)
     value = encode_segment(seg)
     magic, fmt, n, r1, sid, window, presence, tag, crc, r2 = HEADER.unpack_from(value)
-    assert (magic, fmt, n, r1, r2) == (MAGIC, SEGMENT_FORMAT, 2, 0, 0)
+    assert (magic, fmt, n, r1, r2) == (MAGIC, 1, 2, 0, 0)  # no holder table: format 1
     assert (sid, window, presence, tag) == (9, 3, 3, 0xABCDEF)
     assert crc == zlib.crc32(value[44:], zlib.crc32(value[:40]))
     assert value[48:64] == np.ascontiguousarray(seg.ids[0], "<u8").tobytes()
@@ -81,9 +81,9 @@ def test_each_field_check() -> None:
         decode_segment(recrc(bad))
     bad = bytearray(good)
     bad[5] = 0
-    with pytest.raises(CorruptData, match="nblocks 0 does not fit"):
+    with pytest.raises(CorruptData, match="nblocks 0 and 0 holder entries do not fit"):
         decode_segment(recrc(bad))
-    with pytest.raises(CorruptData, match="nblocks 4 does not fit a value of 100 B"):
+    with pytest.raises(CorruptData, match="nblocks 4 and 0 holder entries do not fit a value of 100 B"):
         decode_segment(good[:100])
     bad = bytearray(good)
     bad[-1] ^= 1  # a metadata byte
@@ -130,3 +130,67 @@ def test_counters_round_trip_and_size_check() -> None:
     assert Counters.decode(c.encode()) == c and len(c.encode()) == 32
     with pytest.raises(CorruptData, match="counters record of 31 B, expected 32"):
         Counters.decode(c.encode()[:31])
+
+
+# -- holders (format 2) ----------------------------------------------------------------
+def held(seg: Segment) -> list[set[int]]:
+    return [set(seg.holders_of(i)) for i in range(seg.nblocks)]
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 7), st.integers(0, 5)),
+                    max_size=60))
+def test_holders_follow_a_model(ops: list[tuple[bool, int, int]]) -> None:
+    """add_holder / drop_holder against sets per block; the table survives a round trip
+    in format 2, and a segment left with one holder a block is format 1 again."""
+    seg = segment(8).writable()
+    seg.meta[:] = 100
+    model = [{100} for _ in range(8)]
+    for add, i, h in ops:
+        holder = None if (not add and h == 5) else 100 + h
+        if add:
+            assert seg.add_holder(i, 100 + h) == (bool(model[i]) and 100 + h not in model[i])
+            if model[i]:
+                model[i].add(100 + h)
+        else:
+            gone = seg.drop_holder(i, holder)
+            before = bool(model[i])
+            model[i] = set() if holder is None else model[i] - {holder}
+            assert gone == (before and not model[i])
+        assert held(seg) == model
+        assert seg.holdings() == sum(len(m) for m in model)
+        value = encode_segment(seg)
+        assert value[4] == (2 if len(seg.xmeta) else 1)
+        assert held(decode_segment(value, seg.seg_id)) == model
+
+
+def test_a_refilled_hole_is_its_new_holders_and_a_copy_keeps_the_head() -> None:
+    seg = segment(4).writable()
+    seg.meta[:] = 1
+    assert seg.add_holder(2, 9) and seg.add_holder(3, 9)
+    assert seg.drop_holder(2, 1) is False and seg.holders_of(2) == [9]  # 9 promoted
+    assert seg.drop_holder(2, None) and seg.holders_of(2) == []
+    xmeta, xmask = seg.keep_head(3)  # blocks 0..2: 9 held only block 3 (and 2, gone)
+    assert xmeta.tolist() == [] and xmask.tolist() == []
+    assert seg.keep_head(4)[0].tolist() == [9]
+
+
+def test_a_bad_holder_table_is_corrupt() -> None:
+    seg = segment(4).writable()
+    seg.add_holder(1, 5)
+    seg.add_holder(2, 3)
+    value = bytearray(encode_segment(seg))
+    off = 48 + 24 * 4
+    assert struct.unpack_from("<QQ", value, off) == (3, 5)  # ascending
+    swapped = bytearray(value)
+    struct.pack_into("<QQ", swapped, off, 5, 3)
+    with pytest.raises(CorruptData, match="holder table"):
+        decode_segment(recrc(swapped))
+    empty = bytearray(value)
+    struct.pack_into("<Q", empty, off + 16, 0)
+    with pytest.raises(CorruptData, match="holder table"):
+        decode_segment(recrc(empty))
+    one = bytearray(value)
+    one[4] = 1
+    with pytest.raises(CorruptData, match="format 1 with 2 holder entries"):
+        decode_segment(recrc(one))
