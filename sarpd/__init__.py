@@ -2,4 +2,4 @@
 
 __version__ = "0.1.0"
 SERVER_NAME = "sarpd"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # the newest protocol sarpd speaks (hello negotiates it)

@@ -213,8 +213,13 @@ class Client:
         msg.pop("ok", None)
         return msg
 
-    async def hello(self) -> Result:
-        return await self.request("hello")
+    async def hello(self, protocol: int | None = None) -> Result:
+        """Server facts; with ``protocol=2`` this connection speaks protocol 2 from now
+        on (an insert by another holder adds it to blocks already indexed; PROTOCOL.md
+        "Holders"): the answer says ``protocol`` and ``holders``."""
+        if protocol is None:
+            return await self.request("hello")
+        return await self.request("hello", protocol=protocol)
 
     async def ping(self) -> Result:
         return await self.request("ping")
@@ -245,12 +250,16 @@ class Client:
         hashes: Ids | None = None,
         ns: str = "",
         with_ids: bool = False,
+        holders: int = 0,
     ) -> Result:
         """The longest indexed prefix: ``blocks``, ``tokens``, ``meta`` (list of int)
-        and, with ``with_ids``, ``ids`` (list of 16-byte ids)."""
+        and, with ``with_ids``, ``ids`` (list of 16-byte ids); with ``holders=K``,
+        ``holders``: up to K ``[meta, blocks]`` pairs, longest run first."""
         fields = seq_fields(tokens, hashes, ns)
         if with_ids:
             fields["with_ids"] = True
+        if holders:
+            fields["holders"] = holders
         return decode_match(await self.request("match", **fields))
 
     async def insert(
@@ -276,17 +285,22 @@ class Client:
         start: int = 0,
         ns: str = "",
         ids: Ids | None = None,
+        meta: int | None = None,
     ) -> Result:
-        """Remove blocks ``start``.. of a sequence, or the bare ``ids``: ``removed``."""
+        """Remove blocks ``start``.. of a sequence, or the bare ``ids``: ``removed``
+        (blocks left with no holder). ``meta``: take only that holder off."""
         fields = seq_fields(tokens, hashes, ns)
         if start:
             fields["from"] = start
         if ids is not None:
             fields["ids"] = ids_field(ids, "ids")
+        if meta is not None:
+            fields["meta"] = meta
         return await self.request("remove", **fields)
 
     async def clear(self, ns: str, mask: int = 0, value: int = 0) -> Result:
-        """Remove every block of ``ns`` whose ``meta & mask == value``: ``removed``."""
+        """Take off every holder in ``ns`` whose ``meta & mask == value``: ``removed``
+        (blocks left with no holder)."""
         return await self.request("clear", ns=ns, mask=mask, value=value)
 
     async def close(self) -> None:
@@ -407,8 +421,8 @@ class SyncClient:
     def request(self, op: str, **fields: Any) -> Result:
         return self._runner.run(self._client.request(op, **fields))
 
-    def hello(self) -> Result:
-        return self._runner.run(self._client.hello())
+    def hello(self, protocol: int | None = None) -> Result:
+        return self._runner.run(self._client.hello(protocol))
 
     def ping(self) -> Result:
         return self._runner.run(self._client.ping())
@@ -436,8 +450,9 @@ class SyncClient:
         hashes: Ids | None = None,
         ns: str = "",
         with_ids: bool = False,
+        holders: int = 0,
     ) -> Result:
-        return self._runner.run(self._client.match(tokens, hashes, ns, with_ids))
+        return self._runner.run(self._client.match(tokens, hashes, ns, with_ids, holders))
 
     def insert(
         self,
@@ -456,8 +471,9 @@ class SyncClient:
         start: int = 0,
         ns: str = "",
         ids: Ids | None = None,
+        meta: int | None = None,
     ) -> Result:
-        return self._runner.run(self._client.remove(tokens, hashes, start, ns, ids))
+        return self._runner.run(self._client.remove(tokens, hashes, start, ns, ids, meta))
 
     def clear(self, ns: str, mask: int = 0, value: int = 0) -> Result:
         return self._runner.run(self._client.clear(ns, mask, value))

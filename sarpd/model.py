@@ -47,7 +47,7 @@ class Request:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Hello(Request):
-    pass
+    protocol: int = 1  # the newest protocol the client speaks
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -69,6 +69,7 @@ class Snapshot(Request):
 class Match(Request):
     seq: SeqSpec
     with_ids: bool = False
+    holders: int = 0  # K > 0: also answer the K holders with the longest runs
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -77,6 +78,9 @@ class Insert(Request):
     # one uint64 per block of `seq`; a scalar is broadcast by the decoder/index
     meta: U64Array | int
     parent: IdArray | None = None  # (1, 2) or None
+    # protocol 2: blocks already indexed get the insert's meta as one more holder
+    # (protocol 1: the first insert wins)
+    add_holder: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -87,10 +91,13 @@ class Remove(Request):
     start: int = 0
     ns: str = ""
     ids: IdArray | None = None
+    meta: int | None = None  # take only this holder off (None: every holder)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Clear(Request):
+    """Take off every holder whose meta & mask == value, anywhere in the namespace."""
+
     ns: str
     mask: int = 0
     value: int = 0
@@ -121,8 +128,9 @@ class Report(Request):
 @dataclass(frozen=True, slots=True, eq=False)
 class MatchResult:
     blocks: int
-    meta: U64Array  # uint64 per matched block
+    meta: U64Array  # uint64 per matched block: its holder with the longest run
     ids: IdArray | None = None  # the matched ids, when asked for
+    holders: list[tuple[int, int]] | None = None  # (meta, run), when asked for
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,4 +86,4 @@ def check_manifest(raw: bytes, cfg: IndexConfig) -> bool:
             f"data was written with block_locators={have.get('block_locators', True)}; "
             f"this configuration has {cfg.block_locators} (blocks indexed without "
             "locators cannot be found by bare id: rebuild the index to change it)")
-    return seg_fmt != SEGMENT_FORMAT
+    return bool(seg_fmt != SEGMENT_FORMAT)

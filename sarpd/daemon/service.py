@@ -50,6 +50,7 @@ from sarpd.model import (
     Stats,
 )
 from sarpd.model import Snapshot as SnapshotReq
+from sarpd.protocol.requests import negotiate
 
 log = logging.getLogger("sarpd.daemon.service")
 
@@ -225,7 +226,7 @@ class Service:
                 out[i] = res
         for i, req in enumerate(reqs):
             if isinstance(req, Hello):
-                out[i] = self.hello()
+                out[i] = self.hello(req)
             elif isinstance(req, Stats):
                 out[i] = contain("stats", 1, lambda: [self.stats()])[0]
             elif isinstance(req, Report):
@@ -268,11 +269,14 @@ class Service:
 
     # -- ops answered by the service itself ------------------------------------
 
-    def hello(self) -> dict[str, object]:
+    def hello(self, req: Hello) -> dict[str, object]:
+        protocol = negotiate(req.protocol)  # what the connection's decoder now speaks
         return {
             "server": sarpd.SERVER_NAME,
             "version": sarpd.__version__,
-            "protocol": sarpd.PROTOCOL_VERSION,
+            "protocol": protocol,
+            "max_protocol": sarpd.PROTOCOL_VERSION,
+            "holders": protocol >= 2,
             "block_tokens": self.config.index.block_tokens,
             "segment_blocks": self.config.index.segment_blocks,
             "hash": HASH_NAME,

@@ -60,6 +60,7 @@ class Limits:
     max_containers: int = 4096
     max_str_bytes: int = 65_536
     max_depth: int = 8
+    max_match_holders: int = 1024  # `holders: K` of a match (PROTOCOL.md "Holders")
 
     def __post_init__(self) -> None:
         for name in (
@@ -71,6 +72,7 @@ class Limits:
             "max_containers",
             "max_str_bytes",
             "max_depth",
+            "max_match_holders",
         ):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
@@ -140,8 +142,17 @@ def too_deep(obj: object, limit: int) -> BadMessage | None:
     return None
 
 
-def parse_message(obj: object, limits: Limits) -> Request | BadMessage:
-    """One decoded msgpack value -> a typed request, or a `BadMessage`."""
+NEWEST_PROTOCOL = 2  # what `hello` can negotiate (PROTOCOL.md "Holders")
+
+
+def negotiate(requested: int) -> int:
+    """The protocol a connection speaks after a `hello` asking for `requested`."""
+    return max(1, min(requested, NEWEST_PROTOCOL))
+
+
+def parse_message(obj: object, limits: Limits, protocol: int = 1) -> Request | BadMessage:
+    """One decoded msgpack value -> a typed request, or a `BadMessage`. `protocol`: what
+    the connection negotiated (`negotiate`); it changes what an insert means."""
     if isinstance(obj, OddMap):
         return BadMessage(0, BadRequest("request: map keys must be strings"))
     if not isinstance(obj, dict):
@@ -151,7 +162,7 @@ def parse_message(obj: object, limits: Limits) -> Request | BadMessage:
         what = "missing" if rid is None else f"expected a uint, got {_show(rid)}"
         return BadMessage(0, BadRequest(f"id: {what}"))
     try:
-        return _parse_op(rid, obj, limits)
+        return _parse_op(rid, obj, limits, protocol)
     except SarpError as exc:
         return BadMessage(rid, exc)
     except Exception as exc:  # the one guard of validation: a bug costs one answer, not
@@ -161,7 +172,7 @@ def parse_message(obj: object, limits: Limits) -> Request | BadMessage:
                                         "see the sarpd log"))
 
 
-def _parse_op(rid: int, d: dict[str, Any], limits: Limits) -> Request:
+def _parse_op(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
     op = d.get("op")
     if op is None:
         raise BadRequest("op: missing")
@@ -170,24 +181,39 @@ def _parse_op(rid: int, d: dict[str, Any], limits: Limits) -> Request:
     parse = _OPS.get(op)
     if parse is None:
         raise UnknownOp(f"op: unknown op {_show(op)} (known: {', '.join(sorted(_OPS))})")
-    return parse(rid, d, limits)
+    return parse(rid, d, limits, protocol)
 
 
-def _op_check(rid: int, d: dict[str, Any], limits: Limits) -> Request:
+def _op_hello(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
+    asked = d.get("protocol")
+    if asked is None:
+        return Hello(rid)
+    if type(asked) is not int or asked < 1:
+        raise BadRequest(f"protocol: expected a uint >= 1, got {_kind(asked)} {_show(asked)}")
+    return Hello(rid, protocol=asked)
+
+
+def _op_check(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
     return Check(rid, fix=_bool(d, "fix"))
 
 
-def _op_dump(rid: int, d: dict[str, Any], limits: Limits) -> Request:
+def _op_dump(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
     _refuse(d, "dump", "parent")
     return Dump(rid, seq=_need_seq(d, limits, "dump"))
 
 
-def _op_match(rid: int, d: dict[str, Any], limits: Limits) -> Request:
+def _op_match(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
     _refuse(d, "match", "parent")
-    return Match(rid, seq=_need_seq(d, limits, "match"), with_ids=_bool(d, "with_ids"))
+    k = _uint(d, "holders")
+    if d.get("holders") is not None and k == 0:
+        raise BadRequest("holders: 0 asks for no holder (1..max_match_holders, or leave it out)")
+    if k > limits.max_match_holders:
+        raise TooLarge(f"holders: {k:,} exceeds max_match_holders ({limits.max_match_holders:,})")
+    return Match(rid, seq=_need_seq(d, limits, "match"), with_ids=_bool(d, "with_ids"),
+                 holders=k)
 
 
-def _op_insert(rid: int, d: dict[str, Any], limits: Limits) -> Request:
+def _op_insert(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
     seq = _need_seq(d, limits, "insert")
     meta_v = d.get("meta")
     if meta_v is None:
@@ -195,25 +221,26 @@ def _op_insert(rid: int, d: dict[str, Any], limits: Limits) -> Request:
     meta = _meta(meta_v, _blocks(seq, limits), limits)
     parent_v = d.get("parent")
     parent = None if parent_v is None else _one_id(parent_v, "parent")
-    return Insert(rid, seq=seq, meta=meta, parent=parent)
+    return Insert(rid, seq=seq, meta=meta, parent=parent, add_holder=protocol >= 2)
 
 
-def _op_remove(rid: int, d: dict[str, Any], limits: Limits) -> Request:
+def _op_remove(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
     _refuse(d, "remove", "parent")
     seq = _seq(d, limits, "remove", required=False)
     ids_v = d.get("ids")
+    holder = None if d.get("meta") is None else _uint(d, "meta")
     if seq is not None and ids_v is not None:
         raise BadRequest("remove: give either tokens/hashes (with from) or ids, not both")
     if ids_v is not None:
         if d.get("from") is not None:
             raise BadRequest("from: only with tokens or hashes, not with ids")
-        return Remove(rid, ns=_ns(d, limits), ids=_ids(ids_v, "ids", limits))
+        return Remove(rid, ns=_ns(d, limits), ids=_ids(ids_v, "ids", limits), meta=holder)
     if seq is None:
         raise BadRequest("remove: needs tokens or hashes (with optional from), or ns and ids")
-    return Remove(rid, seq=seq, start=_uint(d, "from"), ns=seq.ns)
+    return Remove(rid, seq=seq, start=_uint(d, "from"), ns=seq.ns, meta=holder)
 
 
-def _op_clear(rid: int, d: dict[str, Any], limits: Limits) -> Request:
+def _op_clear(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
     for name in ("tokens", "hashes", "ids", "parent"):
         _refuse(d, "clear", name, hint="; clear takes ns, mask and value (use remove)")
     if d.get("ns") is None:
@@ -224,18 +251,18 @@ def _op_clear(rid: int, d: dict[str, Any], limits: Limits) -> Request:
     return Clear(rid, ns=_ns(d, limits), mask=mask, value=value)
 
 
-_OPS: dict[str, Callable[[int, dict[str, Any], Limits], Request]] = {
-    "hello": lambda rid, d, limits: Hello(rid),  # field-less ops ignore every field
-    "ping": lambda rid, d, limits: Ping(rid),
-    "stats": lambda rid, d, limits: Stats(rid),
-    "snapshot": lambda rid, d, limits: Snapshot(rid),
+_OPS: dict[str, Callable[[int, dict[str, Any], Limits, int], Request]] = {
+    "hello": _op_hello,
+    "ping": lambda rid, d, limits, protocol: Ping(rid),  # field-less ops ignore every field
+    "stats": lambda rid, d, limits, protocol: Stats(rid),
+    "snapshot": lambda rid, d, limits, protocol: Snapshot(rid),
     "match": _op_match,
     "insert": _op_insert,
     "remove": _op_remove,
     "clear": _op_clear,
     "check": _op_check,
     "dump": _op_dump,
-    "report": lambda rid, d, limits: parse_report(rid, d),
+    "report": lambda rid, d, limits, protocol: parse_report(rid, d),
 }
 
 

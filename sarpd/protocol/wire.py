@@ -76,6 +76,7 @@ from sarpd.errors import (
 )
 from sarpd.model import (
     CheckReport,
+    Hello,
     InsertResult,
     MatchResult,
     RemoveResult,
@@ -87,6 +88,7 @@ from sarpd.protocol.requests import (  # the validation half (re-exported: its p
     BadMessage,
     Limits,
     OddMap,
+    negotiate,
     parse_message,
     too_deep,
 )
@@ -180,6 +182,7 @@ class Decoder:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits if limits is not None else Limits()
+        self.protocol = 1  # until a hello negotiates another (requests.negotiate)
         lim = self.limits
         self._budget = _Budget(lim)
         self._skipper = msgpack.Unpacker(max_buffer_size=lim.max_frame_size + 1)
@@ -264,7 +267,10 @@ class Decoder:
                 if deep is not None:
                     out.append(deep)
                     continue
-            out.append(parse_message(obj, self.limits))
+            req = parse_message(obj, self.limits, self.protocol)
+            if isinstance(req, Hello):  # the connection speaks what hello negotiated
+                self.protocol = negotiate(req.protocol)
+            out.append(req)
 
     def _stream_error(self, exc: Exception) -> FrameError:
         found = _LEN_LIMIT_RE.search(str(exc)) if isinstance(exc, ValueError) else None
@@ -346,6 +352,8 @@ def encode_result(req_id: int, result: object, *, block_tokens: int = 16) -> byt
         }
         if result.ids is not None:
             fields["ids"] = ids_to_bytes(result.ids)
+        if result.holders is not None:
+            fields["holders"] = [[m, b] for m, b in result.holders]
         return encode_ok(req_id, fields)
     if isinstance(result, InsertResult):
         return encode_ok(
