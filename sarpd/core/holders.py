@@ -135,3 +135,21 @@ def top(holders: U64Array, run: I64Array, k: int) -> list[tuple[int, int]]:
     h, r = holders[keep], run[keep]
     order = np.lexsort((h, -r))[:k]
     return list(zip(h[order].tolist(), r[order].tolist(), strict=True))
+
+
+def match_holders(windows: Sequence[tuple[Segment, int]], k: int
+                  ) -> tuple[U64Array, list[tuple[int, int]] | None]:
+    """A match's `meta` (one word per matched block) and, with k > 0, its top k
+    holders. One holder a block: the segments' first holders, as before holders."""
+    if single_holder(windows):
+        metas = [seg.meta[:length] for seg, length in windows]
+        meta = np.concatenate(metas).astype(np.uint64) if metas else np.empty(0, np.uint64)
+        if not k:
+            return meta, None
+        if not len(meta):
+            return meta, []
+        other = np.flatnonzero(meta != meta[0])  # the first holder's run ends there
+        return meta, [(int(meta[0]), int(other[0]) if len(other) else len(meta))]
+    tabs = tables(windows)
+    holders, run = runs(tabs)
+    return block_meta(tabs, holders, run), (top(holders, run, k) if k else None)

@@ -36,6 +36,7 @@ from sarpd.config import IndexConfig
 from sarpd.core import verify
 from sarpd.core.directory import Directory
 from sarpd.core.fsck import run_check
+from sarpd.core.holders import match_holders
 from sarpd.core.ids import HASH_NAME, salt_ids
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
@@ -266,11 +267,11 @@ class SarpIndex:
 
     def _result(self, r: Match, q: IdArray, windows: list[WindowPlan],
                 segs: dict[int, Segment]) -> MatchResult:
-        metas = []
+        matched: list[tuple[Segment, int]] = []
         total = 0
         for p in windows:
             if p.best_sid:
-                metas.append(segs[p.best_sid].meta[: p.best])
+                matched.append((segs[p.best_sid], p.best))
             total += p.best
             if p.best < p.length:
                 break
@@ -278,9 +279,9 @@ class SarpIndex:
         act.matches += 1
         act.matched_blocks += total
         act.queried_blocks += len(q)
-        meta = np.concatenate(metas) if metas else np.empty(0, np.uint64)
+        meta, top = match_holders(matched, r.holders)
         ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
-        return MatchResult(total, meta.astype(np.uint64), ids)
+        return MatchResult(total, meta, ids, top)
 
     def _reload_or_raise(self, resume: bool) -> None:
         try:

@@ -69,3 +69,20 @@ def test_a_partial_last_window_and_absent_blocks_past_it() -> None:
     assert dict(zip(holders.tolist(), runs.tolist(), strict=True)) == {1: 2, 2: 3}
     assert H.block_meta(tabs, holders, runs).tolist() == [2, 2, 2]
     assert H.top(holders, runs, 1) == [(2, 3)]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(windows=st.lists(st.lists(holder_sets, min_size=1, max_size=64), min_size=1, max_size=3),
+       k=st.integers(0, 5), single=st.booleans())
+def test_match_holders_is_the_model_with_or_without_tables(
+        windows: list[list[set[int]]], k: int, single: bool) -> None:
+    """The one-holder-a-block shortcut answers what the general path answers."""
+    full = [w + [set(w[-1])] * (64 - len(w)) for w in windows[:-1]]
+    windows = [*full, windows[-1]]
+    if single:
+        windows = [[{min(s)} for s in w] for w in windows]
+    segs = [(build(w, i + 1), len(w)) for i, w in enumerate(windows)]
+    _, meta, ranked = brute([s for w in windows for s in w], k)
+    got_meta, got_top = H.match_holders(segs, k)
+    assert got_meta.tolist() == meta
+    assert got_top == (ranked if k else None)
