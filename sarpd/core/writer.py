@@ -20,7 +20,6 @@ from sarpd.core.ids import id_bytes, ns_tag, salt_ids
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
-    BLOCK_PREFIX,
     COUNTERS_KEY,
     LOCATOR,
     LOCATOR_DTYPE,
@@ -28,6 +27,7 @@ from sarpd.core.segment import (
     Counters,
     Segment,
     block_key,
+    block_keys,
     decode_segment,
     encode_segment,
     log_key,
@@ -60,10 +60,7 @@ log = logging.getLogger(__name__)
 
 Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
 
-# a locator's key (the block_key layout: prefix + id as two little-endian u64) and
-# value as packed numpy records; the raw views turn into bytes objects in one call
-_LOCATOR_KEY = np.dtype([("prefix", "S1"), ("id", "<u8", (2,))])
-_LOCATOR_KEY_RAW = np.dtype(f"V{_LOCATOR_KEY.itemsize}")
+# a locator's value as packed numpy records: the raw view turns into bytes in one call
 _LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
 
 
@@ -132,7 +129,7 @@ class WriteTxn:
         locs = self.locators
         raw = np.ascontiguousarray(ids, dtype="<u8").tobytes()
         for i in range(n):
-            locs[BLOCK_PREFIX + raw[16 * i : 16 * i + 16]] = LOCATOR.pack(head_key, first_pos + i)
+            locs[block_key(raw[16 * i : 16 * i + 16])] = LOCATOR.pack(head_key, first_pos + i)
 
     @property
     def locators(self) -> dict[bytes, bytes]:
@@ -142,15 +139,12 @@ class WriteTxn:
         if pending:
             lens = np.array([len(ids) for ids, _, _ in pending])
             starts = np.repeat(np.cumsum(lens) - lens, lens)
-            keys = np.empty(int(lens.sum()), dtype=_LOCATOR_KEY)
-            keys["prefix"] = BLOCK_PREFIX
-            keys["id"] = np.concatenate([ids for ids, _, _ in pending])
-            vals = np.empty(keys.size, dtype=LOCATOR_DTYPE)
+            keys = block_keys(np.concatenate([ids for ids, _, _ in pending]))
+            vals = np.empty(len(keys), dtype=LOCATOR_DTYPE)
             vals["head"] = np.repeat(np.array([h for _, h, _ in pending], np.uint64), lens)
             first = np.repeat(np.array([p for _, _, p in pending], np.int64), lens)
-            vals["pos"] = np.arange(keys.size) - starts + first
-            self._locators.update(zip(keys.view(_LOCATOR_KEY_RAW).tolist(),
-                                      vals.view(_LOCATOR_RAW).tolist(), strict=True))
+            vals["pos"] = np.arange(len(keys)) - starts + first
+            self._locators.update(zip(keys, vals.view(_LOCATOR_RAW).tolist(), strict=True))
             pending.clear()
         return self._locators
 
@@ -389,7 +383,7 @@ class WriteTxn:
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
-        keys = [block_key(id_bytes(r)) for r in ids]
+        keys = block_keys(ids)
         locs = self.locators
         values = self.store.get_many([k for k in keys if k not in locs])
         it = iter(values)
