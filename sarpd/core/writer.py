@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -64,6 +65,14 @@ Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
 _LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
 
 
+@dataclass(frozen=True, slots=True)
+class Prefetched:
+    """A window's route from the batch's prefetch (`WriteTxn.prefetch`); `plan` is None
+    when the probe found no routing point there."""
+
+    plan: WindowPlan | None
+
+
 class WriteTxn:
     def __init__(self, store: Store, router: Router) -> None:
         self.store, self.router = store, router
@@ -75,8 +84,8 @@ class WriteTxn:
         self._pending_locators: list[tuple[IdArray, int, int]] = []
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
-        # (id(SeqSpec), window) -> its plan (None: no routing hit) for the batch's inserts
-        self.routes: dict[tuple[int, int], WindowPlan | None] = {}
+        # (id(SeqSpec), window) -> its prefetched route, for the batch's inserts
+        self.routes: dict[tuple[int, int], Prefetched] = {}
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -201,7 +210,7 @@ class WriteTxn:
             for w in range(-(-len(q) // sb)):
                 # past the first window without a hit nothing can match (chained ids)
                 plan = plans[w] if w < len(plans) else None
-                self.routes[(id(seq), w)] = plan
+                self.routes[(id(seq), w)] = Prefetched(plan)
                 if plan is not None:
                     wanted.update(dict.fromkeys(plan.first))
         self.load(wanted)
@@ -263,8 +272,7 @@ class WriteTxn:
             lo, hi = max(start, ws), min(end, ws + sb)
             qw = full[ws - base : hi - base]
             h = hint if hint is not None and hint.window == w else None
-            key = (id(op.seq), w)
-            routed = (self.routes[key],) if op.parent is None and key in self.routes else None
+            routed = self.routes.get((id(op.seq), w)) if op.parent is None else None
             got, fresh = self._insert_window(w, tag, qw, meta[lo - start : hi - start], lo - ws,
                                              h, routed)
             new += fresh
@@ -276,16 +284,16 @@ class WriteTxn:
         return InsertResult(n, new, matched)
 
     def _best(self, w: int, qw: IdArray, extra: Segment | None,
-              routed: tuple[WindowPlan | None] | None) -> tuple[Segment | None, int]:
+              routed: Prefetched | None) -> tuple[Segment | None, int]:
         """The candidate whose ids run furthest along `qw` (the longer segment on a tie),
         and that run: the first round of the window's plan (`routed`: prefetched for the
-        batch, plus the segments the batch created there), then, with exact matching,
-        further rounds while an unread candidate's bound beats the run."""
+        batch, plus the segments the batch created there; None: routed now), then, with
+        exact matching, further rounds while an unread candidate's bound beats the run."""
         if routed is None:
             plan = self.router.plan_window(qw, w)
             cands = plan.first if plan is not None else []
         else:
-            plan = routed[0]
+            plan = routed.plan
             first = plan.first if plan is not None else []
             cands = list(dict.fromkeys(first + self.touched.get((w, int(qw[0, 0])), [])))
         best, run = self._pick(w, qw, cands, extra,
@@ -316,7 +324,7 @@ class WriteTxn:
 
     def _insert_window(self, w: int, tag: int, qw: IdArray, mw: U64Array, frm: int,
                        hint: Segment | None,
-                       routed: tuple[WindowPlan | None] | None) -> tuple[int, int]:
+                       routed: Prefetched | None) -> tuple[int, int]:
         """Insert blocks [frm, len(qw)) of window w; qw holds the window's ids from its
         start. Returns (blocks already present from frm on, blocks newly indexed)."""
         sb, L = self.geo.sb, len(qw)
