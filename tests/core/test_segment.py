@@ -15,6 +15,8 @@ from sarpd.core.ids import id_bytes
 from sarpd.core.segment import (
     COUNTERS_KEY,
     HEADER,
+    LOCATOR,
+    LOCATOR_DTYPE,
     MAGIC,
     MANIFEST_KEY,
     SEGMENT_FORMAT,
@@ -136,6 +138,11 @@ def test_block_keys_agree_with_block_key(rows: list[tuple[int, int]]) -> None:
     assert keys == [block_key(id_bytes(r)) for r in ids]
     assert keys == [b"B" + lo.to_bytes(8, "little") + hi.to_bytes(8, "little")
                     for lo, hi in rows]
+
+
+def test_locator_values_packed_both_ways_agree() -> None:
+    vals = np.array([(2**64 - 1, 7), (5, 2**32 - 1)], dtype=LOCATOR_DTYPE)
+    assert [v.tobytes() for v in vals] == [LOCATOR.pack(2**64 - 1, 7), LOCATOR.pack(5, 2**32 - 1)]
 
 
 def test_counters_round_trip_and_size_check() -> None:
