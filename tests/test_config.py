@@ -1,15 +1,18 @@
 """sarpd/config.py: TOML loading ([server] and [index] tables, then command-line
-overrides) and the checks of every setting: each raises ConfigError (an operator's
-error, not the wire's BadRequest) naming the setting, its value and its limit."""
+overrides; the documented systemd/sarpd.toml, every setting uncommented) and the
+checks of every setting: each raises ConfigError (an operator's error, not the wire's
+BadRequest) naming the setting, its value and its limit."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from sarpd.config import IndexConfig, ServerConfig, load_config
 from sarpd.errors import BadRequest, ConfigError
+from tests.daemon_helpers import REPO
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -58,6 +61,23 @@ def test_overrides_win_and_none_means_not_given(tmp_path: Path) -> None:
     assert (cfg.backend, cfg.batch_max, cfg.sync) == ("bloomstore", 32, "none")
     # the index comes from the file's [index] table only, never from an override
     assert load_config(None, index=IndexConfig(block_tokens=2)).index == IndexConfig()
+
+
+def test_sarpd_toml_documents_every_setting_and_loads(tmp_path: Path) -> None:
+    """Uncommenting every `# key = value` line of systemd/sarpd.toml gives a config
+    that loads, and every ServerConfig / IndexConfig field is documented there."""
+    text = (REPO / "systemd" / "sarpd.toml").read_text()
+    lines = []
+    for line in text.splitlines():
+        body = line[2:] if line.startswith("# ") else line
+        if body.startswith("[") or (" = " in body and body.split(" = ")[0].isidentifier()):
+            lines.append(body)
+    cfg = load_config(write(tmp_path, "\n".join(lines) + "\n"))
+    assert cfg.max_queue == 65536 and cfg.allow_uids == () and cfg.log_format == "text"
+    keys = {body.split(" = ")[0] for body in lines if " = " in body}
+    for cls in (ServerConfig, IndexConfig):
+        missing = {f.name for f in dataclasses.fields(cls)} - keys - {"index"}
+        assert not missing, f"{cls.__name__} settings not in sarpd.toml: {missing}"
 
 
 # --- errors -----------------------------------------------------------------------------

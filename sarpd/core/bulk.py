@@ -44,17 +44,27 @@ import numpy as np
 from backends.base import Backend, WriteBatch, ingest_by_batches
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
-from sarpd.core.segment import BLOCK_PREFIX, LOCATOR, LOG_PREFIX, SEG_PREFIX, block_key, seg_key
+from sarpd.core.segment import (
+    BLOCK_KEY,
+    BLOCK_KEY_ID_AT,
+    BLOCK_PREFIX,
+    LOCATOR,
+    LOG_PREFIX,
+    SEG_PREFIX,
+    seg_id_of_key,
+    seg_key,
+)
 from sarpd.core.store import backend_errors
 from sarpd.errors import BadRequest, SarpError
 from sarpd.model import Insert, InsertResult, RemoveResult
 
 RUNS = 256
-KEY_BYTES = len(block_key(bytes(16)))  # 17
+KEY_BYTES = BLOCK_KEY.itemsize  # 17
 RECORD = KEY_BYTES + LOCATOR.size  # 29
 FLUSH_BYTES = 64 << 20  # locator records buffered before they are appended to the runs
 SEG_FILE_SIDS = 1 << 16  # segments per segment file (~100 MB of values)
 _B, _L, _S = BLOCK_PREFIX[0], LOG_PREFIX[0], SEG_PREFIX[0]
+_ID = BLOCK_KEY_ID_AT  # where a locator record's id starts
 _MAYBE_LOCATOR = LOCATOR.pack(0, 0)  # what a staged locator lookup answers
 _REC = np.dtype(f"V{RECORD}")
 _KEY = np.dtype(f"V{KEY_BYTES}")
@@ -163,7 +173,7 @@ class Staging:
         out: list[bytes | None] = []
         for k in keys:
             if k[0] == _S:
-                out.append(segs.get(int.from_bytes(k[1:9], "big")))
+                out.append(segs.get(seg_id_of_key(k)))
             elif k[0] == _B:
                 # locators are spilled to run files, not kept: a lookup cannot prove a
                 # block absent, so it answers "may be indexed" (exact matching then reads
@@ -179,7 +189,7 @@ class Staging:
             raise BadRequest("a bulk build removes no block locators")
         for k in batch.deletes:
             if k[0] == _S:
-                self._segs.delete(int.from_bytes(k[1:9], "big"))
+                self._segs.delete(seg_id_of_key(k))
             else:
                 self._data.pop(k, None)
         puts = batch.puts
@@ -197,7 +207,7 @@ class Staging:
             segs: list[tuple[int, bytes]] = []
             for k, v in puts.items():
                 if k[0] == _S:
-                    segs.append((int.from_bytes(k[1:9], "big"), v))
+                    segs.append((seg_id_of_key(k), v))
                 elif k[0] == _L:
                     logs += 1
                 elif k[0] != _B:
@@ -214,7 +224,7 @@ class Staging:
             return
         recs = np.frombuffer(b"".join(self._pending), dtype=_REC)
         self._pending, self._pending_bytes = [], 0
-        run = recs.view(np.uint8).reshape(-1, RECORD)[:, 1]
+        run = recs.view(np.uint8).reshape(-1, RECORD)[:, _ID]  # the id's first byte
         order = np.argsort(run, kind="stable")
         bounds = np.searchsorted(run[order], np.arange(RUNS + 1))
         recs = recs[order]
@@ -282,8 +292,8 @@ class Staging:
             return
         recs = np.fromfile(path, dtype=_REC)
         raw = recs.view(np.uint8).reshape(-1, RECORD)
-        hi = raw[:, 1:9].copy().view(">u8").ravel()  # the id's bytes, as RocksDB orders them
-        lo = raw[:, 9:17].copy().view(">u8").ravel()
+        hi = raw[:, _ID:_ID + 8].copy().view(">u8").ravel()  # the id's bytes, as RocksDB
+        lo = raw[:, _ID + 8:KEY_BYTES].copy().view(">u8").ravel()  # orders them
         order = np.lexsort((lo, hi))  # stable: equal keys stay in write order
         hi, lo, recs = hi[order], lo[order], recs[order]
         last = np.ones(len(recs), dtype=bool)  # the last record of each key wins

@@ -76,6 +76,12 @@ COUNTERS = struct.Struct("<QQQQ")
 LOCATOR = struct.Struct("<QI")
 LOCATOR_DTYPE = np.dtype([("head", "<u8"), ("pos", "<u4")])
 assert LOCATOR_DTYPE.itemsize == LOCATOR.size
+# THE block locator key layout: BLOCK_PREFIX, then the id as two little-endian u64
+# (its 16 bytes as `sarpd.core.ids.id_bytes` writes them); `block_key` and
+# `block_keys` are its scalar and vectorised forms
+BLOCK_KEY_ID_AT = len(BLOCK_PREFIX)  # where the id starts in a key
+BLOCK_KEY = np.dtype([("prefix", f"S{BLOCK_KEY_ID_AT}"), ("id", "<u8", (2,))])
+_BLOCK_KEY_RAW = np.dtype(f"V{BLOCK_KEY.itemsize}")
 
 
 def ns_count_key(tag: int) -> bytes:
@@ -95,7 +101,18 @@ def log_key(version: int) -> bytes:
 
 
 def block_key(id16: bytes) -> bytes:
+    """The locator key of one block, from its id's 16 bytes (BLOCK_KEY's layout)."""
     return BLOCK_PREFIX + id16
+
+
+def block_keys(ids: IdArray) -> list[bytes]:
+    """The locator keys of blocks `ids` ((n, 2) uint64), built as packed BLOCK_KEY
+    records in one pass: no per-block Python work."""
+    keys = np.empty(len(ids), dtype=BLOCK_KEY)
+    keys["prefix"] = BLOCK_PREFIX
+    keys["id"] = ids
+    out: list[bytes] = keys.view(_BLOCK_KEY_RAW).tolist()
+    return out
 
 
 _NO_HOLDERS = np.empty(0, dtype=np.uint64)

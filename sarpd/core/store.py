@@ -24,8 +24,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from backends import registry
 from backends.base import Backend, WriteBatch
 from backends.errors import (
@@ -39,13 +37,13 @@ from sarpd.config import IndexConfig
 from sarpd.core.ids import chain_ids, check_sequence_tokens, ns_root, salt_ids
 from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
 from sarpd.core.segment import (
-    BLOCK_PREFIX,
     COUNTERS_KEY,
     MANIFEST_KEY,
     SEG_PREFIX,
     Counters,
     Loader,
     Segment,
+    block_keys,
     decode_segment,
     ns_count_key,
     seg_key,
@@ -124,8 +122,7 @@ class Store:
     def indexed(self, ids: IdArray) -> list[bool]:
         """Whether each block (internal ids) has a locator record, i.e. whether any
         segment ever held it (only with `block_locators`): one multi-get."""
-        keys = [BLOCK_PREFIX + b for b in
-                np.ascontiguousarray(ids, dtype="<u8").view("V16").reshape(-1).tolist()]
+        keys = block_keys(ids)
         self.activity.locator_reads += len(keys)
         return [v is not None for v in self.get_many(keys)]
 

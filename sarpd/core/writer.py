@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,7 +21,6 @@ from sarpd.core.ids import id_bytes, ns_tag, salt_ids
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
-    BLOCK_PREFIX,
     COUNTERS_KEY,
     LOCATOR,
     LOCATOR_DTYPE,
@@ -28,6 +28,7 @@ from sarpd.core.segment import (
     Counters,
     Segment,
     block_key,
+    block_keys,
     decode_segment,
     encode_segment,
     log_key,
@@ -60,11 +61,16 @@ log = logging.getLogger(__name__)
 
 Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
 
-# a locator's key (the block_key layout: prefix + id as two little-endian u64) and
-# value as packed numpy records; the raw views turn into bytes objects in one call
-_LOCATOR_KEY = np.dtype([("prefix", "S1"), ("id", "<u8", (2,))])
-_LOCATOR_KEY_RAW = np.dtype(f"V{_LOCATOR_KEY.itemsize}")
+# a locator's value as packed numpy records: the raw view turns into bytes in one call
 _LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetched:
+    """A window's route from the batch's prefetch (`WriteTxn.prefetch`); `plan` is None
+    when the probe found no routing point there."""
+
+    plan: WindowPlan | None
 
 
 class WriteTxn:
@@ -78,8 +84,8 @@ class WriteTxn:
         self._pending_locators: list[tuple[IdArray, int, int]] = []
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
-        # (id(SeqSpec), window) -> its plan (None: no routing hit) for the batch's inserts
-        self.routes: dict[tuple[int, int], WindowPlan | None] = {}
+        # (id(SeqSpec), window) -> its prefetched route, for the batch's inserts
+        self.routes: dict[tuple[int, int], Prefetched] = {}
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -132,7 +138,7 @@ class WriteTxn:
         locs = self.locators
         raw = np.ascontiguousarray(ids, dtype="<u8").tobytes()
         for i in range(n):
-            locs[BLOCK_PREFIX + raw[16 * i : 16 * i + 16]] = LOCATOR.pack(head_key, first_pos + i)
+            locs[block_key(raw[16 * i : 16 * i + 16])] = LOCATOR.pack(head_key, first_pos + i)
 
     @property
     def locators(self) -> dict[bytes, bytes]:
@@ -142,15 +148,12 @@ class WriteTxn:
         if pending:
             lens = np.array([len(ids) for ids, _, _ in pending])
             starts = np.repeat(np.cumsum(lens) - lens, lens)
-            keys = np.empty(int(lens.sum()), dtype=_LOCATOR_KEY)
-            keys["prefix"] = BLOCK_PREFIX
-            keys["id"] = np.concatenate([ids for ids, _, _ in pending])
-            vals = np.empty(keys.size, dtype=LOCATOR_DTYPE)
+            keys = block_keys(np.concatenate([ids for ids, _, _ in pending]))
+            vals = np.empty(len(keys), dtype=LOCATOR_DTYPE)
             vals["head"] = np.repeat(np.array([h for _, h, _ in pending], np.uint64), lens)
             first = np.repeat(np.array([p for _, _, p in pending], np.int64), lens)
-            vals["pos"] = np.arange(keys.size) - starts + first
-            self._locators.update(zip(keys.view(_LOCATOR_KEY_RAW).tolist(),
-                                      vals.view(_LOCATOR_RAW).tolist(), strict=True))
+            vals["pos"] = np.arange(len(keys)) - starts + first
+            self._locators.update(zip(keys, vals.view(_LOCATOR_RAW).tolist(), strict=True))
             pending.clear()
         return self._locators
 
@@ -207,7 +210,7 @@ class WriteTxn:
             for w in range(-(-len(q) // sb)):
                 # past the first window without a hit nothing can match (chained ids)
                 plan = plans[w] if w < len(plans) else None
-                self.routes[(id(seq), w)] = plan
+                self.routes[(id(seq), w)] = Prefetched(plan)
                 if plan is not None:
                     wanted.update(dict.fromkeys(plan.first))
         self.load(wanted)
@@ -269,8 +272,7 @@ class WriteTxn:
             lo, hi = max(start, ws), min(end, ws + sb)
             qw = full[ws - base : hi - base]
             h = hint if hint is not None and hint.window == w else None
-            key = (id(op.seq), w)
-            routed = (self.routes[key],) if op.parent is None and key in self.routes else None
+            routed = self.routes.get((id(op.seq), w)) if op.parent is None else None
             got, fresh = self._insert_window(w, tag, qw, meta[lo - start : hi - start], lo - ws,
                                              h, routed)
             new += fresh
@@ -282,16 +284,16 @@ class WriteTxn:
         return InsertResult(n, new, matched)
 
     def _best(self, w: int, qw: IdArray, extra: Segment | None,
-              routed: tuple[WindowPlan | None] | None) -> tuple[Segment | None, int]:
+              routed: Prefetched | None) -> tuple[Segment | None, int]:
         """The candidate whose ids run furthest along `qw` (the longer segment on a tie),
         and that run: the first round of the window's plan (`routed`: prefetched for the
-        batch, plus the segments the batch created there), then, with exact matching,
-        further rounds while an unread candidate's bound beats the run."""
+        batch, plus the segments the batch created there; None: routed now), then, with
+        exact matching, further rounds while an unread candidate's bound beats the run."""
         if routed is None:
             plan = self.router.plan_window(qw, w)
             cands = plan.first if plan is not None else []
         else:
-            plan = routed[0]
+            plan = routed.plan
             first = plan.first if plan is not None else []
             cands = list(dict.fromkeys(first + self.touched.get((w, int(qw[0, 0])), [])))
         best, run = self._pick(w, qw, cands, extra,
@@ -322,7 +324,7 @@ class WriteTxn:
 
     def _insert_window(self, w: int, tag: int, qw: IdArray, mw: U64Array, frm: int,
                        hint: Segment | None,
-                       routed: tuple[WindowPlan | None] | None) -> tuple[int, int]:
+                       routed: Prefetched | None) -> tuple[int, int]:
         """Insert blocks [frm, len(qw)) of window w; qw holds the window's ids from its
         start. Returns (blocks already present from frm on, blocks newly indexed)."""
         sb, L = self.geo.sb, len(qw)
@@ -389,7 +391,7 @@ class WriteTxn:
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
-        keys = [block_key(id_bytes(r)) for r in ids]
+        keys = block_keys(ids)
         locs = self.locators
         values = self.store.get_many([k for k in keys if k not in locs])
         it = iter(values)

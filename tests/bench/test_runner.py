@@ -3,8 +3,10 @@ budget, one replay through an index, a whole run on two indexes, results as JSON
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,15 +15,20 @@ from tools.bench.api import Ids, Turn
 from tools.bench.baselines import baseline_class
 from tools.bench.baselines._common import U64
 from tools.bench.baselines.blockhash import SsdBlockHash
+from tools.bench.baselines.segment_radix import SegmentRadix
+from tools.bench.preload import preload, shape_of
 from tools.bench.runner import (
+    FIT_DIR,
     BenchResult,
     IndexFailure,
     IndexResult,
     batches,
     cache_budget,
+    fitted_radix,
     index_factories,
     replay,
     run_bench,
+    run_index,
 )
 from tools.bench.workloads import get_workload
 
@@ -135,3 +142,76 @@ def test_a_failing_index_costs_only_its_own_result(
     assert good.memory_bytes > 0 and exact.memory_bytes > good.memory_bytes
     assert good.routing_bytes == 0
     assert 0 < good.recovery_s < good.recovery_spawn_s
+
+
+def tree_digest(root: Path) -> str:
+    """Every file under `root`, by name and content."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def per_node(index: SegmentRadix) -> Callable[[], float]:
+    """A recovery time of 1 ms per resident node (a model: fits are deterministic)."""
+    return lambda: 1e-3 * index.resident_nodes()
+
+
+PRELOAD = 20_000  # blocks: a tree about the size of codeact's own
+
+
+def test_with_a_preload_the_cap_is_fitted_on_the_preloaded_store(tmp_path: Path) -> None:
+    turns = list(get_workload("codeact").turns())
+    _, cache = cache_budget(turns, PRELOAD)
+    store = tmp_path / "segment-radix"
+    preload("segment-radix", SegmentRadix, store, "rocksdb", cache, shape_of(turns), PRELOAD)
+    before = tree_digest(store)
+    trial_ix = SegmentRadix()
+    _, trial = fitted_radix(trial_ix, turns, tmp_path, "rocksdb", cache, 16, 1e9,
+                            measure=per_node(trial_ix))
+    # a target the workload's tree alone meets: the trial replay needs no cap ...
+    target = 1e-3 * trial.total_nodes
+    assert trial.cap_bytes is None and trial.total_nodes > 0
+    ix = SegmentRadix()
+    index, fit = fitted_radix(ix, turns, tmp_path, "rocksdb", cache, 16, target,
+                              preloaded=store, measure=per_node(ix))
+    # ... but the preloaded tree (preload + replay) does: the cap is below its whole tree
+    assert fit.total_nodes > 1.5 * trial.total_nodes and fit.reached
+    assert fit.cap_bytes is not None and 0 < fit.cap_bytes < fit.whole_bytes
+    assert 0.5 * trial.total_nodes < fit.resident_nodes <= trial.total_nodes
+    assert isinstance(index, SegmentRadix) and index.cap_bytes == fit.cap_bytes
+    assert tree_digest(store) == before and not (tmp_path / FIT_DIR).exists()
+    res = run_index("segment-radix", index, turns, tmp_path, "rocksdb", cache, 16)
+    resident, _, total = res.recovery_detail.split("; ")[-1].split(" ")[:3]
+    assert int(total) == fit.total_nodes  # the measured run's tree: preload + replay
+    assert 0 < int(resident) < fit.total_nodes  # under the fitted cap
+    assert res.routing_bytes <= max(fit.cap_bytes, 200)
+
+
+def test_run_bench_fits_the_radix_cap_after_the_preload(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_bench hands the preloaded store to the fit, and the measured run recovers
+    the preloaded tree under the fitted cap (a model target: half the tree's nodes)."""
+    import tools.bench.runner as runner
+
+    seen: list[Path | None] = []
+    fit = runner.fitted_radix
+
+    def model_fit(index: Any, *args: Any, preloaded: Path | None = None) -> tuple[Any, Any]:
+        seen.append(preloaded)
+        *head, _target, direct_io = args
+        return fit(index, *head, 0.5, direct_io, preloaded=preloaded,
+                   measure=lambda: index.resident_nodes() / max(1, index.total_nodes()))
+
+    monkeypatch.setattr(runner, "fitted_radix", model_fit)
+    res = run_bench(get_workload("codeact"), ["segment-radix", "sarp"], "rocksdb",
+                    tmp_path, preload=PRELOAD)
+    assert res.failed() == []
+    assert seen == [tmp_path / "segment-radix"]
+    detail = res.by_name()["segment-radix"].recovery_detail
+    load, note = detail.split("; ")[-2:]
+    assert note.startswith("cap fitted to 1.5x sarp's recovery (")
+    assert "on a copy of the preloaded store after the workload's replay: cap " in note
+    resident, _, total = load.split(" ")[:3]
+    assert f"of {int(total):,} nodes resident" in note  # the fit's tree is the measured one
+    assert 0 < int(resident) <= int(total) // 2  # the fitted cap held in the measured run

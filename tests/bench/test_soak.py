@@ -1,20 +1,23 @@
-"""The soak benchmark (tools.bench.soak): the plateau rule, the report, and a
-one-second drive of a real sarpd by a few clients."""
+"""The soak benchmark (tools.bench.soak): the plateau rule, the report, a one-second
+drive of a real sarpd by a few clients, and a short soak through the command."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from tools.bench.soak import (
     Interval,
     Recorder,
     drive,
     ids,
+    main,
     plateaued,
     print_report,
     rss_mb,
@@ -76,3 +79,17 @@ def test_a_short_drive_of_a_real_daemon(tmp_path: Path) -> None:
     assert len(ivs) == 2
     assert sum(iv.requests for iv in ivs) > 0 and all(iv.errors == 0 for iv in ivs)
     assert all(iv.rss_mb > 0 for iv in ivs) and ivs[-1].blocks > 0
+
+
+def test_soak_reports_throughput_latency_and_rss(tmp_path: Path) -> None:
+    """A 5-second soak through the real command: the report has every interval,
+    requests and no errors, and the daemon's RSS (the plateau rule is checked apart)."""
+    out = tmp_path / "soak.json"
+    res = CliRunner().invoke(
+        main, ["--duration", "5", "--clients", "3", "--interval", "1", "--json", str(out)]
+    )
+    assert res.exit_code in (0, 1), res.output  # 1: RSS still growing (5 s is warm-up)
+    report = json.loads(out.read_text())
+    assert len(report["intervals"]) >= 4 and report["requests"] > 0 and report["errors"] == 0
+    assert report["rss_peak_mb"] > 10 and report["p99_ms"] > 0
+    assert ("plateaued" in res.output) == report["plateaued"]

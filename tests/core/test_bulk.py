@@ -13,7 +13,7 @@ from sarpd.config import IndexConfig
 from sarpd.core import bulk
 from sarpd.core.bulk import BulkBuilder, Staging
 from sarpd.core.index import SarpIndex
-from sarpd.core.segment import BLOCK_PREFIX, LOCATOR
+from sarpd.core.segment import LOCATOR, block_key
 from sarpd.core.store import open_backend
 from sarpd.errors import BadRequest
 from sarpd.model import Insert, Match, MatchResult, Remove, SeqSpec
@@ -149,8 +149,8 @@ def test_locator_runs_sort_on_disk_last_write_wins(tmp_path: Path,
         for i, idb in enumerate(ids):
             if rnd == 0 or i % (rnd + 2) == 0:
                 v = bytes([rnd]) * 12
-                wb.put(BLOCK_PREFIX + idb, v)
-                want[BLOCK_PREFIX + idb] = v
+                wb.put(block_key(idb), v)
+                want[block_key(idb)] = v
         wb.put(b"S" + rnd.to_bytes(8, "big"), b"seg%d" % rnd)
         wb.put(b"L" + rnd.to_bytes(8, "big"), b"dropped")
         wb.put(b"A", b"below the locators")
@@ -174,7 +174,7 @@ def test_bulk_build_refuses_what_it_cannot_stage(tmp_path: Path) -> None:
         builder.insert_many([Insert(0, SeqSpec("", hashes=ids), meta=1, parent=ids)])
     # locators are spilled, not kept: a lookup cannot prove a block absent, so it
     # answers "may be indexed" (exact matching then reads its rounds)
-    assert builder.staging.get_many([BLOCK_PREFIX + bytes(16)]) == [LOCATOR.pack(0, 0)]
+    assert builder.staging.get_many([block_key(bytes(16))]) == [LOCATOR.pack(0, 0)]
     builder.close()
 
 

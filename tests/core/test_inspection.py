@@ -1,6 +1,6 @@
 """`dump` (sarpd/core/inspection.py): per window, the routing probes, the candidates a
-match reads and their decoded contents with the verified run; it stops after the
-first window without a candidate, and changes nothing."""
+match reads and their decoded contents with the verified run (a branch's too); it
+stops after the first window without a candidate, and changes nothing."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from sarpd.core.index import SarpIndex
 from sarpd.core.inspection import dump_or_error, dump_sequence
 from sarpd.core.segment import seg_key
 from sarpd.errors import SarpError, TooLarge
-from sarpd.model import Insert, Match, SeqSpec, ids_to_bytes
+from sarpd.model import Insert, Match, MatchResult, SeqSpec, ids_to_bytes
 
 
 def toks(n: int, seed: int) -> np.ndarray:
@@ -52,6 +52,32 @@ def test_dump_of_an_indexed_sequence() -> None:
     after = ix.stats()
     assert after["index_matches"] == stats["index_matches"] == 0
     assert after["routing_points"] == stats["routing_points"]
+
+
+def test_dump_of_a_branch_shows_both_heads_and_where_the_base_stops() -> None:
+    ix = index()
+    base = np.arange(1, 1 + 64 * 16, dtype=np.uint32)  # one full window
+    branch = np.concatenate([base[: 40 * 16],  # shares 40 blocks, then differs
+                             np.arange(500_000, 500_000 + 40 * 16, dtype=np.uint32)])
+    ix.write_many([Insert(0, SeqSpec("dump", tokens=base), meta=1),
+                   Insert(1, SeqSpec("dump", tokens=branch), meta=2)])
+    d = dump_sequence(ix, SeqSpec("dump", tokens=branch))
+    [hit] = ix.match_many([Match(2, SeqSpec("dump", tokens=branch), with_ids=True)])
+    assert isinstance(hit, MatchResult) and hit.ids is not None
+    assert d["blocks"] == 80 and d["matched_blocks"] == hit.blocks == 80
+    w0, w1 = d["windows"]
+    assert w0["probes"][0]["offset"] == 0 and w0["probes"][0]["postings"] >= 2  # both heads
+    assert len(w0["candidates"]) >= 2 and w0["run"] == 64
+    runs = sorted(seg["run"] for seg in w0["segments"])
+    assert runs[-2:] == [40, 64]  # the base segment stops at the branch
+    best = max(w0["segments"], key=lambda seg: seg["run"])
+    metas = np.frombuffer(best["meta"], "<u8")
+    assert metas[:40].tolist() == [1] * 40 and metas[40:64].tolist() == [2] * 24
+    assert best["ids"] == ids_to_bytes(hit.ids[:64])  # external ids, as match returns
+    assert (w1["window"], w1["run"]) == (1, 16)
+    miss = dump_sequence(ix, SeqSpec("dump", tokens=np.arange(7_000_000, 7_000_064,
+                                                               dtype=np.uint32)))
+    assert miss["matched_blocks"] == 0 and miss["windows"][0]["candidates"] == []
 
 
 def test_dump_stops_after_the_first_window_without_candidates() -> None:

@@ -11,15 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sarpd.core.ids import id_bytes
 from sarpd.core.segment import (
     COUNTERS_KEY,
     HEADER,
+    LOCATOR,
+    LOCATOR_DTYPE,
     MAGIC,
     MANIFEST_KEY,
     SEGMENT_FORMAT,
     Counters,
     Segment,
     block_key,
+    block_keys,
     decode_segment,
     encode_segment,
     log_key,
@@ -122,6 +126,23 @@ def test_keys_sort_numerically_and_round_trip() -> None:
     prefixes = {seg_key(1)[:1], log_key(1)[:1], block_key(b"\0" * 16)[:1], ns_count_key(1)[:1],
                 MANIFEST_KEY, COUNTERS_KEY}
     assert len(prefixes) == 6  # one key space each
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), max_size=20))
+def test_block_keys_agree_with_block_key(rows: list[tuple[int, int]]) -> None:
+    """The vectorised locator keys are the scalar ones, row by row: prefix, then the
+    id's 16 bytes little-endian."""
+    ids = np.array(rows, dtype=np.uint64).reshape(-1, 2)
+    keys = block_keys(ids)
+    assert keys == [block_key(id_bytes(r)) for r in ids]
+    assert keys == [b"B" + lo.to_bytes(8, "little") + hi.to_bytes(8, "little")
+                    for lo, hi in rows]
+
+
+def test_locator_values_packed_both_ways_agree() -> None:
+    vals = np.array([(2**64 - 1, 7), (5, 2**32 - 1)], dtype=LOCATOR_DTYPE)
+    assert [v.tobytes() for v in vals] == [LOCATOR.pack(2**64 - 1, 7), LOCATOR.pack(5, 2**32 - 1)]
 
 
 def test_counters_round_trip_and_size_check() -> None:

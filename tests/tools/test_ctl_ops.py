@@ -7,7 +7,7 @@ import json
 
 from click.testing import CliRunner
 
-from tests.daemon_helpers import SarpdProc
+from tests.daemon_helpers import Launcher
 from tools.ctl_ops import presence_bits, rates, render_dump, render_top
 from tools.sarpctl import main
 
@@ -58,17 +58,28 @@ def test_render_dump() -> None:
     assert len(render_dump(result, show_ids=False)) == len(lines) - 2
 
 
-def test_dump_and_top_against_a_real_daemon(shared_sarpd: SarpdProc) -> None:
-    sock = str(shared_sarpd.socket)
-    tokens = json.dumps(list(range(5000, 5000 + 16 * 70)))
+def test_dump_and_top_against_a_real_daemon(sarpd_factory: Launcher) -> None:
+    """Both commands through a real sarpd: the dump as text (presence, meta, ids) and
+    as JSON, then `top` screens of the daemon's counters."""
+    sock = str(sarpd_factory().socket)
     runner = CliRunner()
-    assert runner.invoke(main, ["--socket", sock, "insert", "--ns", "ops"],
-                         input=tokens).exit_code == 0
-    res = runner.invoke(main, ["--socket", sock, "dump", "--ns", "ops", "--json"], input=tokens)
-    assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+
+    def run(*args: str, stdin: str | None = None) -> str:
+        res = runner.invoke(main, ["--socket", sock, *args], input=stdin)
+        assert res.exit_code == 0, res.output
+        return res.output
+
+    short = json.dumps(list(range(1, 1 + 16 * 5)))  # 5 blocks
+    long = json.dumps(list(range(5000, 5000 + 16 * 70)))  # 70 blocks: two windows
+    run("insert", "--meta", "9", stdin=short)
+    run("insert", "--ns", "ops", stdin=long)
+    out = run("dump", "--ids", stdin=short)
+    assert "ns '': 5 blocks, 5 match" in out
+    assert "present 11111." not in out and "present 11111" in out
+    assert "meta    9 9 9 9 9" in out and "id[4] " in out
+    assert json.loads(run("dump", "--json", stdin=short))["matched_blocks"] == 5
+    doc = json.loads(run("dump", "--ns", "ops", "--json", stdin=long))
     assert doc["blocks"] == doc["matched_blocks"] == 70 and len(doc["windows"]) == 2
-    res = runner.invoke(main, ["--socket", sock, "top", "--count", "1", "--interval", "0.1",
-                               "--no-clear"])
-    assert res.exit_code == 0, res.output
-    assert res.output.startswith(f"sarpd at {sock}  up ")
+    out = run("top", "--count", "2", "--interval", "0.2", "--no-clear")
+    assert out.startswith(f"sarpd at {sock}  up ") and out.count("sarpd at ") == 2
+    assert "req/s" in out and "queue depth 0" in out and "blocks 75 " in out

@@ -26,6 +26,11 @@ copied to DIR/<index>-<backend>-<shape digest>-<seed>-<blocks> (marked complete 
 a file DONE written last) and copied back in by later runs instead of a rebuild.
 At MEMORY_LIMIT_BLOCKS and more the in-memory indexes (MEMORY_INDEXES) are left out
 (~100 B per block in RAM each), with a note.
+
+Segment-radix is preloaded uncapped (its snapshot holds the whole tree). Its cap is
+fitted afterwards, on a copy of the preloaded store with the workload replayed on it
+(tools/bench/runner.py `fitted_radix`); the measured run then opens the preloaded
+store itself under that cap (the snapshot is loaded only as far as the cap allows).
 """
 
 from __future__ import annotations

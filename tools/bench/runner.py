@@ -12,6 +12,16 @@ store (unique blocks x 16 bytes: an 8-byte key and an 8-byte value), which the
 engine's cache and the index's own caches share; with `direct_io` (the default of
 `sarpctl bench`) the OS page cache serves none of their reads.
 
+Segment-radix's in-memory tree cap is fitted so that its recovery is RADIX_RECOVERY_X
+(1.5) times sarp's (sarp runs first; `fitted_radix`, SegmentRadix.fit_cap): on the
+tree its measured run will recover. Without a preload, a trial replay of the workload
+on an empty store; with `--preload`, the workload replayed on a copy of its preloaded
+store (the one `preload` built or copied from `--preload-cache`), the cap searched
+there, then the measured run starts from the preloaded store itself, untouched by the
+fit, with that cap (which the preload's uncapped snapshot is loaded under). The fit
+(cap, whole tree, nodes resident, the recovery it measured, or an unreachable target
+at cap 0) is appended to segment-radix's `recovery_detail`.
+
 An index that fails (an exception anywhere in its run) costs only its own result:
 its entry is an `IndexFailure` (`{"index": NAME, "error": MESSAGE}` in the JSON),
 the other indexes run and are reported, and `BenchResult.failed` tells the caller.
@@ -26,17 +36,22 @@ JSON (`BenchResult.to_json`), schema 2: `schema`, `workload`, `description`,
 from __future__ import annotations
 
 import importlib
+import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from tools.bench.api import BLOCK_TOKENS, BenchIndex, Turn, Workload
+from tools.bench.preload import Shape
 from tools.bench.preload import preload as preload_index
 from tools.bench.preload import shape_of as preload_shape
+
+if TYPE_CHECKING:
+    from tools.bench.baselines.segment_radix import CapFit, SegmentRadix
 
 ProgressFn = Callable[[int], None]
 SCHEMA = 2
@@ -252,6 +267,24 @@ def failure(name: str, exc: BaseException) -> IndexFailure:
     return IndexFailure(name, f"{name}: {type(exc).__name__}: {exc}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What every index of one `run_bench` shares."""
+
+    turns: list[Turn]
+    data_dir: Path
+    backend: str
+    cache: int
+    batch: int
+    sync: bool
+    direct_io: bool
+    shape: Shape | None  # with a preload
+    preload: int
+    seed: int
+    preload_cache: Path | None
+    progress: Callable[[str, int], ProgressFn] | None
+
+
 def run_bench(workload: Workload, names: Sequence[str], backend: str, data_dir: Path,
               batch: int = 16, progress: Callable[[str, int], ProgressFn] | None = None,
               sync: bool = False, preload: int = 0, preload_cache: Path | None = None,
@@ -259,31 +292,23 @@ def run_bench(workload: Workload, names: Sequence[str], backend: str, data_dir: 
     """Every index is built with the same durability policy (`sync`: fsync each
     insert call before it returns) and the same `direct_io`; with `preload`, each is
     first filled with that many blocks of the workload's shape (tools/bench/preload.py).
-    An index that raises gets an IndexFailure and the run goes on (module docstring)."""
+    sarp runs first: segment-radix's cap is then fitted to RADIX_RECOVERY_X times
+    sarp's recovery (`fitted_radix`). An index that raises gets an IndexFailure and
+    the run goes on (module docstring)."""
     factories = index_factories()
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown index {', '.join(unknown)} (known: {', '.join(factories)})")
     turns = list(workload.turns())
     blocks, cache = cache_budget(turns, preload)
-    shape = preload_shape(turns) if preload else None
+    run = _Run(turns, data_dir, backend, cache, batch, sync, direct_io,
+               preload_shape(turns) if preload else None, preload, seed, preload_cache,
+               progress)
     results: list[IndexResult | IndexFailure] = []
-    order = sorted(names, key=lambda n: n != "sarp")  # sarp first: radix's cap follows it
-    for name in order:
-        bar = progress(name, len(turns)) if progress is not None else None
+    for name in sorted(names, key=lambda n: n != "sarp"):  # sarp first: radix's cap follows it
         try:
-            index = factories[name](sync=sync)  # type: ignore[call-arg]
-            sarp = results[0] if results else None
-            if name == "segment-radix" and isinstance(sarp, IndexResult) and sarp.index == "sarp":
-                index = fitted_radix(index, turns, data_dir, backend, cache, batch,
-                                     RADIX_RECOVERY_X * sarp.recovery_s, direct_io)
-            if shape is not None:
-                preload_index(name, lambda n=name: factories[n](sync=sync),  # type: ignore[call-arg,misc]
-                              data_dir / name, backend, cache, shape, preload, seed,
-                              preload_cache,
-                              progress(f"{name} preload", preload) if progress else None)
-            results.append(run_index(name, index, turns, data_dir, backend, cache, batch, bar,
-                                     direct_io))
+            results.append(_bench_one(run, name, _maker(factories[name], sync),
+                                      results[0] if results else None))
         except Exception as exc:  # one index failing must not cost the others' results
             results.append(failure(name, exc))
     results.sort(key=lambda r: list(names).index(r.index))
@@ -291,19 +316,69 @@ def run_bench(workload: Workload, names: Sequence[str], backend: str, data_dir: 
                        direct_io=direct_io, preload_blocks=preload)
 
 
+def _maker(factory: Callable[[], BenchIndex], sync: bool) -> Callable[[], BenchIndex]:
+    """A factory of the index with the run's durability policy (every index takes sync=)."""
+    return lambda: factory(sync=sync)  # type: ignore[call-arg]
+
+
+def _bench_one(run: _Run, name: str, make: Callable[[], BenchIndex],
+               sarp: IndexResult | IndexFailure | None) -> IndexResult:
+    """Preload (if asked), fit segment-radix's cap to sarp's recovery, then the run."""
+    bar = run.progress(name, len(run.turns)) if run.progress is not None else None
+    preloaded: Path | None = None
+    if run.shape is not None:
+        preloaded = run.data_dir / name
+        preload_index(name, make, preloaded, run.backend, run.cache, run.shape, run.preload,
+                      run.seed, run.preload_cache,
+                      run.progress(f"{name} preload", run.preload) if run.progress else None)
+    index, note = make(), ""
+    if name == "segment-radix" and isinstance(sarp, IndexResult) and sarp.index == "sarp":
+        index, fit = fitted_radix(index, run.turns, run.data_dir, run.backend, run.cache,
+                                  run.batch, RADIX_RECOVERY_X * sarp.recovery_s, run.direct_io,
+                                  preloaded=preloaded)
+        note = fit_note(fit, sarp.recovery_s, preloaded is not None)
+    result = run_index(name, index, run.turns, run.data_dir, run.backend, run.cache, run.batch,
+                       bar, run.direct_io)
+    if not note:
+        return result
+    return replace(result, recovery_detail=f"{result.recovery_detail}; {note}")
+
+
 RADIX_RECOVERY_X = 1.5  # segment-radix's memory cap: recovery ~1.5x sarp's (brief: 0.96-1.96x)
+FIT_DIR = "segment-radix-fit"  # under the run's data dir, removed after the fit
 
 
 def fitted_radix(index: BenchIndex, turns: Sequence[Turn], data_dir: Path, backend: str,
-                 cache: int, batch: int, target_s: float, direct_io: bool = False) -> BenchIndex:
-    """Choose segment-radix's memory cap on a trial replay: the largest cap whose cold
-    recovery (in-process: RecoveryResult.seconds) takes at most `target_s`; return a
-    fresh index with that cap."""
-    index.open(data_dir / "segment-radix-fit", backend, cache, direct_io)
+                 cache: int, batch: int, target_s: float, direct_io: bool = False,
+                 preloaded: Path | None = None, measure: Callable[[], float] | None = None,
+                 ) -> tuple[BenchIndex, CapFit]:
+    """Choose segment-radix's memory cap on the tree its measured run will recover: the
+    largest cap whose cold recovery (in-process: RecoveryResult.seconds; `measure`
+    overrides, for tests) takes at most `target_s` (SegmentRadix.fit_cap). The fit
+    replays the workload in data_dir/FIT_DIR: on an empty store without a preload (a
+    trial replay), or on a copy of the preloaded store `preloaded` (its tree is the
+    preload's plus the replay's, as in the measured run, which still starts from
+    `preloaded` untouched). Returns a fresh index with that cap, and the fit."""
+    radix = cast("SegmentRadix", index)
+    fit_dir = data_dir / FIT_DIR
+    shutil.rmtree(fit_dir, ignore_errors=True)
+    if preloaded is not None:
+        shutil.copytree(preloaded, fit_dir)
     try:
-        replay(index, turns, batch)
-        index.fit_cap(target_s)  # type: ignore[attr-defined]
-        cap = index.cap_bytes  # type: ignore[attr-defined]
+        radix.open(fit_dir, backend, cache, direct_io)
+        try:
+            replay(radix, turns, batch)
+            fit = radix.fit_cap(target_s, measure=measure)
+        finally:
+            radix.close()
     finally:
-        index.close()
-    return type(index)(cap_bytes=cap, sync=index.sync)  # type: ignore[call-arg,attr-defined]
+        shutil.rmtree(fit_dir, ignore_errors=True)
+    return type(radix)(cap_bytes=fit.cap_bytes, sync=radix.sync), fit
+
+
+def fit_note(fit: CapFit, sarp_s: float, preloaded: bool) -> str:
+    """The fit, for segment-radix's recovery_detail."""
+    where = ("a copy of the preloaded store after the workload's replay" if preloaded
+             else "a trial replay of the workload")
+    return (f"cap fitted to {RADIX_RECOVERY_X}x sarp's recovery ({sarp_s:.3f} s) on {where}: "
+            f"{fit.describe()}")

@@ -109,3 +109,86 @@ def test_segment_radix_cap_changes_and_crash_recovery(tmp_path: Path) -> None:
     r.index = third
     verify_all(third, r)
     third.close()
+
+
+def filled(tmp_path: Path, cap: int | None = None, steps: int = 60) -> tuple[SegmentRadix, Runner]:
+    index = SegmentRadix(cap_bytes=cap)
+    index.open(tmp_path / "radix", "rocksdb", 1 << 20)
+    r = Runner(index)
+    for step in sessions(41, steps):
+        r.step(step)
+    return index, r
+
+
+class Model:
+    """A recovery time that grows with the resident tree (a fixed part plus 1 ms per
+    node), counting its calls: fit_cap then fits on something deterministic."""
+
+    def __init__(self, index: SegmentRadix, fixed_s: float = 0.0) -> None:
+        self.index, self.fixed_s, self.calls = index, fixed_s, 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.fixed_s + 1e-3 * self.index.resident_nodes()
+
+
+def test_fit_cap_finds_the_cap_for_a_target_on_the_tree_it_holds(tmp_path: Path) -> None:
+    index, r = filled(tmp_path)
+    try:
+        total = index.total_nodes()
+        assert total > 40 and index.resident_nodes() == total
+        model = Model(index)
+        fit = index.fit_cap(1e-3 * total, measure=model)  # the whole tree meets it
+        assert fit.cap_bytes is None and index.cap_bytes is None and fit.reached
+        assert fit.resident_nodes == fit.total_nodes == total and model.calls == 1
+        assert "cap none" in fit.describe()
+        model.calls = 0
+        fit = index.fit_cap(1e-3 * total / 2, probes=10, measure=model)  # half of it
+        assert fit.cap_bytes is not None and 0 < fit.cap_bytes < fit.whole_bytes
+        assert index.cap_bytes == fit.cap_bytes and fit.reached
+        assert 0.4 * total <= fit.resident_nodes == index.resident_nodes() <= total / 2
+        assert fit.seconds == 1e-3 * fit.resident_nodes and model.calls <= 10 + 2
+        assert f"{fit.resident_nodes:,} of {total:,} nodes resident" in fit.describe()
+        assert index.routing_bytes() <= fit.cap_bytes and index.check() == []
+        verify_all(index, r)
+        index.close()
+        again = SegmentRadix(cap_bytes=fit.cap_bytes)  # the cap's snapshot, reopened
+        again.open(tmp_path / "radix", "rocksdb", 1 << 20)
+        assert again.resident_nodes() == fit.resident_nodes
+        r.index = index = again
+        verify_all(again, r)
+    finally:
+        index.close()
+
+
+def test_fit_cap_reports_an_unreachable_target_at_cap_0(tmp_path: Path) -> None:
+    index, r = filled(tmp_path, steps=30)
+    try:
+        model = Model(index, fixed_s=0.5)  # more than the target, whatever the cap
+        fit = index.fit_cap(0.1, probes=50, measure=model)
+        assert fit.cap_bytes == 0 == index.cap_bytes and not fit.reached
+        assert fit.seconds == 0.5 and fit.resident_nodes == index.resident_nodes() == 0
+        assert model.calls == 2  # the whole tree, then cap 0: no search
+        assert "cap 0 B: the target 0.100 s is unreachable" in fit.describe()
+        assert "recovery 0.500 s even at cap 0" in fit.describe()
+        verify_all(index, r)
+    finally:
+        index.close()
+
+
+def test_an_uncapped_snapshot_loads_under_the_cap(tmp_path: Path) -> None:
+    index, r = filled(tmp_path)  # uncapped, as a preload writes it
+    total = index.total_nodes()
+    full = index.routing_bytes()
+    index.close()  # the snapshot holds every node
+    capped = SegmentRadix(cap_bytes=full // 3)
+    capped.open(tmp_path / "radix", "rocksdb", 1 << 20)
+    try:
+        assert "from the snapshot" in capped.load_detail
+        assert 0 < capped.resident_nodes() < total == capped.total_nodes()
+        assert capped.routing_bytes() <= full // 3 and capped.check() == []
+        assert capped.load_detail.startswith(f"{capped.resident_nodes()} of {total} nodes")
+        r.index = capped
+        verify_all(capped, r)
+    finally:
+        capped.close()

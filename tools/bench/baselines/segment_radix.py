@@ -17,7 +17,9 @@ node costs no I/O; in an incomplete or evicted node it is one backend multi-get 
 the C keys of the query's candidate positions (so every evicted level costs one
 storage read). Snapshot (flush/close): the resident nodes as numpy arrays, written
 atomically; a cold start loads it (plus the change log written after it) and
-rebuilds the resident nodes: its time grows with the cap.
+rebuilds the resident nodes: its time grows with the cap. A snapshot holding more
+than the cap (one written uncapped, e.g. by a preload) is honoured with the cap: only
+its shallowest rows that fit are built, their parents marked incomplete.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import gc
 import heapq
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -81,6 +84,36 @@ def _window_end(pos: int) -> int:
     return pos - pos % WINDOW + WINDOW
 
 
+@dataclass(frozen=True, slots=True)
+class CapFit:
+    """What `SegmentRadix.fit_cap` chose: the cap (None: the whole tree is within the
+    target), the recovery measured there, the target, the whole tree's bytes and the
+    nodes resident at the cap of all nodes."""
+
+    cap_bytes: int | None
+    seconds: float
+    target_s: float
+    whole_bytes: int
+    resident_nodes: int
+    total_nodes: int
+
+    @property
+    def reached(self) -> bool:
+        return self.seconds <= self.target_s
+
+    def describe(self) -> str:
+        nodes = f"{self.resident_nodes:,} of {self.total_nodes:,} nodes resident"
+        seconds = f"recovery {self.seconds:.3f} s"
+        if self.cap_bytes is None:
+            return (f"cap none: the whole tree ({self.whole_bytes:,} B, {nodes}) is within "
+                    f"the target {self.target_s:.3f} s ({seconds})")
+        if not self.reached:
+            return (f"cap 0 B: the target {self.target_s:.3f} s is unreachable ({nodes}, "
+                    f"{seconds} even at cap 0; whole tree {self.whole_bytes:,} B)")
+        return (f"cap {self.cap_bytes:,} B of the whole tree's {self.whole_bytes:,} B "
+                f"({nodes}, {seconds} <= target {self.target_s:.3f} s)")
+
+
 class SegmentRadix(BackendBaseline):
     """Segment-Radix: an in-memory radix tree over 64-block segments (node = a run of
     blocks of one sequence inside one window; children keyed by their first block id:
@@ -105,7 +138,11 @@ class SegmentRadix(BackendBaseline):
     written after it and answers the first match. Its time is a fixed part (process,
     imports, open) plus the per-node part, so the cap sets it: `set_memory_cap(bytes)`
     (lowering evicts now, raising reloads from the backend) or `fit_cap(seconds)`
-    (the largest cap whose measured recovery is within a target, e.g. 1-2x sarp's)."""
+    (the largest cap whose measured recovery is within a target, e.g. 1-2x sarp's, on
+    the tree the index holds when it is called: `sarpctl bench` calls it after the
+    workload's replay on a copy of the preloaded store, tools/bench/runner.py). The cap
+    holds at every open: a snapshot written with more nodes (a preload's, uncapped) is
+    loaded only as far as the cap allows, the rest left to the backend."""
 
     name = "segment-radix"
 
@@ -221,29 +258,41 @@ class SegmentRadix(BackendBaseline):
         here: one measurement is too noisy to fit a cap on)."""
         return min((self.recover() for _ in range(tries)), key=lambda r: r.seconds)
 
-    def fit_cap(self, target_s: float, probes: int = 6) -> RecoveryResult:
-        """Set the largest cap whose cold recovery (in-process seconds, the best of
-        FIT_TRIES) takes at most `target_s` (e.g. 1.5x sarp's): a binary search over
-        byte caps between 0 and the whole tree, each probe real `recover()`s after a
-        snapshot at that cap. Returns the last measurement at the cap left set (cap 0
-        if even that is slower)."""
+    def fit_cap(self, target_s: float, probes: int = 6,
+                measure: Callable[[], float] | None = None) -> CapFit:
+        """Set the largest cap whose cold recovery takes at most `target_s` (e.g. 1.5x
+        sarp's) on the data as it is now (after a preload and a replay, that tree).
+        Each probe sets a cap, snapshots and measures: `measure()` seconds (default:
+        in-process `recover()` seconds, the best of FIT_TRIES; tests inject a model).
+        The whole tree first (within target: no cap, None), then cap 0 (missing the
+        target even there: cap 0, reported as unreachable), then `probes` halvings of
+        [0, whole tree bytes]: at most probes + 2 measurements, never a loop on noise."""
+        timed = measure if measure is not None else (lambda: self._best_recovery().seconds)
         self.set_memory_cap(None)
         whole = self._mem
-        self.flush()
-        if (res := self._best_recovery()).seconds <= target_s:
-            return res
+        if (seconds := self._probe_cap(None, timed)) <= target_s:
+            return self._fitted(target_s, whole, seconds)
+        if (seconds := self._probe_cap(0, timed)) > target_s:
+            return self._fitted(target_s, whole, seconds)
         lo, hi = 0, whole
         for _ in range(probes):
             mid = (lo + hi) // 2
-            self.set_memory_cap(mid)
-            self.flush()
-            if self._best_recovery().seconds <= target_s:
-                lo = mid
+            if (t := self._probe_cap(mid, timed)) <= target_s:
+                lo, seconds = mid, t
             else:
                 hi = mid
         self.set_memory_cap(lo)
         self.flush()
-        return self.recover()
+        return self._fitted(target_s, whole, seconds)
+
+    def _probe_cap(self, cap: int | None, timed: Callable[[], float]) -> float:
+        self.set_memory_cap(cap)
+        self.flush()  # the snapshot a recovery loads holds the capped tree
+        return timed()
+
+    def _fitted(self, target_s: float, whole: int, seconds: float) -> CapFit:
+        return CapFit(self.cap_bytes, seconds, target_s, whole, self.resident_nodes(),
+                      self.total_nodes())
 
     def resident_nodes(self) -> int:
         return len(self._heap)
