@@ -46,6 +46,9 @@ class IndexConfig:
     # (`quota_exceeded`); 0 = none. `namespace_quotas` overrides it per namespace.
     namespace_quota_blocks: int = 0
     namespace_quotas: dict[str, int] = field(default_factory=dict)
+    # holders (protocol 2): an insert that would give a block more holders than this
+    # answers `too_large` (nothing of it is applied)
+    max_holders: int = 1024
     delta_max_entries: int = 8192  # directory delta merged into the base past this
     snapshot_interval_s: float = 60.0  # periodic snapshot (0 = only on demand/shutdown)
     max_sequence_tokens: int = 1_048_576
@@ -62,6 +65,8 @@ class IndexConfig:
             raise ConfigError(f"block_tokens {self.block_tokens} must be >= 1")
         if self.window_cap < 1:
             raise ConfigError(f"window_cap {self.window_cap} must be >= 1")
+        if not 1 <= self.max_holders <= 1 << 20:
+            raise ConfigError(f"max_holders {self.max_holders} not in 1..{1 << 20}")
         quotas = {"namespace_quota_blocks": self.namespace_quota_blocks,
                   **{f"namespace_quotas[{k!r}]": v for k, v in self.namespace_quotas.items()}}
         for name, v in quotas.items():

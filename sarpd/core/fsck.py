@@ -139,7 +139,7 @@ def _repair(store: Store, router: Router, found: _Scan,
         fixed += 1
     c = store.counters
     counters = Counters(max(c.next_seg, found.max_sid + 1), c.next_version, c.blocks,
-                        len(found.keys_of))
+                        len(found.keys_of), c.holdings)
     if counters != c:
         wb.put(COUNTERS_KEY, counters.encode())
         fixed += 1

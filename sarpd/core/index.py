@@ -356,6 +356,7 @@ class SarpIndex:
         act = self.store.activity
         out: dict[str, int | float | str] = {
             "blocks": blocks,
+            "holdings": self.counters.holdings,
             "segments": self.counters.segments,
             "routing_points": d.entries,
             "routing_keys": d.keys_count,

@@ -15,7 +15,9 @@ order is numeric order):
     b"M"                   -> manifest (format version, geometry, hash scheme;
                               sarpd/core/manifest.py)
     b"N"                   -> counters: next seg id, next version, present blocks,
-                              segments (u64 LE each)
+                              segments, holdings (block-holder pairs) (u64 LE each;
+                              a record of the first four only is read as one holder
+                              a block)
 
 Segment value, format 1 (little-endian; format 2 adds the holder table):
 
@@ -72,7 +74,8 @@ BLOCK_PREFIX = b"B"
 MANIFEST_KEY = b"M"
 COUNTERS_KEY = b"N"
 NS_COUNT_PREFIX = b"C"  # C + namespace tag (8 bytes LE) -> indexed blocks (u64 LE)
-COUNTERS = struct.Struct("<QQQQ")
+COUNTERS = struct.Struct("<QQQQQ")
+COUNTERS_V1 = struct.Struct("<QQQQ")  # before holders (no holdings field)
 LOCATOR = struct.Struct("<QI")
 LOCATOR_DTYPE = np.dtype([("head", "<u8"), ("pos", "<u4")])
 assert LOCATOR_DTYPE.itemsize == LOCATOR.size
@@ -273,14 +276,20 @@ class Counters:
     next_version: int = 1
     blocks: int = 0  # present blocks
     segments: int = 0
+    holdings: int = 0  # block-holder pairs of the present blocks
 
     def encode(self) -> bytes:
-        return COUNTERS.pack(self.next_seg, self.next_version, self.blocks, self.segments)
+        return COUNTERS.pack(self.next_seg, self.next_version, self.blocks, self.segments,
+                             self.holdings)
 
     @staticmethod
     def decode(value: bytes | None) -> Counters:
         if value is None:
             return Counters()
+        if len(value) == COUNTERS_V1.size:  # before holders: one holder a block
+            seg, version, blocks, segments = COUNTERS_V1.unpack(value)
+            return Counters(seg, version, blocks, segments, blocks)
         if len(value) != COUNTERS.size:
-            raise CorruptData(f"counters record of {len(value)} B, expected {COUNTERS.size}")
+            raise CorruptData(f"counters record of {len(value)} B, expected {COUNTERS.size} "
+                              f"(or {COUNTERS_V1.size}, before holders)")
         return Counters(*COUNTERS.unpack(value))

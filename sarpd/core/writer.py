@@ -94,6 +94,7 @@ class WriteTxn:
         c = store.counters
         self.next_seg = c.next_seg
         self.blocks = c.blocks
+        self.holdings = c.holdings
         self.segments = c.segments
 
     # -- segment cache -------------------------------------------------------------
@@ -106,11 +107,14 @@ class WriteTxn:
             self.dirty.add(sid)
         return s
 
-    def create(self, window: int, tag: int, ids: IdArray, meta: U64Array, presence: int) -> Segment:
+    def create(self, window: int, tag: int, ids: IdArray, meta: U64Array, presence: int,
+               table: tuple[U64Array, U64Array] | None = None) -> Segment:
         sid = self.next_seg
         self.next_seg += 1
         seg = Segment(sid, window, presence, tag, np.array(ids, dtype=np.uint64),
                       np.array(meta, dtype=np.uint64))
+        if table is not None:
+            seg.xmeta, seg.xmask = table
         self.cache[sid] = seg
         self.dirty.add(sid)
         self.segments += 1
@@ -175,7 +179,7 @@ class WriteTxn:
             if delta:
                 self.ns_after[tag] = max(0, store.ns_blocks(tag) + delta)
                 wb.put(ns_count_key(tag), self.ns_after[tag].to_bytes(8, "little"))
-        counters = Counters(self.next_seg, version, self.blocks, self.segments)
+        counters = Counters(self.next_seg, version, self.blocks, self.segments, self.holdings)
         if counters != store.counters:
             wb.put(COUNTERS_KEY, counters.encode())
         committed = [self.cache[sid] for sid in self.dirty]
@@ -266,22 +270,39 @@ class WriteTxn:
         if n == 0:
             return InsertResult(0, 0, 0)
         base, end, tag = start - start % sb, start + n, ns_tag(op.seq.ns)
-        matched, new, matching = 0, 0, True
+        windows = []  # (w, its ids from the window start, meta, from, best, run)
         for w in range(start // sb, (end - 1) // sb + 1):
             ws = w * sb
             lo, hi = max(start, ws), min(end, ws + sb)
             qw = full[ws - base : hi - base]
             h = hint if hint is not None and hint.window == w else None
             routed = self.routes.get((id(op.seq), w)) if op.parent is None else None
-            got, fresh = self._insert_window(w, tag, qw, meta[lo - start : hi - start], lo - ws,
-                                             h, routed)
+            windows.append((w, qw, meta[lo - start : hi - start], lo - ws,
+                            *self._best(w, qw, h, routed)))
+        if op.add_holder:  # refused whole, before anything changes
+            for _, qw, mw, frm, best, run in windows:
+                self._check_holders(best, min(run, len(qw)), frm, mw)
+        matched, new, matching = 0, 0, True
+        for w, qw, mw, frm, best, run in windows:
+            got, fresh = self._insert_window(w, tag, qw, mw, frm, best, run, op.add_holder)
             new += fresh
             if matching:
                 matched += got
-                matching = got == hi - lo
+                matching = got == len(qw) - frm
         self.blocks += new
         self._count(tag, new)
         return InsertResult(n, new, matched)
+
+    def _check_holders(self, best: Segment | None, covered: int, frm: int,
+                       mw: U64Array) -> None:
+        limit = self.cfg.max_holders
+        if best is None:
+            return
+        for i in range(frm, covered):
+            hs = best.holders_of(i)
+            if len(hs) >= limit and int(mw[i - frm]) not in hs:
+                raise TooLarge(f"insert: block {best.window * self.geo.sb + i} already has "
+                               f"{len(hs):,} holders, max_holders is {limit:,}")
 
     def _best(self, w: int, qw: IdArray, extra: Segment | None,
               routed: Prefetched | None) -> tuple[Segment | None, int]:
@@ -323,27 +344,31 @@ class WriteTxn:
         return best, run
 
     def _insert_window(self, w: int, tag: int, qw: IdArray, mw: U64Array, frm: int,
-                       hint: Segment | None,
-                       routed: Prefetched | None) -> tuple[int, int]:
+                       best: Segment | None, run: int, add_holder: bool) -> tuple[int, int]:
         """Insert blocks [frm, len(qw)) of window w; qw holds the window's ids from its
-        start. Returns (blocks already present from frm on, blocks newly indexed)."""
+        start, `best`/`run` the candidate `_best` found. Returns (blocks already present
+        from frm on, blocks newly indexed)."""
         sb, L = self.geo.sb, len(qw)
-        best, run = self._best(w, qw, hint, routed)
         full_mask = (1 << L) - 1
         req_bits = full_mask & ~((1 << frm) - 1)
         if best is None or run == 0:
             seg = self.create(w, tag, qw, np.concatenate([np.zeros(frm, np.uint64), mw]), req_bits)
             self.add_locators(qw[frm:], int(qw[0, 0]), w * sb + frm)
             self.router.register(seg, self.load, old_n=0, fresh_from=0)
+            self.holdings += L - frm
             return 0, L - frm
         covered = min(run, L)
         present = best.present_run(frm) if frm < best.nblocks else 0
         got = max(0, min(present, covered - frm))
         absent = ~best.presence & ((1 << covered) - 1) & ~((1 << frm) - 1)
         holes = [i for i in range(frm, covered) if (absent >> i) & 1] if absent > 0 else []
+        if add_holder:
+            self.holdings += self.add_holders(
+                w, int(qw[0, 0]), [(i, qw[i], int(mw[i - frm])) for i in range(frm, covered)
+                                   if best.is_present(i)])
         if holes:
-            self.set_presence(w, int(qw[0, 0]),
-                              [(i, qw[i], int(mw[i - frm])) for i in holes], True)
+            self.holdings += self.refill(
+                w, int(qw[0, 0]), [(i, qw[i], int(mw[i - frm])) for i in holes])
         if run >= L:
             return got, len(holes)
         old_n = 0
@@ -361,30 +386,74 @@ class WriteTxn:
                 w, tag, np.concatenate([cur.ids[:run], qw[run:]]),
                 np.concatenate([cur.meta[:run], mw[run - frm :]]),
                 (cur.presence & ((1 << run) - 1)) | (full_mask & ~((1 << run) - 1)),
+                cur.keep_head(run),
             )
         self.add_locators(qw[run:], int(qw[0, 0]), w * sb + run)
         self.router.register(seg, self.load, old_n=old_n, fresh_from=run)
+        self.holdings += L - run
         return got, (L - run) + len(holes)
 
-    def set_presence(self, w: int, head_key: int, targets: Sequence[Target], present: bool) -> int:
-        """Set (present=True, with meta) or clear the presence of blocks in EVERY segment
-        of window w that holds them (branch copies included). Returns how many of the
-        targets changed state somewhere."""
+    def add_holders(self, w: int, head_key: int, targets: Sequence[Target]) -> int:
+        """Add each target's meta as a holder of its block in EVERY segment of window w
+        that holds the block (branch copies included). Returns the holdings added."""
+        added: set[int] = set()
+        for sid in self._window_segments(w, head_key):
+            c = self.cache[sid]
+            assert c is not None
+            for o, idv, m in targets:
+                if (o < c.nblocks and c.is_present(o) and not c.holds(o, m)
+                        and bool((c.ids[o] == idv).all())):
+                    self.mutable(sid).add_holder(o, m)
+                    c = self.cache[sid]
+                    assert c is not None
+                    added.add(o)
+        return len(added)
+
+    def _window_segments(self, w: int, head_key: int) -> list[int]:
+        """The segments of window w under routing key `head_key`, read."""
         segs = [int(s) for s in self.router.dir.posting(head_key)[0]]
         self.load(segs)
+        return [sid for sid in segs
+                if (c := self.cache.get(sid)) is not None and c.window == w]
+
+    def refill(self, w: int, head_key: int, targets: Sequence[Target]) -> int:
+        """Make absent blocks present again, the target's meta their one holder, in EVERY
+        segment of window w that holds them (branch copies included). Returns how many
+        of the targets were absent somewhere."""
         changed: set[int] = set()
-        for sid in segs:
-            c = self.cache.get(sid)
-            if c is None or c.window != w:
-                continue
+        for sid in self._window_segments(w, head_key):
+            c = self.cache[sid]
+            assert c is not None
             for o, idv, m in targets:
-                if o < c.nblocks and c.is_present(o) != present and bool((c.ids[o] == idv).all()):
+                if o < c.nblocks and not c.is_present(o) and bool((c.ids[o] == idv).all()):
                     c = self.mutable(sid)
-                    c.presence ^= 1 << o
-                    if present:
-                        c.meta[o] = m
+                    c.presence |= 1 << o
+                    c.meta[o] = m
                     changed.add(o)
         return len(changed)
+
+    def drop(self, w: int, head_key: int, targets: Sequence[Target],
+             holder: int | None) -> tuple[int, int]:
+        """Take `holder` (None: every holder) off the target blocks in EVERY segment of
+        window w that holds them. Returns (blocks left with no holder, holdings taken
+        off), each block counted once however many copies hold it."""
+        gone: set[int] = set()
+        taken: dict[int, int] = {}
+        for sid in self._window_segments(w, head_key):
+            c = self.cache[sid]
+            assert c is not None
+            for o, idv, _ in targets:
+                if not (o < c.nblocks and c.is_present(o) and bool((c.ids[o] == idv).all())):
+                    continue
+                hs = c.holders_of(o)
+                if holder is not None and holder not in hs:
+                    continue
+                taken.setdefault(o, len(hs) if holder is None else 1)
+                if self.mutable(sid).drop_holder(o, holder):
+                    gone.add(o)
+                c = self.cache[sid]
+                assert c is not None
+        return len(gone), sum(taken.values())
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
         """Block locators (head key, position) for internal ids; one multi-get."""
@@ -420,48 +489,69 @@ class WriteTxn:
 
     def remove(self, op: Remove) -> RemoveResult:
         sb = self.geo.sb
-        removed = 0
+        removed = taken = 0
+        groups: dict[tuple[int, int], list[Target]] = {}
         if op.seq is not None:
             q = self._seq_ids(op.seq)
             for w in range(op.start // sb, -(-len(q) // sb)):
                 ws = w * sb
                 lo, hi = max(op.start, ws), min(len(q), ws + sb)
-                targets = [(p - ws, q[p], 0) for p in range(lo, hi)]
-                removed += self.set_presence(w, int(q[ws, 0]), targets, False)
+                groups[(w, int(q[ws, 0]))] = [(p - ws, q[p], 0) for p in range(lo, hi)]
         elif op.ids is not None and len(op.ids):
             ids = salt_ids(op.ns, op.ids)
-            groups: dict[tuple[int, int], list[Target]] = {}
             for i, loc in enumerate(self.locate(ids, "ids")):
                 if loc is not None:
                     w, o = divmod(loc[1], sb)
                     groups.setdefault((w, loc[0]), []).append((o, ids[i], 0))
-            for (w, head_key), targets in groups.items():
-                removed += self.set_presence(w, head_key, targets, False)
+        for (w, head_key), targets in groups.items():
+            gone, off = self.drop(w, head_key, targets, op.meta)
+            removed, taken = removed + gone, taken + off
         self.blocks -= removed
+        self.holdings -= taken
         if removed:
             self._count(ns_tag(op.seq.ns if op.seq is not None else op.ns), -removed)
         return RemoveResult(removed)
 
     def clear(self, op: Clear) -> RemoveResult:
-        """Unset every present block of the namespace whose meta & mask == value.
-        A full scan of the segments (an administrative operation)."""
-        tag, mask, value = ns_tag(op.ns), np.uint64(op.mask), np.uint64(op.value)
-        seen: set[tuple[int, int, int]] = set()
+        """Take off every holder of the namespace whose meta & mask == value; blocks left
+        with no holder are removed. A full scan of the segments (an administrative
+        operation); each block counts once however many copies hold it."""
+        tag, mask, value = ns_tag(op.ns), op.mask, op.value
+        gone: set[tuple[int, int, int]] = set()
+        taken: dict[tuple[int, int, int], int] = {}
         for sid, seg in self._all_segments():
             if seg.ns_tag != tag or not seg.presence:
                 continue
-            hit = np.flatnonzero((seg.meta & mask) == value)
-            bits = 0
-            for o in hit.tolist():
-                if seg.is_present(o):
-                    bits |= 1 << o
-                    seen.add((seg.window, o, int(seg.ids[o, 0])))
-            if bits:
-                self.cache.setdefault(sid, seg)
-                self.mutable(sid).presence &= ~bits
-        self.blocks -= len(seen)
-        self._count(tag, -len(seen))
-        return RemoveResult(len(seen))
+            hit = self._clear_hits(seg, mask, value)
+            if not hit:
+                continue
+            self.cache.setdefault(sid, seg)
+            c = self.mutable(sid)
+            for o, drop in hit.items():
+                key = (c.window, o, int(c.ids[o, 0]))
+                taken.setdefault(key, len(drop))
+                for h in drop:
+                    c.drop_holder(o, h)
+                if not c.is_present(o):
+                    gone.add(key)
+        self.blocks -= len(gone)
+        self.holdings -= sum(taken.values())
+        self._count(tag, -len(gone))
+        return RemoveResult(len(gone))
+
+    @staticmethod
+    def _clear_hits(seg: Segment, mask: int, value: int) -> dict[int, list[int]]:
+        """Present block -> its holders that `clear` takes off."""
+        m, v = np.uint64(mask), np.uint64(value)
+        if not len(seg.xmeta):  # one holder a block: vectorised
+            hit = np.flatnonzero((seg.meta & m) == v).tolist()
+            return {o: [int(seg.meta[o])] for o in hit if seg.is_present(o)}
+        out = {}
+        for o in range(seg.nblocks):
+            drop = [h for h in seg.holders_of(o) if h & mask == value]
+            if drop:
+                out[o] = drop
+        return out
 
     def _all_segments(self) -> Iterable[tuple[int, Segment]]:
         seen: set[int] = set()

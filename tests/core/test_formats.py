@@ -117,7 +117,7 @@ def test_segment_of_another_format_is_not_served(tmp_path: Path) -> None:
             short += r.blocks < len(want)
         assert short >= 1
         report = ix.check()
-        assert any(f"has format {SEGMENT_FORMAT + 1}; this build reads format "
+        assert any(f"has format {SEGMENT_FORMAT + 1}; this build reads formats 1, "
                    f"{SEGMENT_FORMAT}" in p for p in report.problems), report.problems
     finally:
         ix.close()

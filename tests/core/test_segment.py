@@ -147,10 +147,12 @@ def test_locator_values_packed_both_ways_agree() -> None:
 
 def test_counters_round_trip_and_size_check() -> None:
     assert Counters.decode(None) == Counters(1, 1, 0, 0)
-    c = Counters(9, 20, 300, 4)
-    assert Counters.decode(c.encode()) == c and len(c.encode()) == 32
-    with pytest.raises(CorruptData, match="counters record of 31 B, expected 32"):
+    c = Counters(9, 20, 300, 4, 310)
+    assert Counters.decode(c.encode()) == c and len(c.encode()) == 40
+    with pytest.raises(CorruptData, match="counters record of 31 B, expected 40"):
         Counters.decode(c.encode()[:31])
+    # a record from before holders: one holder a block
+    assert Counters.decode(c.encode()[:32]) == Counters(9, 20, 300, 4, 300)
 
 
 # -- holders (format 2) ----------------------------------------------------------------
