@@ -57,3 +57,70 @@ class Oracle:
         for k in gone:
             del self.blocks[k]
         return len(gone)
+
+
+@dataclass
+class HolderOracle:
+    """PROTOCOL.md "Holders": each present block has a set of holders (meta words)."""
+
+    blocks: dict[tuple[str, tuple[int, ...]], set[int]] = field(default_factory=dict)
+
+    def insert(self, ns: str, tokens: tuple[int, ...], holder: int,
+               add: bool) -> tuple[int, int, int]:
+        n = len(tokens) // BT
+        matched, new, matching = 0, 0, True
+        for i in range(n):
+            held = self.blocks.get(_key(ns, tokens, i))
+            if held:
+                matched += matching
+                if add:
+                    held.add(holder)
+            else:
+                matching = False
+                self.blocks[_key(ns, tokens, i)] = {holder}
+                new += 1
+        return n, new, matched
+
+    def remove(self, ns: str, tokens: tuple[int, ...], start: int, holder: int | None) -> int:
+        removed = 0
+        for i in range(start, len(tokens) // BT):
+            held = self.blocks.get(_key(ns, tokens, i))
+            if not held or (holder is not None and holder not in held):
+                continue
+            held.difference_update(held if holder is None else {holder})
+            if not held:
+                del self.blocks[_key(ns, tokens, i)]
+                removed += 1
+        return removed
+
+    def clear(self, ns: str, mask: int, value: int) -> int:
+        removed = 0
+        for k in [k for k in self.blocks if k[0] == ns]:
+            self.blocks[k] = {h for h in self.blocks[k] if h & mask != value}
+            if not self.blocks[k]:
+                del self.blocks[k]
+                removed += 1
+        return removed
+
+    def match(self, ns: str, tokens: tuple[int, ...],
+              k: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """(each matched block's answer, the top k holders)."""
+        run: list[set[int]] = []
+        for i in range(len(tokens) // BT):
+            held = self.blocks.get(_key(ns, tokens, i))
+            if not held:
+                break
+            run.append(held)
+        length = {}
+        for h in set().union(*run) if run else set():
+            r = 0
+            while r < len(run) and h in run[r]:
+                r += 1
+            length[h] = r
+        meta = [min(b, key=lambda h: (-length[h], h)) for b in run]
+        top = sorted(((h, r) for h, r in length.items() if r), key=lambda x: (-x[1], x[0]))
+        return meta, top[:k]
+
+    @property
+    def holdings(self) -> int:
+        return sum(len(v) for v in self.blocks.values())

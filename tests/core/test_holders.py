@@ -23,7 +23,10 @@ def build(sets: list[set[int]], sid: int) -> Segment:
     return seg
 
 
-def brute(blocks: list[set[int]], k: int) -> tuple[dict[int, int], list[int], list[tuple[int, int]]]:
+Ranked = list[tuple[int, int]]
+
+
+def brute(blocks: list[set[int]], k: int) -> tuple[dict[int, int], list[int], Ranked]:
     everyone = set().union(*blocks) if blocks else set()
     run = {}
     for h in everyone:

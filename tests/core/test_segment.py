@@ -87,7 +87,8 @@ def test_each_field_check() -> None:
     bad[5] = 0
     with pytest.raises(CorruptData, match="nblocks 0 and 0 holder entries do not fit"):
         decode_segment(recrc(bad))
-    with pytest.raises(CorruptData, match="nblocks 4 and 0 holder entries do not fit a value of 100 B"):
+    with pytest.raises(CorruptData,
+                       match="nblocks 4 and 0 holder entries do not fit a value of 100 B"):
         decode_segment(good[:100])
     bad = bytearray(good)
     bad[-1] ^= 1  # a metadata byte

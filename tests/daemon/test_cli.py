@@ -66,6 +66,33 @@ def test_hello_and_ping(client: SyncClient) -> None:
     assert client.ping() == {}
 
 
+def test_protocol_2_holders_over_the_socket(shared_sarpd: SarpdProc,
+                                            client: SyncClient) -> None:
+    """A protocol-2 connection adds holders; a protocol-1 one keeps "the first insert
+    wins" on the same daemon; a match answers per holder; remove takes one holder."""
+    prompt = seq(70, seed=21)
+    turn = prompt + seq(5, seed=22)
+    with SyncClient(shared_sarpd.socket) as fleet:
+        hello = fleet.hello(protocol=2)
+        assert (hello["protocol"], hello["max_protocol"], hello["holders"]) == (2, 2, True)
+        for worker in (3, 1, 2):
+            fleet.insert(tokens=prompt, meta=worker << 48, ns="t-fleet")
+        assert fleet.insert(tokens=turn, meta=2 << 48, ns="t-fleet")["new_blocks"] == 5
+        got = fleet.match(tokens=turn, ns="t-fleet", holders=8)
+        assert got["blocks"] == 75 and got["meta"] == [2 << 48] * 75
+        assert got["holders"] == [[2 << 48, 75], [1 << 48, 70], [3 << 48, 70]]
+        assert fleet.remove(tokens=prompt, ns="t-fleet", meta=2 << 48) == {"removed": 0}
+        got = fleet.match(tokens=turn, ns="t-fleet", holders=8)
+        # the turn's blocks are still worker 2's: every block has a holder, but worker
+        # 2's run from position 0 is 0 now, so it is left out
+        assert got["holders"] == [[1 << 48, 70], [3 << 48, 70]] and got["blocks"] == 75
+    assert client.hello()["protocol"] == 1 and client.hello()["holders"] is False
+    client.insert(tokens=prompt, meta=9 << 48, ns="t-fleet")  # protocol 1: no holder added
+    assert client.match(tokens=prompt, ns="t-fleet", holders=8)["holders"] == [
+        [1 << 48, 70], [3 << 48, 70]]
+    assert client.stats()["holdings"] >= 140
+
+
 def test_insert_then_match_returns_every_block_and_its_meta(client: SyncClient) -> None:
     tokens = seq(150, seed=1, extra=7)  # 150 whole blocks and a partial one
     meta = [1000 + i for i in range(150)]

@@ -336,3 +336,35 @@ def test_a_report_decodes_to_float_counters() -> None:
     rep = parse_report(5, {"source": "bridge", "counters": {"gaps": 2, "lag_s": 0.5}})
     assert (rep.id, rep.source, dict(rep.counters)) == (5, "bridge", {"gaps": 2.0, "lag_s": 0.5})
     assert type(req) is type(rep) and req.id == 5
+
+
+def test_hello_negotiates_protocol_2_for_the_requests_after_it() -> None:
+    """A decoder speaks protocol 1 until a hello asks for 2: inserts before it keep
+    "the first insert wins", inserts after it add holders (PROTOCOL.md "Holders")."""
+    dec = Decoder()
+    ins = {"tokens": list(range(16)), "meta": 5}
+    before, hello, after = dec.feed(encode_request(1, "insert", ins)
+                                    + encode_request(2, "hello", {"protocol": 7})
+                                    + encode_request(3, "insert", ins))
+    assert isinstance(before, Insert) and before.add_holder is False
+    assert isinstance(hello, Hello) and hello.protocol == 7 and dec.protocol == 2
+    assert isinstance(after, Insert) and after.add_holder is True
+    (bad,) = Decoder().feed(encode_request(4, "hello", {"protocol": 0}))
+    assert isinstance(bad, BadMessage) and "protocol: expected a uint >= 1" in bad.error.message
+
+
+def test_match_holders_and_remove_meta_fields() -> None:
+    tokens = list(range(32))
+    (req,) = Decoder().feed(encode_request(1, "match", {"tokens": tokens, "holders": 1024}))
+    assert isinstance(req, Match) and req.holders == 1024
+    (req,) = Decoder().feed(encode_request(1, "match", {"tokens": tokens}))
+    assert isinstance(req, Match) and req.holders == 0
+    (big,) = Decoder().feed(encode_request(2, "match", {"tokens": tokens, "holders": 1025}))
+    assert isinstance(big, BadMessage) and isinstance(big.error, TooLarge)
+    assert "holders: 1,025 exceeds max_match_holders (1,024)" in big.error.message
+    (zero,) = Decoder().feed(encode_request(3, "match", {"tokens": tokens, "holders": 0}))
+    assert isinstance(zero, BadMessage) and zero.error.code == "bad_request"
+    (rm,) = Decoder().feed(encode_request(4, "remove", {"tokens": tokens, "meta": 2**64 - 1}))
+    assert isinstance(rm, Remove) and rm.meta == 2**64 - 1
+    (rm,) = Decoder().feed(encode_request(5, "remove", {"ns": "a", "ids": [ID_A]}))
+    assert isinstance(rm, Remove) and rm.meta is None
