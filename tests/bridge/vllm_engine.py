@@ -134,10 +134,12 @@ class FakeEngine:
             return stored(*args, lora_name=req.lora, extra_keys=extra if any(extra) else None,
                           group_idx=0)  # fmt: skip
         typed = [self._typed_extra(req, i) for i in range(hit, len(hs))]
-        ahead = [req.tokens[(i + 1) * BLOCK] for i in range(hit, len(hs))]
+        ahead = None
+        if self.lookahead:  # the token after each block, which its hash covers
+            ahead = [req.tokens[(i + 1) * BLOCK] for i in range(hit, len(hs))]
         return vs.block_stored(
             *args, lora_name=req.lora, extra_keys=typed if any(typed) else None, group_idx=0,
-            session_id=req.session, lookahead_token_ids=ahead if self.lookahead else None,
+            session_id=req.session, lookahead_token_ids=ahead,
         )  # fmt: skip
 
     @staticmethod
