@@ -92,6 +92,15 @@ def bridge() -> None:
     help="KV-cache group whose events are indexed (hybrid models have several).",
 )
 @click.option(
+    "--block-size",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="The engine's KV-cache block size (vllm --block-size) of that group: GPU "
+    "stores of fewer tokens per block (partial-block entries) are skipped. 0: take the "
+    "largest block size seen.",
+)
+@click.option(
     "--state",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -121,14 +130,16 @@ def bridge() -> None:
 )
 @click.pass_context
 def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: str,
-         worker: int, group: int, state: Path | None, metrics_port: int | None,
-         report_interval: float, as_json: bool, log_level: str) -> None:  # fmt: skip
+         worker: int, group: int, block_size: int, state: Path | None,
+         metrics_port: int | None, report_interval: float, as_json: bool,
+         log_level: str) -> None:  # fmt: skip
     """Subscribe to a vLLM engine's KV events and apply them to sarpd.
 
     \b
     BlockStored -> insert (hashes + parent), BlockRemoved -> remove by ids,
-    AllBlocksCleared -> clear of this worker's blocks. Runs until SIGTERM/SIGINT;
-    prints a status line every --report-interval seconds.
+    AllBlocksCleared -> clear of this worker's blocks; REMOTE stores, partial-block
+    stores, other groups and (without {medium}) other tiers are skipped and counted.
+    Runs until SIGTERM/SIGINT; prints a status line every --report-interval seconds.
 
     \b
     Example (vLLM: --kv-events-config '{"enable_kv_cache_events": true,
@@ -138,7 +149,7 @@ def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = BridgeConfig(
         endpoint=endpoint, socket=ctx.obj["socket"], worker=worker, replay=replay,
-        topic=topic, ns=ns, group=group,
+        topic=topic, ns=ns, group=group, block_size=block_size,
         state=state if state is not None else Path(f"var/bridge-w{worker}.json"),
         report_interval_s=report_interval,
     )  # fmt: skip

@@ -2,22 +2,36 @@
 
 vLLM (`vllm/distributed/kv_events.py`) publishes msgspec structs encoded as msgpack,
 one `EventBatch` per ZMQ message (frames: topic, 8-byte big-endian sequence number,
-payload). Two encodings exist across vLLM versions, and both are accepted:
+payload). A struct is encoded either way, per struct class and across versions, and
+both are accepted at every level:
 
-- ``array_like``: a struct is an array of its fields in declaration order; a tagged
-  event puts its tag first: ``["BlockStored", block_hashes, parent, ...]``, and an
-  `EventBatch` is ``[ts, events, data_parallel_rank]``;
-- maps: a struct is a map of field names; an event carries its tag in ``"type"``.
+- ``array_like``: an array of its fields in declaration order; a tagged event puts
+  its tag first: ``["BlockStored", block_hashes, parent, ...]``, and an `EventBatch`
+  is ``[ts, events, data_parallel_rank]`` (current vLLM: the batch is an array, its
+  events are maps);
+- maps: a map of field names; an event carries its tag in ``"type"``.
 
-Trailing fields may be missing (older versions, ``omit_defaults``) and extra fields
-(newer versions: ``group_idx``, ``lora_name``, ``extra_keys``, cache-spec fields...)
-are ignored. Events of an unknown type decode to `OtherEvent` (counted, skipped).
+Fields with a default are left out when they hold it (``omit_defaults``; older
+versions lack them too) and fields this bridge does not know are ignored. Events of
+an unknown type decode to `OtherEvent` (counted, skipped). Of `BlockStored`'s newer
+fields: ``locality`` (LOCAL/REMOTE relative to the engine) and ``ownership`` (which
+secondary tier) are kept, ``session_id`` (the request that caused the store, not an
+owner: blocks are shared) is kept but indexes nothing, ``lookahead_token_ids`` (the
+hashes also cover tokens past each block) is kept as a count. ``extra_keys`` (one
+entry per block) are read for the first block only, as raw values (strings, lists,
+bytes) or vLLM's typed keys (maps tagged ``lora``, ``cache_salt``, ``mm``...), which
+decode to `ExtraKey`. What the bridge makes of each: `sarpd.bridge.mapping`.
 
 Block hashes arrive as ints (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, and every
 version before sha256 hashing; old ones could be negative: Python's ``hash()``) or as
 bytes (the full digest). Both become one unsigned 64-bit int: an int modulo 2**64,
 bytes as vLLM's own int form, ``int.from_bytes(digest, "big") & (2**64 - 1)`` (the
 last 8 bytes). One block therefore has one id whichever form the engine sends.
+
+Replay replies (`decode_replay`): the engine's ROUTER socket answers a DEALER with
+``[b"", topic, seq, payload]`` per buffered batch and ``[b"", b"", -1, b""]`` at the
+end (vLLM since the topic fix of its replay, 4 frames), or, in older versions,
+``[b"", seq, payload]`` and ``[b"", -1, b""]`` (3 frames).
 """
 
 from __future__ import annotations
@@ -37,13 +51,17 @@ __all__ = [
     "Event",
     "EventBatch",
     "EventDecodeError",
+    "ExtraKey",
     "OtherEvent",
+    "ReplayReply",
     "decode_batch",
+    "decode_replay",
     "decode_seq",
     "engine_hash",
 ]
 
 MASK64 = (1 << 64) - 1
+END_SEQ = -1  # the sequence number of a replay's end marker
 # Field order of the array_like encoding (vLLM's declaration order, tag first).
 STORED_FIELDS = (
     "block_hashes",
@@ -55,13 +73,29 @@ STORED_FIELDS = (
     "lora_name",
     "extra_keys",
     "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
 )
-REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "locality", "ownership")
 BATCH_FIELDS = ("ts", "events", "data_parallel_rank")
 
 
 class EventDecodeError(BadRequest):
     """A payload that is not a vLLM EventBatch (the message names the field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraKey:
+    """One of vLLM's typed extra keys (a map tagged ``lora``, ``cache_salt``, ``mm``,
+    ``prompt_embeds``, ``legacy``...): its tag and its value (the one field of
+    ``lora`` and ``cache_salt``; otherwise the other fields, frozen)."""
+
+    kind: str
+    value: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +108,15 @@ class BlockStored:
     medium: str | None = None
     lora_name: str | None = None
     lora_id: int | None = None
-    # extra keys of the FIRST block (LoRA name, multimodal ids, cache salt...)
+    # extra keys of the FIRST block (LoRA name, multimodal ids, cache salt...): raw
+    # values, lists frozen to tuples, typed keys as `ExtraKey`
     first_extra_keys: tuple[Any, ...] | None = None
     group_idx: int | None = None
     num_tokens: int = 0  # len(token_ids): 0 in offloading connectors' events
+    locality: str | None = None  # "LOCAL" / "REMOTE" relative to the engine; None: unsaid
+    ownership: str | None = None  # the secondary (offloading) tier that stored it
+    session_id: str | None = None  # the request that caused the store (not an owner)
+    lookahead: int = 0  # len(lookahead_token_ids): tokens past the blocks in their hashes
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +124,8 @@ class BlockRemoved:
     block_hashes: tuple[int, ...]
     medium: str | None = None
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +150,19 @@ class EventBatch:
     data_parallel_rank: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayReply:
+    """One reply of the replay socket: a buffered batch, or the end (`seq` -1)."""
+
+    seq: int
+    payload: bytes
+    topic: bytes | None = None  # None: the older 3-frame framing carries no topic
+
+    @property
+    def end(self) -> bool:
+        return self.seq == END_SEQ
+
+
 def engine_hash(value: object, name: str = "block hash") -> int:
     """An engine block hash (int or bytes) -> unsigned 64-bit int (module docstring)."""
     if type(value) is int:
@@ -125,6 +179,21 @@ def decode_seq(frame: bytes) -> int:
     if len(frame) != 8:
         raise EventDecodeError(f"sequence frame: {len(frame)} bytes, expected 8")
     return int.from_bytes(frame, "big", signed=True)
+
+
+def decode_replay(frames: Sequence[bytes]) -> ReplayReply:
+    """One message a DEALER received from the replay ROUTER socket, in either framing
+    (module docstring): ``[b"", topic, seq, payload]`` or ``[b"", seq, payload]``."""
+    if len(frames) not in (3, 4):
+        raise EventDecodeError(f"replay reply: {len(frames)} frames, expected 3 or 4")
+    if frames[0] != b"":
+        raise EventDecodeError(f"replay reply: frame 0 is {len(frames[0])} bytes, expected "
+                               "the empty delimiter")  # fmt: skip
+    topic = frames[1] if len(frames) == 4 else None
+    seq = decode_seq(frames[-2])
+    if seq < END_SEQ:
+        raise EventDecodeError(f"replay reply: sequence {seq} is negative")
+    return ReplayReply(seq, frames[-1], topic)
 
 
 def decode_batch(payload: bytes, max_bytes: int = 64 * 1024 * 1024) -> EventBatch:
@@ -173,6 +242,8 @@ def decode_event(raw: object, index: int = 0) -> Event:
             _hashes(f.get("block_hashes"), f"{where}.block_hashes"),
             _opt(f.get("medium"), str, f"{where}.medium"),
             _opt(f.get("group_idx"), int, f"{where}.group_idx"),
+            _opt(f.get("locality"), str, f"{where}.locality"),
+            _opt(f.get("ownership"), str, f"{where}.ownership"),
         )
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
@@ -187,10 +258,7 @@ def _stored(f: dict[str, Any], where: str) -> BlockStored:
     if type(block_size) is not int or block_size <= 0:
         raise EventDecodeError(f"{where}.block_size: expected a positive int, got {block_size!r}")
     tokens = f.get("token_ids")
-    extra = f.get("extra_keys")
-    first: tuple[Any, ...] | None = None
-    if isinstance(extra, list) and extra and isinstance(extra[0], list | tuple):
-        first = tuple(_freeze(k) for k in extra[0])
+    lookahead = _opt(f.get("lookahead_token_ids"), list, f"{where}.lookahead_token_ids")
     return BlockStored(
         block_hashes=hashes,
         parent=parent,
@@ -198,14 +266,35 @@ def _stored(f: dict[str, Any], where: str) -> BlockStored:
         medium=_opt(f.get("medium"), str, f"{where}.medium"),
         lora_name=_opt(f.get("lora_name"), str, f"{where}.lora_name"),
         lora_id=_opt(f.get("lora_id"), int, f"{where}.lora_id"),
-        first_extra_keys=first,
+        first_extra_keys=_first_extra_keys(f.get("extra_keys")),
         group_idx=_opt(f.get("group_idx"), int, f"{where}.group_idx"),
         num_tokens=len(tokens) if isinstance(tokens, list) else 0,
+        locality=_opt(f.get("locality"), str, f"{where}.locality"),
+        ownership=_opt(f.get("ownership"), str, f"{where}.ownership"),
+        session_id=_opt(f.get("session_id"), str, f"{where}.session_id"),
+        lookahead=len(lookahead) if lookahead else 0,
     )
 
 
+def _first_extra_keys(extra: object) -> tuple[Any, ...] | None:
+    """The first block's extra keys (vLLM sends one entry per block, or None)."""
+    if isinstance(extra, list) and extra and isinstance(extra[0], list | tuple):
+        return tuple(_freeze(k) for k in extra[0])
+    return None
+
+
 def _freeze(v: Any) -> Any:
-    return tuple(_freeze(x) for x in v) if isinstance(v, list) else v
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict):
+        tag = v.get("type")
+        if not isinstance(tag, str):
+            return tuple(sorted((str(k), _freeze(x)) for k, x in v.items()))
+        rest = {str(k): _freeze(x) for k, x in v.items() if k != "type"}
+        if len(rest) == 1:
+            return ExtraKey(tag, next(iter(rest.values())))
+        return ExtraKey(tag, tuple(sorted(rest.items())))
+    return v
 
 
 def _hashes(v: object, name: str) -> tuple[int, ...]:

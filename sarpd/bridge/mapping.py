@@ -3,8 +3,9 @@
 Metadata (one uint64 per block, PROTOCOL.md `meta`)::
 
     bits 63..48  worker id (0..65535, `--worker`)
-    bits 47..40  tier: 0 GPU (also: no medium given), 1 CPU, 2 disk (DISK, SSD,
-                 LOCALDISK, NVME), 255 any other medium name
+    bits 47..40  tier: 0 GPU (also: no medium given), 1 CPU, 2 storage (DISK, SSD,
+                 LOCALDISK, NVME, and vLLM's native offload medium STORAGE, with its
+                 older names FS and OBJ), 255 any other medium name
     bits 39..0   zero (reserved)
 
 so ``clear`` with ``mask=WORKER_MASK, value=worker << 48`` drops one worker and
@@ -16,8 +17,9 @@ default empty), then ``lora=NAME`` when the event names a LoRA adapter, then
 ``llama3/lora=sql/salt=tenant7``. vLLM already mixes LoRA name, salt and multimodal
 ids into its block hashes; the namespace keeps adapters and tenants apart in sarp
 too and tells a router where to look. The cache salt is the string extra key of a
-sequence's first block that is not the LoRA name (vLLM adds the salt to block 0
-only), so continuations (events with a parent) inherit their parent's namespace.
+sequence's first block that is not the LoRA name, or its typed ``cache_salt`` key
+(vLLM adds the salt to block 0 only), so continuations (events with a parent)
+inherit their parent's namespace.
 
 Tiers. vLLM's own prefix cache reports the GPU tier; KV connectors that offload
 (vLLM's OffloadingConnector, LMCache, ...) report other media, often as bare stores
@@ -25,7 +27,28 @@ Tiers. vLLM's own prefix cache reports the GPU tier; KV connectors that offload
 are never indexed (positions are what sarp indexes). And since a block has one id
 in every tier, a CPU eviction would remove the block a GPU still holds: so events
 of tiers other than the GPU are indexed only when the template contains
-``{medium}`` (one namespace per tier); otherwise they are ignored (counted).
+``{medium}`` (one namespace per tier); otherwise they are ignored (counted). A
+secondary tier names itself in ``ownership``: ``{medium}`` then expands to
+``TIER:OWNERSHIP`` (``disk:fs0``), one namespace per tier instance, so that one
+instance's evictions never remove another's blocks.
+
+Skipped on purpose (counted as ``ignored``, by reason, `Translated.reason`):
+``group`` (another KV-cache group), ``tier`` (a tier other than the GPU without
+``{medium}``), ``remote`` (``locality`` other than LOCAL or unsaid: a block in a
+store remote from this worker, e.g. a shared object store, is not this worker's
+block; fail-closed, so an unknown locality is not local either), ``partial`` (a
+partial-block store: `block_size` smaller than the engine's block size, a prefix
+boundary inside a block, which is not a whole position), ``block_size`` (larger
+than a configured engine block size), ``unanchored`` (no parent and no token ids),
+``empty`` (no hashes), ``unknown_event``. Indexed as they come: stores with
+``lookahead_token_ids`` (their hashes also cover the tokens after each block, so
+they chain among themselves; a router must hash the same way, docs/BRIDGE.md) and
+stores with a ``session_id`` (which names the request, not an owner).
+
+The engine's block size (the partial-block test) is `block_size` when configured
+(`--block-size`), else the largest `block_size` of the indexed group's GPU stores
+seen so far: a partial store that comes before any full one is taken for a full
+one until then, so configure it for exactness from the first event.
 
 `BlockRemoved` names bare hashes without LoRA or salt, so the translator remembers
 the namespace of every block it stored outside the plain namespace (``hash -> ns``,
@@ -45,6 +68,7 @@ from sarpd.bridge.events import (
     BlockStored,
     Event,
     EventBatch,
+    ExtraKey,
     OtherEvent,
 )
 from sarpd.errors import ConfigError
@@ -55,8 +79,13 @@ TIER_SHIFT = 40
 TIER_MASK = 0xFF << TIER_SHIFT
 MAX_WORKER = 0xFFFF
 TIER_OTHER = 255
-TIERS = {"GPU": 0, "CPU": 1, "DISK": 2, "SSD": 2, "LOCALDISK": 2, "NVME": 2}
+TIERS = {
+    "GPU": 0,
+    "CPU": 1,
+    **dict.fromkeys(("DISK", "SSD", "LOCALDISK", "NVME", "STORAGE", "FS", "OBJ"), 2),
+}
 TIER_NAMES = {0: "gpu", 1: "cpu", 2: "disk", TIER_OTHER: "other"}
+LOCAL = "LOCAL"
 DEFAULT_NS_MAP = 1 << 20
 
 
@@ -75,10 +104,19 @@ def worker_clear(worker: int, medium: str | None = None) -> tuple[int, int]:
     return WORKER_MASK | TIER_MASK, block_meta(worker, medium)
 
 
+def is_local(locality: str | None) -> bool:
+    """Fail-closed: only LOCAL or an unsaid locality is this worker's (module doc)."""
+    return locality is None or locality.upper() == LOCAL
+
+
 def cache_salt(first_extra_keys: tuple[object, ...] | None, lora_name: str | None) -> str:
-    """The cache salt in a first block's extra keys ('' when none)."""
+    """The cache salt in a first block's extra keys ('' when none): its typed
+    ``cache_salt`` keys if it has any, else its strings other than the LoRA name."""
     if not first_extra_keys:
         return ""
+    typed = [k for k in first_extra_keys if isinstance(k, ExtraKey)]
+    if typed:
+        return ",".join(str(k.value) for k in typed if k.kind == "cache_salt")
     strs = [k for k in first_extra_keys if isinstance(k, str)]
     if lora_name is not None and lora_name in strs:
         strs.remove(lora_name)
@@ -130,10 +168,17 @@ class Translated:
     # an insert whose namespace was guessed (its parent unknown to a restarted
     # translator): the other namespaces its parent may be in, to try in order
     alternatives: tuple[str, ...] = ()
+    reason: str = ""  # why an event is ignored (module doc), "" otherwise
+    lookahead: bool = False  # a store whose hashes cover tokens past its blocks
+
+
+def _ignored(reason: str) -> Translated:
+    return Translated("ignored", (), reason=reason)
 
 
 class Translator:
-    """Stateful (hash -> namespace map, namespaces used) but pure: no I/O."""
+    """Stateful (hash -> namespace map, namespaces used, the engine's block size)
+    but pure: no I/O."""
 
     def __init__(
         self,
@@ -143,9 +188,12 @@ class Translator:
         known: Iterable[str] = (),
         max_map: int = DEFAULT_NS_MAP,
         ns_of: dict[int, str] | None = None,
+        block_size: int = 0,
     ) -> None:
         if not 0 <= worker <= MAX_WORKER:
             raise ConfigError(f"worker: {worker} is outside 0..{MAX_WORKER}")
+        if block_size < 0:
+            raise ConfigError(f"block_size: {block_size} is negative (0: learn it)")
         try:
             ns_template.format(worker=worker, medium="gpu")
         except (KeyError, IndexError, ValueError) as exc:
@@ -162,42 +210,69 @@ class Translator:
         # complete: a fresh bridge has seen every store; a map saved at a clean stop
         self.trust_map = not self.known or ns_of is not None
         self.per_tier = "{medium}" in ns_template
+        self.block_size = block_size  # the engine's (configured); 0: learn
+        self.seen_block_size = 0  # the largest of the group's GPU stores so far
 
-    def base_ns(self, medium: str | None) -> str:
+    def base_ns(self, medium: str | None, ownership: str | None = None) -> str:
         tier = TIER_NAMES.get(tier_code(medium), "other")
+        if ownership and self.per_tier:
+            tier = f"{tier}:{ownership}"
         return self.ns_template.format(worker=self.worker, medium=tier)
 
     def translate(self, batch: EventBatch) -> list[Translated]:
         return [self.event(e) for e in batch.events]
 
-    def wanted(self, group_idx: int | None, medium: str | None) -> bool:
-        """Events of another KV-cache group are not indexed; nor, unless the template
-        has a namespace per tier, events of tiers other than the GPU (module doc)."""
+    def unwanted(self, group_idx: int | None, medium: str | None,
+                 locality: str | None) -> str:  # fmt: skip
+        """Why an event of this group, tier and locality is not indexed ('' if it is):
+        another KV-cache group; unless the template has a namespace per tier, a tier
+        other than the GPU; a locality other than this worker's (module doc)."""
         if (group_idx or 0) != self.group:
-            return False
-        return self.per_tier or tier_code(medium) == 0
+            return "group"
+        if not self.per_tier and tier_code(medium) != 0:
+            return "tier"
+        return "" if is_local(locality) else "remote"
 
     def event(self, ev: Event) -> Translated:
         if isinstance(ev, BlockStored):
-            if not self.wanted(ev.group_idx, ev.medium) or not ev.block_hashes:
-                return Translated("ignored", ())
-            if ev.parent is None and ev.num_tokens == 0:  # unanchored: see module doc
-                return Translated("ignored", ())
-            guessed = ev.parent is not None and ev.parent not in self.ns_of and not self.trust_map
-            op = self._store(ev)
-            alts = tuple(sorted(self.known - {op.ns})) if guessed else ()
-            return Translated("stored", (op,), alts)
+            return self._stored_event(ev)
         if isinstance(ev, BlockRemoved):
-            if not self.wanted(ev.group_idx, ev.medium):
-                return Translated("ignored", ())
-            return Translated("removed", self._remove(ev))
+            reason = self.unwanted(ev.group_idx, ev.medium, ev.locality)
+            return _ignored(reason) if reason else Translated("removed", self._remove(ev))
         if isinstance(ev, AllBlocksCleared):
             return Translated("cleared", self.clear_all())
         assert isinstance(ev, OtherEvent)
-        return Translated("ignored", ())
+        return _ignored("unknown_event")
+
+    def _stored_event(self, ev: BlockStored) -> Translated:
+        reason = self.unwanted(ev.group_idx, ev.medium, ev.locality)
+        if not reason and not ev.block_hashes:
+            reason = "empty"
+        if not reason and ev.parent is None and ev.num_tokens == 0:
+            reason = "unanchored"  # positions unknown: see module doc
+        if not reason:
+            reason = self._block_size_check(ev)
+        if reason:
+            return _ignored(reason)
+        guessed = ev.parent is not None and ev.parent not in self.ns_of and not self.trust_map
+        op = self._store(ev)
+        alts = tuple(sorted(self.known - {op.ns})) if guessed else ()
+        return Translated("stored", (op,), alts, lookahead=ev.lookahead > 0)
+
+    def _block_size_check(self, ev: BlockStored) -> str:
+        """'partial' for a partial-block store (a GPU store of fewer tokens per hash
+        than the engine's block size), 'block_size' for more than a configured one."""
+        if tier_code(ev.medium) != 0:
+            return ""
+        if self.block_size:
+            if ev.block_size < self.block_size:
+                return "partial"
+            return "block_size" if ev.block_size > self.block_size else ""
+        self.seen_block_size = max(self.seen_block_size, ev.block_size)
+        return "partial" if ev.block_size < self.seen_block_size else ""
 
     def _store(self, ev: BlockStored) -> InsertOp:
-        base = self.base_ns(ev.medium)
+        base = self.base_ns(ev.medium, ev.ownership)
         if ev.parent is not None and ev.parent in self.ns_of:
             ns = self.ns_of[ev.parent]
         elif ev.parent is not None:
@@ -223,7 +298,7 @@ class Translator:
             self.ns_of[h] = ns
 
     def _remove(self, ev: BlockRemoved) -> tuple[Op, ...]:
-        base = self.base_ns(ev.medium)
+        base = self.base_ns(ev.medium, ev.ownership)
         by_ns: dict[str, list[int]] = {}
         unknown: list[int] = []
         for h in ev.block_hashes:

@@ -1,5 +1,19 @@
 """The bridge's counters (`BridgeStats`) and their Prometheus export.
 
+Two counters have a breakdown by reason: ``events["ignored"]`` in `ignored_by`
+(``group``, ``tier``, ``remote``, ``partial``, ``block_size``, ``unanchored``,
+``empty``, ``unknown_event``: `sarpd.bridge.mapping`) and `dropped` in `dropped_by`:
+
+- ``unreplayed``: batches missing from the sequence (a gap, or batches the engine
+  sent before the bridge first started) that the replay socket did not return: its
+  buffer had moved on, or it did not answer (`replay_failures`);
+- ``no_replay``: the same without a replay socket;
+- ``undecodable``: a payload that is not an EventBatch;
+- ``malformed``: a PUB message of another frame count or sequence frame.
+
+Replay replies that are neither framing are counted in `replay_malformed`; the
+batches they carried count as ``unreplayed`` once the sequence shows them missing.
+
 The position file and the namespace map are in `sarpd.bridge.state`.
 """
 
@@ -22,17 +36,29 @@ class BridgeStats:
     blocks_removed: int = 0
     unknown_parent: int = 0  # stores whose parent sarpd does not hold (dropped)
     rejected: int = 0  # requests sarpd refused for another reason (logged)
-    dropped: int = 0  # batches lost: gaps the replay could not fill, undecodable payloads
+    dropped: int = 0  # batches lost, by reason in dropped_by (module doc)
     gaps: int = 0
     replays: int = 0
-    replay_failures: int = 0
+    replay_failures: int = 0  # replays not answered in time (their batches: dropped)
+    replay_malformed: int = 0  # replay replies of neither framing (skipped)
     restarts: int = 0  # engine restarts (sequence went backwards)
     duplicates: int = 0
     busy: int = 0  # answers `busy` from sarpd (backed off)
     retries: int = 0  # requests re-sent after busy / unavailable / a lost connection
     reconnects: int = 0  # connections to sarpd after the first one
+    lookahead: int = 0  # stores whose hashes cover tokens past their blocks (seen)
     last_seq: int = -1
     lag_s: float = 0.0  # now - engine timestamp of the newest applied batch
+    ignored_by: dict[str, int] = field(default_factory=dict)  # events["ignored"] by reason
+    dropped_by: dict[str, int] = field(default_factory=dict)  # dropped by reason
+
+    def ignore(self, reason: str) -> None:
+        self.events["ignored"] += 1
+        self.ignored_by[reason] = self.ignored_by.get(reason, 0) + 1
+
+    def drop(self, reason: str, batches: int = 1) -> None:
+        self.dropped += batches
+        self.dropped_by[reason] = self.dropped_by.get(reason, 0) + batches
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -41,8 +67,10 @@ class BridgeStats:
         """Every counter and gauge as one flat name -> number map (`events_<type>`),
         the form of sarpd's `report` op."""
         out: dict[str, float] = {f"events_{k}": v for k, v in self.events.items()}
+        out.update({f"ignored_{k}": v for k, v in self.ignored_by.items()})
+        out.update({f"dropped_{k}": v for k, v in self.dropped_by.items()})
         for k, v in asdict(self).items():
-            if k != "events":
+            if k not in ("events", "ignored_by", "dropped_by"):
                 out[k] = v
         return out
 
@@ -54,7 +82,12 @@ class BridgeStats:
             f"-{self.blocks_removed}; unknown_parent {self.unknown_parent}, dropped "
             f"{self.dropped}, gaps {self.gaps}, replays {self.replays}, restarts "
             f"{self.restarts}, busy {self.busy}, retries {self.retries}, lag {self.lag_s:.3f} s"
+            f"{_reasons('ignored', self.ignored_by)}{_reasons('dropped', self.dropped_by)}"
         )
+
+
+def _reasons(name: str, by: dict[str, int]) -> str:
+    return f"; {name} " + ", ".join(f"{k} {v}" for k, v in sorted(by.items())) if by else ""
 
 
 def serve_metrics(stats: BridgeStats, port: int, worker: int) -> None:
@@ -73,10 +106,19 @@ def serve_metrics(stats: BridgeStats, port: int, worker: int) -> None:
             for kind, n in stats.events.items():
                 ev.add_metric([labels["worker"], kind], n)
             yield ev
+            for name, by, help_ in (
+                ("ignored", stats.ignored_by, "events ignored, by reason"),
+                ("dropped_reason", stats.dropped_by, "batches lost, by reason"),
+            ):
+                fam = CounterMetricFamily(f"sarp_bridge_{name}", help_,
+                                          labels=["worker", "reason"])  # fmt: skip
+                for reason, n in sorted(by.items()):
+                    fam.add_metric([labels["worker"], reason], n)
+                yield fam
             for name in (
                 "batches", "blocks_new", "blocks_removed", "unknown_parent", "rejected",
-                "dropped", "gaps", "replays", "replay_failures", "restarts", "duplicates",
-                "busy", "retries", "reconnects",
+                "dropped", "gaps", "replays", "replay_failures", "replay_malformed",
+                "restarts", "duplicates", "busy", "retries", "reconnects", "lookahead",
             ):  # fmt: skip
                 c = CounterMetricFamily(f"sarp_bridge_{name}", name.replace("_", " "),
                                         labels=["worker"])  # fmt: skip

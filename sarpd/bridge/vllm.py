@@ -3,14 +3,20 @@
 vLLM's `ZmqEventPublisher` sends each `EventBatch` as three frames (topic, 8-byte
 big-endian sequence number, msgpack payload) on a PUB socket, and keeps its last
 batches for a ROUTER replay socket: a DEALER sends ``[b"", start_seq (8 B BE)]`` and
-receives ``[b"", seq, payload]`` for every buffered batch from ``start_seq`` on, then
-``[b"", -1 (8 B BE, signed), b""]``.
+receives, for every buffered batch from ``start_seq`` on, ``[b"", topic, seq,
+payload]``, then ``[b"", b"", -1 (8 B BE, signed), b""]`` (current vLLM); older
+versions leave the topic out: ``[b"", seq, payload]`` and ``[b"", -1, b""]``. Both
+framings are accepted (`decode_replay`); a reply of neither is counted
+(`replay_malformed`) and skipped.
 
-Sequence rules (``last`` = the newest batch taken):
+Sequence rules (``last`` = the newest batch taken; the engine counts from 0):
 - ``seq == last + 1``: apply. At start-up, with a replay socket, the bridge first
   asks for everything after its saved position (or from 0 on a fresh start).
-- ``seq > last + 1``: a gap; replay from ``last + 1`` when a replay socket is given.
-  What the replay cannot fill is counted as dropped (the engine's buffer moved on).
+- ``seq > last + 1``, or a first batch other than 0: a gap; replay from ``last + 1``
+  (from 0) when a replay socket is given. What the replay cannot fill (the engine's
+  buffer moved on, or it did not answer in `replay_timeout_s`) is counted as
+  dropped, reason ``unreplayed`` (``no_replay`` without a replay socket): batches
+  are never lost uncounted, also those an engine sent before its bridge started.
 - ``seq <= last``: a duplicate of a batch just replayed, or else the engine
   restarted (its counter starts at 0 again): clear this worker's blocks, replay the
   new engine's buffer from 0, continue.
@@ -40,7 +46,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from sarpd.bridge.events import EventDecodeError, decode_batch, decode_seq
+from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
 from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.state import StateFile
 from sarpd.bridge.stats import BridgeStats, serve_metrics
@@ -49,7 +55,6 @@ from sarpd.errors import Busy, SarpError, Unavailable, UnknownOp, UnknownParent
 
 log = logging.getLogger("sarpd.bridge")
 RETRYABLE = (Busy, Unavailable, SarpConnectionError, OSError)
-END_SEQ = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,7 @@ class BridgeConfig:
     topic: str = ""
     ns: str = ""  # namespace template: {worker}, {medium}
     group: int = 0  # the KV-cache group whose events are indexed
+    block_size: int = 0  # the engine's KV-cache block size (partial stores); 0: learn it
     state: Path | None = None  # position file
     max_inflight: int = 4096  # requests in flight to sarpd
     max_batches: int = 512  # event batches taken per round
@@ -97,8 +103,9 @@ class VllmBridge:
         self.state = StateFile(cfg.state, cfg.endpoint, cfg.worker, cfg.save_interval_s)
         pos, ns_of = self.state.load()
         self.translator = Translator(
-            cfg.worker, cfg.ns, cfg.group, known=pos.namespaces, ns_of=ns_of
-        )
+            cfg.worker, cfg.ns, cfg.group, known=pos.namespaces, ns_of=ns_of,
+            block_size=cfg.block_size,
+        )  # fmt: skip
         self.last: int | None = pos.last_seq  # newest batch taken
         self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
         self._replayed: tuple[int, int] | None = None
@@ -164,15 +171,13 @@ class VllmBridge:
     # ---------------------------------------------------------------- sequencing
 
     async def _accept(self, frames: list[bytes], items: list[_Req | _Mark]) -> None:
-        if len(frames) != 3:
-            log.warning("dropped a message of %d frames (expected 3)", len(frames))
-            self.stats.dropped += 1
-            return
         try:
+            if len(frames) != 3:
+                raise EventDecodeError(f"message: {len(frames)} frames, expected 3")
             seq = decode_seq(frames[1])
         except EventDecodeError as exc:
             log.warning("dropped a message: %s", exc)
-            self.stats.dropped += 1
+            self.stats.drop("malformed")
             return
         last = self.last
         if last is not None and seq <= last:
@@ -186,11 +191,11 @@ class VllmBridge:
             self.last = self._replayed = None
             if self.cfg.replay:
                 await self._replay(0, items)
-        elif last is not None and seq > last + 1:
+        elif seq > (0 if last is None else last + 1):
             self.stats.gaps += 1
-            log.info("sequence gap: %d after %d", seq, last)
+            log.info("sequence gap: %d after %s", seq, "the start" if last is None else last)
             if self.cfg.replay:
-                await self._replay(last + 1, items)
+                await self._replay(0 if last is None else last + 1, items)
         if self.last is not None and seq <= self.last:
             self.stats.duplicates += 1
             return
@@ -200,18 +205,23 @@ class VllmBridge:
 
     def _take(self, seq: int, payload: bytes, items: list[_Req | _Mark]) -> None:
         expected = 0 if self.last is None else self.last + 1
-        if seq > expected and (self.last is not None or self.stats.restarts):
-            self.stats.dropped += seq - expected
+        if seq > expected:  # the engine counts from 0: before seq, nothing was taken
+            reason = "unreplayed" if self.cfg.replay else "no_replay"
+            log.warning("lost batches %d..%d (%s)", expected, seq - 1, reason)
+            self.stats.drop(reason, seq - expected)
         self.last = seq
         try:
             batch = decode_batch(payload)
         except EventDecodeError as exc:
             log.warning("dropped batch %d: %s", seq, exc)
-            self.stats.dropped += 1
+            self.stats.drop("undecodable")
             items.append(_Mark(seq, time.time()))
             return
         for tr in self.translator.translate(batch):
-            if not tr.ops:
+            self.stats.lookahead += tr.lookahead
+            if tr.reason:
+                self.stats.ignore(tr.reason)
+            elif not tr.ops:
                 self.stats.events[tr.kind] += 1
             if tr.alternatives:
                 items.append(_Req(tr.kind, tr.ops[0], alternatives=tr.alternatives))
@@ -224,7 +234,8 @@ class VllmBridge:
         return [_Req(kind if i == 0 else None, op) for i, op in enumerate(ops)]
 
     async def _replay(self, start: int, items: list[_Req | _Mark]) -> None:
-        """Ask the engine's replay socket for every batch from `start` on."""
+        """Ask the engine's replay socket for every batch from `start` on (either
+        framing, module doc); a reply of neither framing is counted and skipped."""
         assert self._ctx is not None and self.cfg.replay
         self.stats.replays += 1
         dealer = self._ctx.socket(zmq.DEALER)
@@ -237,22 +248,22 @@ class VllmBridge:
             while True:
                 if not await dealer.poll(timeout_ms):
                     self.stats.replay_failures += 1
-                    log.warning("replay from %d: no answer in %.1f s", start, timeout_ms / 1e3)
+                    log.warning("replay from %d: no answer in %.1f s; what it does not "
+                                "return counts as dropped", start, timeout_ms / 1e3)
                     break
                 frames = await dealer.recv_multipart()
                 try:
-                    seq = decode_seq(frames[1]) if len(frames) == 3 else None
-                except EventDecodeError:
-                    seq = None
-                if seq is None:
-                    log.warning("replay: ignored a malformed reply of %d frames", len(frames))
+                    reply = decode_replay(frames)
+                except EventDecodeError as exc:
+                    self.stats.replay_malformed += 1
+                    log.warning("replay: skipped a reply: %s", exc)
                     continue
-                if seq == END_SEQ:
+                if reply.end:
                     break
-                if self.last is not None and seq <= self.last:
+                if self.last is not None and reply.seq <= self.last:
                     continue
-                first = seq if first is None else first
-                self._take(seq, frames[2], items)
+                first = reply.seq if first is None else first
+                self._take(reply.seq, reply.payload, items)
         finally:
             dealer.close(linger=0)
         if first is not None and self.last is not None:

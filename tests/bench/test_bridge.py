@@ -4,7 +4,9 @@ short run through the real bridge into a real sarpd."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
+import msgpack
 from click.testing import CliRunner
 
 from sarpd.bridge.events import BlockRemoved, BlockStored, decode_batch
@@ -12,7 +14,7 @@ from tools.bench.bridge import main, make_batches
 
 
 def test_batches_store_chains_and_remove_old_blocks() -> None:
-    payloads, count = make_batches(20, 5, 3, remove_every=4, seed=1, array_like=True)
+    payloads, count = make_batches(20, 5, 3, remove_every=4, seed=1, encoding="array")
     assert len(payloads) == 20 and count == 100
     events = [e for p in payloads for e in decode_batch(p).events]
     stores = [e for e in events if isinstance(e, BlockStored)]
@@ -24,14 +26,19 @@ def test_batches_store_chains_and_remove_old_blocks() -> None:
     assert len(stored_ids) == len(set(stored_ids)) and removed_ids <= set(stored_ids)
     parents = [e.parent for e in stores if e.parent is not None]
     assert parents and set(parents) <= set(stored_ids)
-    again, _ = make_batches(20, 5, 3, remove_every=4, seed=1, array_like=True)
+    again, _ = make_batches(20, 5, 3, remove_every=4, seed=1, encoding="array")
     assert [decode_batch(p).events for p in again] == [decode_batch(p).events for p in payloads]
-    as_map, _ = make_batches(2, 2, 1, remove_every=0, seed=1, array_like=False)
-    assert all(isinstance(e, BlockStored) for p in as_map for e in decode_batch(p).events)
+    for encoding in ("map", "current"):  # the same events (current: of group 0)
+        other, _ = make_batches(20, 5, 3, remove_every=4, seed=1, encoding=encoding)
+        assert [e if isinstance(e, BlockRemoved) else replace(e, group_idx=None)
+                for p in other for e in decode_batch(p).events] == events  # fmt: skip
+    raw = msgpack.unpackb(other[0])  # current: the batch an array, its events maps
+    assert isinstance(raw, list) and raw[1][0]["type"] == "BlockStored"
 
 
 def test_a_short_run_through_a_real_sarpd() -> None:
-    res = CliRunner().invoke(main, ["--batches", "30", "--events", "4", "--sync", "none"])
+    res = CliRunner().invoke(main, ["--batches", "30", "--events", "4", "--sync", "none",
+                                    "--encoding", "current"])
     assert res.exit_code == 0, res.output
     m = re.search(r"120 events \((\d+) stored, (\d+) removed\) in 30 batches, 4 blocks per "
                   r"store, sync none: .* events/s, .* blocks/s; unknown_parent (\d+)", res.output)

@@ -1,6 +1,7 @@
 """The stand-in for vLLM's ZmqEventPublisher (tools.bench.vllm_publisher): events
-encoded as msgspec does (both encodings, defaults omitted), and the PUB + ROUTER
-replay protocol as the bridge's docstring states it."""
+encoded as msgspec does (both encodings, defaults omitted; vLLM's current schema
+through msgspec itself, tools.bench.vllm_schema), and the PUB + ROUTER replay
+protocol as the bridge's docstring states it, in both framings."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import msgpack
 import pytest
 import zmq
 
-from sarpd.bridge.events import BlockRemoved, BlockStored, decode_batch
+from sarpd.bridge.events import BlockRemoved, BlockStored, ExtraKey, decode_batch
+from tools.bench import vllm_schema as vs
 from tools.bench.vllm_publisher import (
     END_SEQ,
     Publisher,
@@ -22,9 +24,9 @@ from tools.bench.vllm_publisher import (
 )
 
 
-@pytest.fixture
-def publisher() -> Iterator[Publisher]:
-    pub = Publisher(topic="kv")
+@pytest.fixture(params=["topic", "plain"])
+def publisher(request: pytest.FixtureRequest) -> Iterator[Publisher]:
+    pub = Publisher(topic="kv", replay=request.param)
     yield pub
     pub.close()
 
@@ -57,6 +59,11 @@ def test_batches_decode_as_the_bridge_reads_them(array_like: bool) -> None:
     assert msgpack.unpackb(encode_batch([], ts=1.0)) == [1.0, []]
 
 
+def _replayed(dealer: zmq.Socket, start: int, n: int) -> list[list[bytes]]:
+    dealer.send_multipart([b"", start.to_bytes(8, "big")])
+    return [dealer.recv_multipart() for _ in range(n)]
+
+
 def test_publish_lose_replay_and_restart(publisher: Publisher) -> None:
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
@@ -64,6 +71,9 @@ def test_publish_lose_replay_and_restart(publisher: Publisher) -> None:
     sub.connect(publisher.endpoint)
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(publisher.replay_endpoint)
+    # current vLLM: [b"", topic, seq, payload], end [b"", b"", -1, b""]; older: no topic
+    head = [b"", b"kv"] if publisher.replay == "topic" else [b""]
+    end = [b"", b"", END_SEQ, b""] if publisher.replay == "topic" else [b"", END_SEQ, b""]
     try:
         assert publisher.subscribed.wait(10)
         publisher.publish(b"p0")
@@ -74,18 +84,57 @@ def test_publish_lose_replay_and_restart(publisher: Publisher) -> None:
         got = [sub.recv_multipart() for _ in range(2)]
         assert got == [[b"kv", (0).to_bytes(8, "big"), b"p0"],
                        [b"kv", (2).to_bytes(8, "big"), b"p2"]]
-        dealer.send_multipart([b"", (1).to_bytes(8, "big")])
-        replayed = [dealer.recv_multipart() for _ in range(3)]
-        assert replayed == [[b"", (1).to_bytes(8, "big"), b"p1"],
-                            [b"", (2).to_bytes(8, "big"), b"p2"], [b"", END_SEQ, b""]]
+        assert _replayed(dealer, 1, 3) == [[*head, (1).to_bytes(8, "big"), b"p1"],
+                                           [*head, (2).to_bytes(8, "big"), b"p2"], end]
         assert publisher.replay_requests == [1]
         publisher.restart()
         publisher.publish(b"q0")
         publisher.flush()
         assert sub.recv_multipart() == [b"kv", (0).to_bytes(8, "big"), b"q0"]
+        assert _replayed(dealer, 0, 2) == [[*head, (0).to_bytes(8, "big"), b"q0"], end]
+        publisher.replay = "broken"  # neither framing, then a proper end
+        assert _replayed(dealer, 0, 2) == [[b"", b"junk"], [b"", b"", END_SEQ, b""]]
+        publisher.replay = "mute"
         dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-        assert dealer.recv_multipart()[2] == b"q0"  # the old buffer is gone
-        assert dealer.recv_multipart()[1] == END_SEQ
+        assert not dealer.poll(300)
+        assert publisher.replay_requests == [1, 0, 0, 0]
     finally:
         sub.close(0)
         dealer.close(0)
+
+
+def test_replay_mode_is_checked() -> None:
+    with pytest.raises(ValueError, match="replay"):
+        Publisher(replay="REQ")
+
+
+def test_current_schema_encodes_as_vllm() -> None:
+    """msgspec's own encoding of the current schema: the batch an array, its events
+    tagged maps, defaults left out (event_version 1 too), typed extra keys."""
+    st = vs.block_stored(
+        [1, b"\x02" * 32], None, list(range(32)), lora_name="sql",
+        extra_keys=[(vs.LoRAKey("sql"), vs.CacheSaltKey("t7")), (vs.LoRAKey("sql"),)],
+        group_idx=0, locality=vs.LOCAL, ownership="fs0", session_id="s1",
+        lookahead_token_ids=[16, 32],
+    )  # fmt: skip
+    rm = vs.block_removed([1], medium=vs.MEDIUM_STORAGE, locality=vs.REMOTE)
+    raw = msgpack.unpackb(vs.encode_events([st, rm, vs.AllBlocksCleared()], ts=2.0, rank=3))
+    assert raw[0] == 2.0 and raw[2] == 3 and len(raw) == 3
+    ev, rem, clr = raw[1]
+    assert ev["type"] == "BlockStored" and "event_version" not in ev
+    assert ev["extra_keys"][0] == [{"type": "lora", "name": "sql"},
+                                   {"type": "cache_salt", "salt": "t7"}]
+    assert ev["block_hashes"] == [1, b"\x02" * 32] and ev["lora_id"] is None
+    assert rem == {"type": "BlockRemoved", "block_hashes": [1], "medium": "STORAGE",
+                   "locality": "REMOTE"}
+    assert clr == {"type": "AllBlocksCleared"}
+    # msgspec omits no defaults of an array_like struct: the rank slot is always there
+    assert msgpack.unpackb(vs.encode_events([], ts=1.0, rank=None)) == [1.0, [], None]
+    batch = decode_batch(vs.encode_events([st, rm], ts=2.0, rank=3))
+    assert batch.data_parallel_rank == 3
+    got = batch.events[0]
+    assert isinstance(got, BlockStored)
+    assert got.first_extra_keys == (ExtraKey("lora", "sql"), ExtraKey("cache_salt", "t7"))
+    assert (got.locality, got.ownership, got.session_id, got.lookahead) == (
+        "LOCAL", "fs0", "s1", 2)
+    assert batch.events[1] == BlockRemoved((1,), "STORAGE", None, "REMOTE")

@@ -1,5 +1,6 @@
 """Decoding vLLM EventBatch payloads (sarpd.bridge.events): both encodings, versions
-with fewer or more fields, engine hashes, errors naming the field."""
+with fewer or more fields (the current ones too), engine hashes, replay replies in
+both framings, errors naming the field."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from sarpd.bridge.events import (
     BlockRemoved,
     BlockStored,
     EventDecodeError,
+    ExtraKey,
     OtherEvent,
     decode_batch,
+    decode_replay,
     decode_seq,
     engine_hash,
 )
@@ -61,9 +64,10 @@ def test_old_short_arrays_and_new_unknown_fields() -> None:
     old = msgpack.packb([1.0, [["BlockStored", [1, 2], 9, list(range(32)), 16, None]]])
     (ev,) = decode_batch(old).events
     assert ev == BlockStored((1, 2), 9, 16, num_tokens=32)
-    # a future vLLM: extra trailing array fields, extra map keys, unknown event types
+    # a future vLLM: extra trailing array fields (after locality and ownership), extra
+    # map keys, unknown event types
     new = msgpack.packb(
-        [2.0, [["BlockRemoved", [3], "GPU", 0, "future", 42], ["ShinyNewEvent", 1, 2]]]
+        [2.0, [["BlockRemoved", [3], "GPU", 0, None, None, "future", 42], ["ShinyNewEvent", 1]]]
     )
     assert decode_batch(new).events == (BlockRemoved((3,), "GPU", 0), OtherEvent("ShinyNewEvent"))
     as_map = msgpack.packb(
@@ -109,3 +113,60 @@ def test_decode_seq() -> None:
     assert decode_seq((-1).to_bytes(8, "big", signed=True)) == -1
     with pytest.raises(EventDecodeError, match="4 bytes"):
         decode_seq(b"\0\0\0\1")
+
+
+def test_decode_replay_both_framings() -> None:
+    seq = (7).to_bytes(8, "big")
+    end = (-1).to_bytes(8, "big", signed=True)
+    current = decode_replay([b"", b"kv", seq, b"payload"])  # vLLM now: topic included
+    assert (current.seq, current.payload, current.topic, current.end) == (7, b"payload", b"kv",
+                                                                          False)  # fmt: skip
+    older = decode_replay([b"", seq, b"payload"])
+    assert (older.seq, older.payload, older.topic) == (7, b"payload", None)
+    assert decode_replay([b"", b"", end, b""]).end and decode_replay([b"", end, b""]).end
+
+
+@pytest.mark.parametrize(
+    ("frames", "message"),
+    [
+        ([b"", b"x"], "2 frames, expected 3 or 4"),
+        ([b"", b"kv", b"", (1).to_bytes(8, "big"), b"p"], "5 frames"),
+        ([b"id", (1).to_bytes(8, "big"), b"p"], "frame 0 is 2 bytes"),
+        ([b"", b"kv", b"\1", b"p"], "sequence frame: 1 bytes, expected 8"),
+        ([b"", (-2).to_bytes(8, "big", signed=True), b""], "sequence -2 is negative"),
+    ],
+)
+def test_decode_replay_errors_name_the_frame(frames: list[bytes], message: str) -> None:
+    with pytest.raises(EventDecodeError, match=message):
+        decode_replay(frames)
+
+
+def test_current_fields_in_both_encodings() -> None:
+    """locality, ownership, session_id and lookahead_token_ids, as array fields after
+    the cache-spec ones and as map keys; typed extra keys become ExtraKey."""
+    arr = ["BlockStored", [1], None, [0] * 16, 16, None, "STORAGE", None, None, 0, None, None,
+           "REMOTE", "fs0", "s9", [5]]  # fmt: skip
+    as_map = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+              "token_ids": [0] * 16, "block_size": 16, "lora_id": None, "medium": "STORAGE",
+              "lora_name": None, "group_idx": 0, "locality": "REMOTE", "ownership": "fs0",
+              "session_id": "s9", "lookahead_token_ids": [5]}  # fmt: skip
+    want = BlockStored((1,), None, 16, "STORAGE", group_idx=0, num_tokens=16,
+                       locality="REMOTE", ownership="fs0", session_id="s9", lookahead=1)
+    for ev in (arr, as_map):
+        assert decode_batch(msgpack.packb([1.0, [ev]])).events == (want,)
+    removed_map = {"type": "BlockRemoved", "block_hashes": [1], "medium": "STORAGE",
+                   "locality": "LOCAL", "ownership": "obj"}  # fmt: skip
+    assert decode_batch(msgpack.packb([1.0, [removed_map]])).events == (
+        BlockRemoved((1,), "STORAGE", None, "LOCAL", "obj"),)
+    typed = {**as_map, "extra_keys": [[{"type": "cache_salt", "salt": "t"},
+                                       {"type": "mm", "modality": "image", "hash": "h",
+                                        "block_offset": 3}, "raw"], None]}  # fmt: skip
+    (st,) = decode_batch(msgpack.packb([1.0, [typed]])).events
+    assert isinstance(st, BlockStored) and st.first_extra_keys == (
+        ExtraKey("cache_salt", "t"),
+        ExtraKey("mm", (("block_offset", 3), ("hash", "h"), ("modality", "image"))), "raw")
+    bad = {**as_map, "lookahead_token_ids": 5}
+    with pytest.raises(EventDecodeError, match=r"events\[0\].lookahead_token_ids"):
+        decode_batch(msgpack.packb([1.0, [bad]]))
+    with pytest.raises(EventDecodeError, match=r"events\[0\].locality"):
+        decode_batch(msgpack.packb([1.0, [{**as_map, "locality": 1}]]))

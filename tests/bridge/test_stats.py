@@ -21,6 +21,10 @@ def sample_stats() -> BridgeStats:
     st = BridgeStats(batches=4, blocks_new=30, unknown_parent=2, last_seq=41, lag_s=0.25)
     st.events["stored"] = 7
     st.events["removed"] = 1
+    st.ignore("remote")
+    st.ignore("remote")
+    st.ignore("partial")
+    st.drop("unreplayed", 3)
     return st
 
 
@@ -28,18 +32,24 @@ def test_flat_names_every_counter_once() -> None:
     st = sample_stats()
     flat = st.flat()
     assert flat["events_stored"] == 7 and flat["events_removed"] == 1
-    assert flat["events_cleared"] == 0 and flat["events_ignored"] == 0
+    assert flat["events_cleared"] == 0 and flat["events_ignored"] == 3
+    assert flat["ignored_remote"] == 2 and flat["ignored_partial"] == 1
+    assert flat["dropped"] == 3 and flat["dropped_unreplayed"] == 3
     assert flat["batches"] == 4 and flat["last_seq"] == 41 and flat["lag_s"] == 0.25
-    assert "events" not in flat
+    assert not {"events", "ignored_by", "dropped_by"} & set(flat)
     assert all(isinstance(v, int | float) for v in flat.values())
-    assert len(flat) == len(st.as_dict()) - 1 + len(st.events)
+    by_reason = len(st.ignored_by) + len(st.dropped_by)
+    assert len(flat) == len(st.as_dict()) - 3 + len(st.events) + by_reason
     assert BridgeStats().events is not BridgeStats().events  # no shared default
+    assert BridgeStats().ignored_by is not BridgeStats().ignored_by
 
 
 def test_status_line() -> None:
     line = sample_stats().line()
-    assert line.startswith("seq 41: events stored 7 removed 1 cleared 0 ignored 0; ")
-    assert "blocks +30 -0; unknown_parent 2," in line and line.endswith("lag 0.250 s")
+    assert line.startswith("seq 41: events stored 7 removed 1 cleared 0 ignored 3; ")
+    assert "blocks +30 -0; unknown_parent 2, dropped 3," in line
+    assert line.endswith("lag 0.250 s; ignored partial 1, remote 2; dropped unreplayed 3")
+    assert BridgeStats().line().endswith("lag 0.000 s")  # no reasons, no tail
 
 
 def test_metrics_export_reads_the_live_counters() -> None:
@@ -61,3 +71,6 @@ def test_metrics_export_reads_the_live_counters() -> None:
     assert samples[("sarp_bridge_unknown_parent_total", w)] == 2
     assert samples[("sarp_bridge_last_seq", w)] == 41
     assert samples[("sarp_bridge_lag_s", w)] == 0.25
+    assert samples[("sarp_bridge_ignored_total", (("reason", "remote"), *w))] == 2
+    assert samples[("sarp_bridge_dropped_reason_total", (("reason", "unreplayed"), *w))] == 3
+    assert samples[("sarp_bridge_replay_malformed_total", w)] == 0

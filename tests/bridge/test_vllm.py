@@ -5,105 +5,26 @@ engine's cache says (`vllm_engine.FakeEngine`)."""
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sarpd.bridge.state import nsmap_path
-from sarpd.bridge.vllm import BridgeConfig
 from sarpd.client import SyncClient
-from tests.bridge.vllm_engine import BridgeThread, FakeEngine, Req, as_u64
+from tests.bridge.vllm_engine import (
+    WORKER,
+    BridgeThread,
+    FakeEngine,
+    Workload,
+    bridge_cfg,
+    check_index,
+    publish_requests,
+    start_bridge,
+)
 from tests.daemon_helpers import Launcher, RawConn, SarpdProc
 from tools.bench.vllm_publisher import Publisher, encode_batch, stored
-
-WORKER = 3
-GPU_META = WORKER << 48  # tier 0 = GPU
-
-
-@pytest.fixture
-def publisher() -> Iterator[Publisher]:
-    pub = Publisher()
-    yield pub
-    pub.close()
-
-
-def bridge_cfg(pub: Publisher, sarpd: SarpdProc, state: Path, **kw: Any) -> BridgeConfig:
-    fields: dict[str, Any] = {
-        "endpoint": pub.endpoint,
-        "replay": pub.replay_endpoint,
-        "socket": str(sarpd.socket),
-        "worker": WORKER,
-        "state": state,
-    }
-    return BridgeConfig(**{**fields, **kw})
-
-
-def start_bridge(cfg: BridgeConfig, pub: Publisher) -> BridgeThread:
-    bt = BridgeThread(cfg).start()
-    assert pub.subscribed.wait(10), "the bridge never subscribed"
-    time.sleep(0.05)  # the subscription reaches the PUB socket's filter
-    return bt
-
-
-class Workload:
-    """Conversations over a few shared system prompts, some under a LoRA adapter or
-    a cache salt; each turn extends the previous one (continuations)."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.prompts = [
-            tuple(self.rng.randrange(50_000) for _ in range(16 * self.rng.randint(2, 5)))
-            for _ in range(4)
-        ]
-        self.convs: list[Req] = []
-        self.seen: list[Req] = []
-
-    def next(self) -> Req:
-        rng = self.rng
-        if not self.convs or rng.random() < 0.3:
-            lora = "sql" if rng.random() < 0.25 else None
-            salt = "tenant7" if rng.random() < 0.2 else None
-            base = Req(rng.choice(self.prompts), lora, salt)
-            self.convs.append(base)
-        i = rng.randrange(len(self.convs))
-        conv = self.convs[i]
-        turn = tuple(rng.randrange(50_000) for _ in range(rng.randint(8, 60)))
-        req = Req(conv.tokens + turn, conv.lora, conv.salt)
-        self.convs[i] = req
-        self.seen.append(req)
-        return req
-
-
-def check_index(sarpd: SarpdProc, engine: FakeEngine, reqs: list[Req]) -> int:
-    """Every sequence matches exactly as far as the engine has it cached; returns
-    how many blocks that was in total."""
-    total = 0
-    with SyncClient(sarpd.socket) as c:
-        for req in reqs:
-            want = engine.expected(req)
-            ids = [as_u64(h) for h in engine.hashes(req)]
-            got = c.match(hashes=ids, ns=req.ns())
-            assert got["blocks"] == want, (req.ns(), len(ids), got["blocks"], want)
-            assert got["meta"] == [GPU_META] * want
-            total += want
-    return total
-
-
-def publish_requests(
-    pub: Publisher, engine: FakeEngine, wl: Workload, n: int, *, array_like: bool,
-    lose_every: int = 0,
-) -> None:  # fmt: skip
-    for k in range(n):
-        events = engine.request(wl.next())
-        if wl.rng.random() < 0.3:  # two requests in one scheduler step
-            events += engine.request(wl.next())
-        lost = bool(lose_every) and k % lose_every == lose_every - 1 and k != n - 1
-        pub.publish(encode_batch(events, array_like=array_like), lost=lost)
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_p
     conf = tmp_path / "w5.toml"
     conf.write_text(
         f'endpoint = "{publisher.endpoint}"\nreplay = "{publisher.replay_endpoint}"\n'
-        f'worker = 5\nstate = "{state}"\nns = "cli"\nreport-interval = 0.1\n'
+        f'worker = 5\nstate = "{state}"\nns = "cli"\nreport-interval = 0.1\nblock-size = 16\n'
         f"metrics-port = {free_port()}\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -57,7 +57,8 @@ def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_p
     )
     try:
         assert publisher.subscribed.wait(30), "sarpctl bridge never subscribed"
-        publisher.publish(encode_batch([stored([7, 8, 9], None, list(range(48)))]))
+        publisher.publish(encode_batch([stored([6], None, list(range(8)), 8),  # partial
+                                        stored([7, 8, 9], None, list(range(48)))]))
         publisher.flush()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -77,6 +78,7 @@ def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_p
     assert proc.returncode == 0, err
     last = json.loads(out.strip().splitlines()[-1])
     assert last["events"]["stored"] == 1 and last["blocks_new"] == 3 and last["last_seq"] == 0
+    assert last["ignored_by"] == {"partial": 1}  # block-size = 16 from the config file
     assert json.loads(state.read_text())["worker"] == 5
     with SyncClient(sarpd_proc.socket) as c:
         assert c.match(hashes=[7, 8, 9], ns="cli")["meta"] == [5 << 48] * 3

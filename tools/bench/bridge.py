@@ -4,12 +4,14 @@
     python -m tools.bench.bridge --sync always --batches 2000 --events 32
     python -m tools.bench.bridge --socket var/sarpd.sock   # an existing sarpd
 
-A `Publisher` (vLLM's wire format) sends pre-encoded `EventBatch`es: `--events`
-events per batch, each a `BlockStored` of `--blocks` blocks continuing an earlier
-chain (parent) or starting a new one, and every `--remove-every`-th a
-`BlockRemoved` of old blocks. The clock runs from the first batch published to the
-last one acknowledged by sarpd (the bridge's position), so it measures the whole
-path: ZMQ, decoding, translation, the pipelined requests, sarpd's durable writes.
+A `Publisher` (vLLM's wire format) sends pre-encoded `EventBatch`es (`--encoding`:
+``array`` all array_like, ``map`` all maps, ``current`` vLLM's current schema
+encoded by msgspec, `tools.bench.vllm_schema`): `--events` events per batch, each a
+`BlockStored` of `--blocks` blocks continuing an earlier chain (parent) or starting a
+new one, and every `--remove-every`-th a `BlockRemoved` of old blocks. The clock runs
+from the first batch published to the last one acknowledged by sarpd (the bridge's
+position), so it measures the whole path: ZMQ, decoding, translation, the pipelined
+requests, sarpd's durable writes.
 """
 
 from __future__ import annotations
@@ -26,12 +28,27 @@ from typing import Any
 import click
 
 from sarpd.bridge.vllm import BridgeConfig, VllmBridge
+from tools.bench import vllm_schema as vs
 from tools.bench.spawn import DaemonStartError, start_daemon, stop_daemon
 from tools.bench.vllm_publisher import Publisher, encode_batch, removed, stored
 
+ENCODINGS = ("array", "map", "current")
+
+
+def _encode(evs: list[dict[str, Any]], encoding: str) -> bytes:
+    if encoding != "current":
+        return encode_batch(evs, array_like=encoding == "array")
+    structs: list[vs.KVCacheEvent] = [
+        vs.block_removed(e["block_hashes"]) if e["type"] == "BlockRemoved"
+        else vs.block_stored(e["block_hashes"], e["parent_block_hash"], e["token_ids"],
+                             group_idx=0)
+        for e in evs
+    ]  # fmt: skip
+    return vs.encode_events(structs)
+
 
 def make_batches(
-    n_batches: int, events: int, blocks: int, remove_every: int, seed: int, array_like: bool
+    n_batches: int, events: int, blocks: int, remove_every: int, seed: int, encoding: str
 ) -> tuple[list[bytes], int]:
     """Encoded payloads and how many events they hold."""
     rng = random.Random(seed)
@@ -60,7 +77,7 @@ def make_batches(
             if len(tails) > 1000:
                 tails = tails[-1000:]
         count += len(evs)
-        out.append(encode_batch(evs, array_like=array_like))
+        out.append(_encode(evs, encoding))
     return out, count
 
 
@@ -114,12 +131,13 @@ def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict
               help="Every Nth event is a BlockRemoved of old blocks (0: none).")
 @click.option("--inflight", type=click.IntRange(1), default=4096, show_default=True,
               help="Requests in flight from the bridge to sarpd.")
-@click.option("--map", "as_map", is_flag=True, help="Map encoding instead of array_like.")
+@click.option("--encoding", type=click.Choice(ENCODINGS), default="array", show_default=True,
+              help="array_like structs, maps, or vLLM's current schema (msgspec).")
 @click.option("--seed", default=1, show_default=True, help="Random seed of the events.")
 def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
-         remove_every: int, inflight: int, as_map: bool, seed: int) -> None:  # fmt: skip
+         remove_every: int, inflight: int, encoding: str, seed: int) -> None:  # fmt: skip
     """Events/s applied through `sarpctl bridge vllm`'s engine into sarpd."""
-    payloads, n_events = make_batches(batches, events, blocks, remove_every, seed, not as_map)
+    payloads, n_events = make_batches(batches, events, blocks, remove_every, seed, encoding)
     root = Path(tempfile.mkdtemp(prefix="sarp-bridge-bench-"))
     proc = None
     try:

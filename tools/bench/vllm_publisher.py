@@ -1,17 +1,27 @@
 """A stand-in for vLLM's `ZmqEventPublisher`, for tests and the bridge benchmark.
 
-It encodes events as vLLM does (msgspec structs as msgpack, see
-`sarpd.bridge.events`), in either encoding, and serves them the way vLLM does: a
-publishing thread sends ``(topic, seq as 8 bytes big-endian, payload)`` on a PUB
-socket (an XPUB here, wire-compatible, so that callers can wait for a subscriber:
-`subscribed` is set on each subscription; clear it before a new subscriber)
-and keeps the last `buffer_steps` payloads for replay requests on a ROUTER socket
-(``[identity, b"", start_seq]`` in; ``[identity, b"", seq, payload]`` per buffered
-batch and ``[identity, b"", -1, b""]`` out).
+`encode_batch` hand-encodes events in the shapes vLLM versions have used (msgspec
+structs as msgpack, see `sarpd.bridge.events`: all ``array_like``, or maps; fields
+missing at the end; unknown extra fields); `tools.bench.vllm_schema` encodes
+vLLM's current schema with msgspec itself. `Publisher` serves payloads the way
+vLLM does: a publishing thread sends ``(topic, seq as 8 bytes big-endian,
+payload)`` on a PUB socket (an XPUB here, wire-compatible, so that callers can wait
+for a subscriber: `subscribed` is set on each subscription; clear it before a new
+subscriber) and keeps the last `buffer_steps` payloads for replay requests on a
+ROUTER socket: ``[identity, b"", start_seq]`` in; out, per buffered batch and then
+the end marker (seq -1, 8 bytes signed), as `replay` says:
+
+- ``"topic"`` (current vLLM, the default): ``[identity, b"", topic, seq, payload]``
+  and ``[identity, b"", b"", -1, b""]`` (a DEALER receives 4 frames);
+- ``"plain"`` (older vLLM): ``[identity, b"", seq, payload]`` and
+  ``[identity, b"", -1, b""]`` (3 frames);
+- ``"mute"``: requests are taken and never answered (a replay that times out);
+- ``"broken"``: each buffered batch as ``[identity, b"", b"junk"]`` (neither
+  framing), then the end marker in the topic framing.
 
 Test hooks: `publish(..., lost=True)` buffers a batch without sending it (a gap the
 subscriber must replay); `restart()` starts the sequence again at 0 with an empty
-buffer, as a restarted engine does.
+buffer, as a restarted engine does; `replay` may be changed at any time.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import msgpack
 import zmq
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+REPLAY_MODES = ("topic", "plain", "mute", "broken")
 
 # vLLM's field order (array_like encoding); the tag comes first.
 STORED_ORDER = (
@@ -119,8 +130,12 @@ class _Out:
 class Publisher:
     """PUB + ROUTER replay on 127.0.0.1 (random ports), a thread that serves both."""
 
-    def __init__(self, topic: str = "", buffer_steps: int = 10_000) -> None:
+    def __init__(self, topic: str = "", buffer_steps: int = 10_000,
+                 replay: str = "topic") -> None:  # fmt: skip
+        if replay not in REPLAY_MODES:
+            raise ValueError(f"replay: {replay!r} is not one of {REPLAY_MODES}")
         self.topic = topic.encode()
+        self.replay = replay
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.SNDHWM, 0)
@@ -204,7 +219,20 @@ class Publisher:
         ident, _, start_b = frames
         start = int.from_bytes(start_b, "big")
         self.replay_requests.append(start)
+        mode = self.replay
+        if mode == "mute":
+            return
         for seq, payload in self._buffer:
-            if seq >= start:
-                self._router.send_multipart((ident, b"", seq.to_bytes(8, "big"), payload))
-        self._router.send_multipart((ident, b"", END_SEQ, b""))
+            if seq < start:
+                continue
+            seq_b = seq.to_bytes(8, "big")
+            if mode == "topic":
+                self._router.send_multipart((ident, b"", self.topic, seq_b, payload))
+            elif mode == "plain":
+                self._router.send_multipart((ident, b"", seq_b, payload))
+            else:
+                self._router.send_multipart((ident, b"", b"junk"))
+        if mode == "plain":
+            self._router.send_multipart((ident, b"", END_SEQ, b""))
+        else:
+            self._router.send_multipart((ident, b"", b"", END_SEQ, b""))
