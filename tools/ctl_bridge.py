@@ -74,8 +74,17 @@ def bridge() -> None:
     default="",
     show_default=True,
     help="Namespace (template: {worker} and {medium} expand); LoRA and cache "
-    "salt are appended as /lora=NAME and /salt=SALT. Tiers other than the GPU are "
-    "indexed only when it contains {medium}.",
+    "salt are appended as /lora=NAME and /salt=SALT. Default: one namespace shared by "
+    "every worker of the model (with holders). Without holders, tiers other than the "
+    "GPU are indexed only when it contains {medium}.",
+)
+@click.option(
+    "--holders/--no-holders",
+    default=True,
+    show_default=True,
+    help="Protocol 2: (worker, tier) holds each block, so a namespace is shared by the "
+    "fleet, a removal takes off this worker's holding only, and every tier shares it. "
+    "--no-holders: protocol 1 (first insert wins; give each worker its own namespace).",
 )
 @click.option(
     "--worker",
@@ -130,15 +139,19 @@ def bridge() -> None:
 )
 @click.pass_context
 def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: str,
-         worker: int, group: int, block_size: int, state: Path | None,
+         holders: bool, worker: int, group: int, block_size: int, state: Path | None,
          metrics_port: int | None, report_interval: float, as_json: bool,
          log_level: str) -> None:  # fmt: skip
     """Subscribe to a vLLM engine's KV events and apply them to sarpd.
 
     \b
-    BlockStored -> insert (hashes + parent), BlockRemoved -> remove by ids,
-    AllBlocksCleared -> clear of this worker's blocks; REMOTE stores, partial-block
-    stores, other groups and (without {medium}) other tiers are skipped and counted.
+    BlockStored -> insert (hashes + parent) with (worker, tier) as the holder,
+    BlockRemoved -> remove of this worker's holding of those ids, AllBlocksCleared ->
+    clear of this worker's holdings; REMOTE stores, partial-block stores and other
+    groups are skipped and counted. Every engine sharing a namespace must hash alike
+    (vLLM: the same prefix_caching_hash_algo and PYTHONHASHSEED): the bridge checks
+    the first block of each new prompt against the other engines' and logs a
+    disagreement (hash_disagreements).
     Runs until SIGTERM/SIGINT; prints a status line every --report-interval seconds.
 
     \b
@@ -151,7 +164,7 @@ def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: 
         endpoint=endpoint, socket=ctx.obj["socket"], worker=worker, replay=replay,
         topic=topic, ns=ns, group=group, block_size=block_size,
         state=state if state is not None else Path(f"var/bridge-w{worker}.json"),
-        report_interval_s=report_interval,
+        report_interval_s=report_interval, holders=holders,
     )  # fmt: skip
 
     def report(stats: BridgeStats) -> None:

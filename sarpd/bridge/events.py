@@ -117,6 +117,8 @@ class BlockStored:
     ownership: str | None = None  # the secondary (offloading) tier that stored it
     session_id: str | None = None  # the request that caused the store (not an owner)
     lookahead: int = 0  # len(lookahead_token_ids): tokens past the blocks in their hashes
+    # the first block's tokens of a store from position 0 (the hash-agreement check)
+    first_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +275,15 @@ def _stored(f: dict[str, Any], where: str) -> BlockStored:
         ownership=_opt(f.get("ownership"), str, f"{where}.ownership"),
         session_id=_opt(f.get("session_id"), str, f"{where}.session_id"),
         lookahead=len(lookahead) if lookahead else 0,
+        first_tokens=_first_tokens(tokens, block_size) if parent is None else (),
     )
+
+
+def _first_tokens(tokens: object, block_size: int) -> tuple[int, ...]:
+    if not isinstance(tokens, list) or len(tokens) < block_size:
+        return ()
+    head = tokens[:block_size]
+    return tuple(head) if all(type(t) is int and 0 <= t < 2**32 for t in head) else ()
 
 
 def _first_extra_keys(extra: object) -> tuple[Any, ...] | None:

@@ -147,6 +147,17 @@ class InsertOp:
 class RemoveOp:
     ns: str
     ids: tuple[int, ...]
+    meta: int | None = None  # holders: take only this holder off (None: every holder)
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryOp:
+    """The hash-agreement check (module doc, "Holders"): the engine's hash of a first
+    block, under sarp's own token hash of that block, in CANARY_NS."""
+
+    ns: str
+    tokens: tuple[int, ...]
+    engine_hash: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +167,9 @@ class ClearOp:
     value: int
 
 
-Op = InsertOp | RemoveOp | ClearOp
+Op = InsertOp | RemoveOp | ClearOp | CanaryOp
+CANARY_NS = "sarp-hashcheck"
+MAX_CANARIES = 4096  # distinct first blocks checked per bridge run
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +202,7 @@ class Translator:
         max_map: int = DEFAULT_NS_MAP,
         ns_of: dict[int, str] | None = None,
         block_size: int = 0,
+        holders: bool = True,
     ) -> None:
         if not 0 <= worker <= MAX_WORKER:
             raise ConfigError(f"worker: {worker} is outside 0..{MAX_WORKER}")
@@ -210,6 +224,10 @@ class Translator:
         # complete: a fresh bridge has seen every store; a map saved at a clean stop
         self.trust_map = not self.known or ns_of is not None
         self.per_tier = "{medium}" in ns_template
+        # holders (protocol 2): (worker, tier) is a block's holder, so every tier can
+        # share a namespace and a removal takes off this worker's holding only
+        self.holders = holders
+        self._canaries: set[tuple[int, ...]] = set()
         self.block_size = block_size  # the engine's (configured); 0: learn
         self.seen_block_size = 0  # the largest of the group's GPU stores so far
 
@@ -229,7 +247,7 @@ class Translator:
         other than the GPU; a locality other than this worker's (module doc)."""
         if (group_idx or 0) != self.group:
             return "group"
-        if not self.per_tier and tier_code(medium) != 0:
+        if not self.per_tier and not self.holders and tier_code(medium) != 0:
             return "tier"
         return "" if is_local(locality) else "remote"
 
@@ -257,7 +275,20 @@ class Translator:
         guessed = ev.parent is not None and ev.parent not in self.ns_of and not self.trust_map
         op = self._store(ev)
         alts = tuple(sorted(self.known - {op.ns})) if guessed else ()
-        return Translated("stored", (op,), alts, lookahead=ev.lookahead > 0)
+        ops: tuple[Op, ...] = (op, *self._canary(ev, op.ns))
+        return Translated("stored", ops, alts, lookahead=ev.lookahead > 0)
+
+    def _canary(self, ev: BlockStored, ns: str) -> tuple[CanaryOp, ...]:
+        """One check per distinct first block (bounded), in a shared namespace only:
+        engines that hash alike give one engine hash to the same tokens."""
+        tokens = ev.first_tokens
+        if (not self.holders or not tokens or ev.lookahead or ev.first_extra_keys
+                or tokens in self._canaries
+                or len(self._canaries) >= MAX_CANARIES or "{worker}" in self.ns_template):
+            return ()
+        self._canaries.add(tokens)
+        return (CanaryOp(f"{CANARY_NS}/{ns}" if ns else CANARY_NS, tokens,
+                         ev.block_hashes[0]),)
 
     def _block_size_check(self, ev: BlockStored) -> str:
         """'partial' for a partial-block store (a GPU store of fewer tokens per hash
@@ -311,7 +342,8 @@ class Translator:
             targets = [base] if self.trust_map else sorted(self.known | {base})
             for ns in targets:
                 by_ns.setdefault(ns, []).extend(unknown)
-        return tuple(RemoveOp(ns, tuple(ids)) for ns, ids in by_ns.items())
+        holder = block_meta(self.worker, ev.medium) if self.holders else None
+        return tuple(RemoveOp(ns, tuple(ids), holder) for ns, ids in by_ns.items())
 
     def clear_all(self) -> tuple[Op, ...]:
         """`clear` of this worker's blocks in every namespace it has used."""

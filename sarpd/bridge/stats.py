@@ -47,6 +47,8 @@ class BridgeStats:
     retries: int = 0  # requests re-sent after busy / unavailable / a lost connection
     reconnects: int = 0  # connections to sarpd after the first one
     lookahead: int = 0  # stores whose hashes cover tokens past their blocks (seen)
+    hash_checks: int = 0  # first blocks checked against other engines' hashes
+    hash_disagreements: int = 0  # ... that another engine hashed differently (logged)
     last_seq: int = -1
     lag_s: float = 0.0  # now - engine timestamp of the newest applied batch
     ignored_by: dict[str, int] = field(default_factory=dict)  # events["ignored"] by reason
@@ -81,7 +83,8 @@ class BridgeStats:
             f"cleared {e['cleared']} ignored {e['ignored']}; blocks +{self.blocks_new} "
             f"-{self.blocks_removed}; unknown_parent {self.unknown_parent}, dropped "
             f"{self.dropped}, gaps {self.gaps}, replays {self.replays}, restarts "
-            f"{self.restarts}, busy {self.busy}, retries {self.retries}, lag {self.lag_s:.3f} s"
+            f"{self.restarts}, busy {self.busy}, retries {self.retries}, lag {self.lag_s:.3f} s, "
+            f"hash disagreements {self.hash_disagreements} of {self.hash_checks}"
             f"{_reasons('ignored', self.ignored_by)}{_reasons('dropped', self.dropped_by)}"
         )
 
@@ -119,6 +122,7 @@ def serve_metrics(stats: BridgeStats, port: int, worker: int) -> None:
                 "batches", "blocks_new", "blocks_removed", "unknown_parent", "rejected",
                 "dropped", "gaps", "replays", "replay_failures", "replay_malformed",
                 "restarts", "duplicates", "busy", "retries", "reconnects", "lookahead",
+                "hash_checks", "hash_disagreements",
             ):  # fmt: skip
                 c = CounterMetricFamily(f"sarp_bridge_{name}", name.replace("_", " "),
                                         labels=["worker"])  # fmt: skip

@@ -47,11 +47,18 @@ import zmq
 import zmq.asyncio
 
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
-from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
+from sarpd.bridge.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.state import StateFile
 from sarpd.bridge.stats import BridgeStats, serve_metrics
 from sarpd.client import Client, SarpConnectionError
-from sarpd.errors import Busy, SarpError, Unavailable, UnknownOp, UnknownParent
+from sarpd.errors import (
+    Busy,
+    ConfigError,
+    SarpError,
+    Unavailable,
+    UnknownOp,
+    UnknownParent,
+)
 
 log = logging.getLogger("sarpd.bridge")
 RETRYABLE = (Busy, Unavailable, SarpConnectionError, OSError)
@@ -74,6 +81,10 @@ class BridgeConfig:
     save_interval_s: float = 0.5
     max_backoff_s: float = 2.0
     report_interval_s: float = 5.0  # counters reported to sarpd (its stats/metrics); 0: never
+    # holders (protocol 2): (worker, tier) holds a block, in a namespace shared by the
+    # fleet; False: protocol 1 (the first insert wins; a namespace per worker for
+    # exactness)
+    holders: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +115,7 @@ class VllmBridge:
         pos, ns_of = self.state.load()
         self.translator = Translator(
             cfg.worker, cfg.ns, cfg.group, known=pos.namespaces, ns_of=ns_of,
-            block_size=cfg.block_size,
+            block_size=cfg.block_size, holders=cfg.holders,
         )  # fmt: skip
         self.last: int | None = pos.last_seq  # newest batch taken
         self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
@@ -388,12 +399,29 @@ class VllmBridge:
             return
         if isinstance(r, BaseException):
             raise r
+        if isinstance(it.op, CanaryOp):
+            self._check_agreement(it.op, r)
+            return
         if it.kind is not None:
             self.stats.events[it.kind] += 1
         if isinstance(it.op, InsertOp):
             self.stats.blocks_new += int(r.get("new_blocks", 0))
         else:
             self.stats.blocks_removed += int(r.get("removed", 0))
+
+    def _check_agreement(self, op: CanaryOp, r: dict[str, Any]) -> None:
+        held = r.get("holders") or []
+        self.stats.hash_checks += 1
+        if len(held) > 1:
+            self.stats.hash_disagreements += 1
+            others = [f"{m:#x}" for m, _ in held if m != op.engine_hash][:1]
+            log.warning(
+                "engines disagree on block hashes in namespace %r: the same first-block "
+                "tokens hash to %#x here and %s on another worker; every engine sharing a "
+                "namespace must hash alike (vLLM: the same prefix_caching_hash_algo and "
+                "PYTHONHASHSEED), or its blocks are never found by the others",
+                op.ns.removeprefix(CANARY_NS).lstrip("/"), op.engine_hash,
+                others[0] if others else "?")
 
     @staticmethod
     async def _send(client: Client, op: Op) -> dict[str, Any]:
@@ -402,7 +430,10 @@ class VllmBridge:
                 hashes=list(op.hashes), meta=op.meta, ns=op.ns, parent=op.parent
             )
         if isinstance(op, RemoveOp):
-            return await client.remove(ns=op.ns, ids=list(op.ids))
+            return await client.remove(ns=op.ns, ids=list(op.ids), meta=op.meta)
+        if isinstance(op, CanaryOp):  # one holder per engine hash of these tokens
+            await client.insert(tokens=list(op.tokens), meta=op.engine_hash, ns=op.ns)
+            return await client.match(tokens=list(op.tokens), ns=op.ns, holders=2)
         assert isinstance(op, ClearOp)
         return await client.clear(op.ns, op.mask, op.value)
 
@@ -416,10 +447,14 @@ class VllmBridge:
             else:
                 try:
                     await client.ping()
+                    if self.cfg.holders:
+                        await self._speak_holders(client)
                     self._client = client
                     self.stats.reconnects += self._connected_once
                     self._connected_once = True
                     break
+                except ConfigError:
+                    raise  # not a sarpd that is busy or starting: an operator's mistake
                 except (*RETRYABLE, SarpError) as exc:
                     self._note_busy(exc)
                     log.info("sarpd not ready: %s", exc)
@@ -427,6 +462,17 @@ class VllmBridge:
             await self._sleep(backoff)
             backoff = min(backoff * 2, self.cfg.max_backoff_s)
         return self._client
+
+    async def _speak_holders(self, client: Client) -> None:
+        """Every connection asks for protocol 2; a sarpd without holders is refused
+        (its first-insert-wins would attribute every shared block to one worker)."""
+        hello = await client.hello(protocol=2)
+        if not hello.get("holders"):
+            await client.close()
+            raise ConfigError(
+                f"sarpd at {self.cfg.socket} answers protocol {hello.get('protocol', 1)} "
+                "without holders: upgrade it, or run the bridge with --no-holders (and a "
+                "namespace per worker, --ns '.../w{worker}')")
 
     def _note_busy(self, exc: BaseException) -> None:
         if isinstance(exc, Busy) or isinstance(exc.__cause__, Busy):

@@ -54,6 +54,7 @@ def test_decode_both_encodings(array_like: bool) -> None:
         first_extra_keys=("sql", "tenant"),
         group_idx=0,
         num_tokens=32,
+        first_tokens=tuple(range(16)),  # the first block's, of a store from position 0
     )
     assert rm == BlockRemoved((7, engine_hash(DIGEST)), "CPU")
     assert cl == AllBlocksCleared()
@@ -151,7 +152,8 @@ def test_current_fields_in_both_encodings() -> None:
               "lora_name": None, "group_idx": 0, "locality": "REMOTE", "ownership": "fs0",
               "session_id": "s9", "lookahead_token_ids": [5]}  # fmt: skip
     want = BlockStored((1,), None, 16, "STORAGE", group_idx=0, num_tokens=16,
-                       locality="REMOTE", ownership="fs0", session_id="s9", lookahead=1)
+                       locality="REMOTE", ownership="fs0", session_id="s9", lookahead=1,
+                       first_tokens=(0,) * 16)
     for ev in (arr, as_map):
         assert decode_batch(msgpack.packb([1.0, [ev]])).events == (want,)
     removed_map = {"type": "BlockRemoved", "block_hashes": [1], "medium": "STORAGE",

@@ -42,7 +42,7 @@ def test_meta_bits_and_clear_masks() -> None:
 
 
 def test_translator_namespaces_follow_lora_salt_and_parent() -> None:
-    tr = Translator(worker=2, ns_template="llama/w{worker}")
+    tr = Translator(holders=False, worker=2, ns_template="llama/w{worker}")
     toks = list(range(32))
     first, cont, lora, cpu = (
         tr.event(e)
@@ -75,7 +75,7 @@ def test_translator_namespaces_follow_lora_salt_and_parent() -> None:
 
 
 def test_translator_after_restart_removes_in_every_known_namespace() -> None:
-    tr = Translator(worker=0, known=["", "salt=a", "lora=x"])
+    tr = Translator(holders=False, worker=0, known=["", "salt=a", "lora=x"])
     assert not tr.trust_map
     (rm,) = (tr.event(e) for e in _batch(removed([7])))
     assert sorted(op.ns for op in rm.ops) == ["", "lora=x", "salt=a"]
@@ -85,20 +85,22 @@ def test_translator_after_restart_removes_in_every_known_namespace() -> None:
 
 
 def test_translator_filters_groups_and_unknown_events() -> None:
-    tr = Translator(worker=1, group=0)
+    tr = Translator(holders=False, worker=1, group=0)
     evs = _batch(stored([1], None, [0] * 16, group_idx=1), {"type": "Other", "x": 1})
     assert [(t.kind, t.ops) for t in map(tr.event, evs)] == [("ignored", ()), ("ignored", ())]
     with pytest.raises(ConfigError, match="worker"):
-        Translator(worker=70000)
+        Translator(holders=False, worker=70000)
     with pytest.raises(ConfigError, match="ns"):
-        Translator(worker=1, ns_template="m/{rank}")
-    assert Translator(worker=1, ns_template="{{x}}/{medium}").base_ns("CPU") == "{x}/cpu"
+        Translator(holders=False, worker=1, ns_template="m/{rank}")
+    tr = Translator(holders=False, worker=1, ns_template="{{x}}/{medium}")
+    assert tr.base_ns("CPU") == "{x}/cpu"
 
 
 def test_translator_tiers_and_unanchored_stores() -> None:
     """Other tiers are indexed only with a namespace per tier; stores without parent
     and tokens (offloading connectors) never: their positions are unknown."""
-    shared, per_tier = Translator(worker=1), Translator(worker=1, ns_template="{medium}")
+    shared = Translator(holders=False, worker=1)
+    per_tier = Translator(holders=False, worker=1, ns_template="{medium}")
     cpu_store = stored([5], None, [0] * 16, medium="CPU")
     cpu_remove = removed([5], medium="CPU")
     bare = stored([6, 7], None, [], medium="CPU")
@@ -121,7 +123,7 @@ def test_storage_tier_locality_and_ownership() -> None:
     is never this worker's block; a tier instance (`ownership`) gets its own namespace."""
     assert block_meta(3, "STORAGE") == block_meta(3, "fs") == (3 << 48) | (2 << 40)
     assert block_meta(3, "OBJ") == (3 << 48) | (2 << 40)
-    tr = Translator(worker=3, ns_template="w{worker}/{medium}")
+    tr = Translator(holders=False, worker=3, ns_template="w{worker}/{medium}")
     toks = [0] * 16
     local, remote, odd, plain, rm_local, rm_remote = (tr.event(e) for e in _current(
         vs.block_stored([1], None, toks, medium="STORAGE", locality="LOCAL", ownership="fs0"),
@@ -136,7 +138,7 @@ def test_storage_tier_locality_and_ownership() -> None:
     assert plain.ops == (InsertOp("w3/disk", (4,), None, (3 << 48) | (2 << 40)),)
     assert rm_local.ops == (RemoveOp("w3/disk:fs0", (1,)),)
     assert (rm_remote.ops, rm_remote.reason) == ((), "remote")
-    shared = Translator(worker=3)  # no {medium}: only the GPU tier, ownership unused
+    shared = Translator(holders=False, worker=3)  # no {medium}: only the GPU tier, ownership unused
     st, gpu = (shared.event(e) for e in _current(
         vs.block_stored([1], None, toks, medium="STORAGE", locality="LOCAL"),
         vs.block_stored([5], None, toks, locality="LOCAL", ownership="x")))  # fmt: skip
@@ -150,24 +152,24 @@ def test_partial_block_stores_are_skipped() -> None:
     full = vs.block_stored([1, 2], None, [0] * 128, 64)
     partial = vs.block_stored([9], 2, [0] * 16, 16)  # after block 2, 16 tokens
     cpu = vs.block_stored([7], None, [0] * 16, 16, medium="CPU")
-    learned = Translator(worker=1, ns_template="{medium}")
+    learned = Translator(holders=False, worker=1, ns_template="{medium}")
     kinds = [(t.kind, t.reason) for t in map(learned.event, _current(full, partial, cpu))]
     assert kinds == [("stored", ""), ("ignored", "partial"), ("stored", "")]
     # learned: a partial store before any full one passes for a full one
-    assert Translator(worker=1).event(_current(partial)[0]).kind == "stored"
-    configured = Translator(worker=1, block_size=64)
+    assert Translator(holders=False, worker=1).event(_current(partial)[0]).kind == "stored"
+    configured = Translator(holders=False, worker=1, block_size=64)
     assert configured.event(_current(partial)[0]).reason == "partial"
     assert configured.event(_current(full)[0]).kind == "stored"
     bigger = vs.block_stored([3], None, [0] * 128, 128)
     assert configured.event(_current(bigger)[0]).reason == "block_size"
     with pytest.raises(ConfigError, match="block_size"):
-        Translator(worker=1, block_size=-1)
+        Translator(holders=False, worker=1, block_size=-1)
 
 
 def test_lookahead_session_and_typed_salt() -> None:
     """Stores with lookahead tokens are indexed (flagged); the session id changes
     nothing; a typed cache_salt key names the salt, a typed LoRA key does not."""
-    tr = Translator(worker=2)
+    tr = Translator(holders=False, worker=2)
     salted, session, ahead = (tr.event(e) for e in _current(
         vs.block_stored([1], None, [0] * 16, lora_name="sql",
                         extra_keys=[(vs.LoRAKey("sql"), vs.CacheSaltKey("t7"))]),
@@ -182,7 +184,7 @@ def test_lookahead_session_and_typed_salt() -> None:
 
 
 def test_ignored_reasons() -> None:
-    tr = Translator(worker=1, group=0)
+    tr = Translator(holders=False, worker=1, group=0)
     evs = _batch(stored([1], None, [0] * 16, group_idx=1), {"type": "Other", "x": 1},
                  stored([], None, [0] * 16), stored([6], None, []),
                  removed([1], medium="CPU"))  # fmt: skip

@@ -48,8 +48,10 @@ def test_status_line() -> None:
     line = sample_stats().line()
     assert line.startswith("seq 41: events stored 7 removed 1 cleared 0 ignored 3; ")
     assert "blocks +30 -0; unknown_parent 2, dropped 3," in line
-    assert line.endswith("lag 0.250 s; ignored partial 1, remote 2; dropped unreplayed 3")
-    assert BridgeStats().line().endswith("lag 0.000 s")  # no reasons, no tail
+    assert line.endswith("lag 0.250 s, hash disagreements 0 of 0; ignored partial 1, "
+                         "remote 2; dropped unreplayed 3")
+    # no reasons, no tail
+    assert BridgeStats().line().endswith("lag 0.000 s, hash disagreements 0 of 0")
 
 
 def test_metrics_export_reads_the_live_counters() -> None:
