@@ -113,17 +113,23 @@ def _tokens_command(fn: Callable[..., None]) -> Callable[..., None]:
 @main.command(help=f"Longest indexed prefix of a token sequence.\n\n{TOKENS_HELP}")
 @_tokens_command
 @click.option("--with-ids", is_flag=True, help="Also return the matched block ids.")
+@click.option("--holders", type=click.IntRange(0, 1024), default=0,
+              help="Also list the K holders with the longest runs from block 0 "
+              "(protocol 2, docs/PROTOCOL.md \"Holders\"). 0: none.")
 @click.pass_context
-def match(ctx: click.Context, file: IO[str], ns: str, as_json: bool, with_ids: bool) -> None:
+def match(ctx: click.Context, file: IO[str], ns: str, as_json: bool, with_ids: bool,
+          holders: int) -> None:
     tokens = read_tokens(file)
     with connect(ctx) as c:
-        result = c.match(tokens=tokens, ns=ns, with_ids=with_ids)
+        result = c.match(tokens=tokens, ns=ns, with_ids=with_ids, holders=holders)
     if as_json:
         emit_json(result)
         return
     click.echo(f"matched {result['blocks']} blocks ({result['tokens']} tokens)")
     if result["meta"]:
         click.echo("meta: " + " ".join(str(m) for m in result["meta"]))
+    for meta, run in result.get("holders") or []:
+        click.echo(f"holder {meta:#018x}: {run} blocks")
     for i, block_id in enumerate(result.get("ids") or []):
         click.echo(f"id[{i}]: {block_id.hex()}")
 
@@ -135,12 +141,18 @@ def match(ctx: click.Context, file: IO[str], ns: str, as_json: bool, with_ids: b
     type=click.IntRange(0, 2**64 - 1),
     default=0,
     show_default=True,
-    help="Metadata (uint64) stored with every new block.",
+    help="Metadata (uint64) stored with every new block (with --holder: the holder).",
 )
+@click.option("--holder", is_flag=True,
+              help="Protocol 2: blocks already indexed get META as one more holder "
+              "(default: the first insert wins).")
 @click.pass_context
-def insert(ctx: click.Context, file: IO[str], ns: str, as_json: bool, meta: int) -> None:
+def insert(ctx: click.Context, file: IO[str], ns: str, as_json: bool, meta: int,
+           holder: bool) -> None:
     tokens = read_tokens(file)
     with connect(ctx) as c:
+        if holder:
+            c.hello(protocol=2)
         result = c.insert(tokens=tokens, ns=ns, meta=meta)
     if as_json:
         emit_json(result)
@@ -161,15 +173,18 @@ def insert(ctx: click.Context, file: IO[str], ns: str, as_json: bool, meta: int)
     show_default=True,
     help="First block index to remove.",
 )
+@click.option("--meta", type=click.IntRange(0, 2**64 - 1), default=None,
+              help="Take only this holder off the blocks (default: every holder).")
 @click.pass_context
-def remove(ctx: click.Context, file: IO[str], ns: str, as_json: bool, start: int) -> None:
+def remove(ctx: click.Context, file: IO[str], ns: str, as_json: bool, start: int,
+           meta: int | None) -> None:
     tokens = read_tokens(file)
     with connect(ctx) as c:
-        result = c.remove(tokens=tokens, ns=ns, start=start)
+        result = c.remove(tokens=tokens, ns=ns, start=start, meta=meta)
     if as_json:
         emit_json(result)
         return
-    click.echo(f"removed {result['removed']} blocks")
+    click.echo(f"removed {result['removed']} blocks (left with no holder)")
 
 
 @main.command()

@@ -53,6 +53,21 @@ def test_match_and_remove_from_a_file(shared_sarpd: SarpdProc, tmp_path: Path) -
     assert json.loads(res.output)["blocks"] == 3
 
 
+def test_holders_from_the_command_line(shared_sarpd: SarpdProc) -> None:
+    toks = json.dumps(TOKENS)
+    for meta in ("7", "3"):
+        res = run(shared_sarpd, "insert", "--ns", "ctl-h", "--meta", meta, "--holder", stdin=toks)
+        assert res.exit_code == 0, res.output
+    res = run(shared_sarpd, "match", "--ns", "ctl-h", "--holders", "4", stdin=toks)
+    assert res.exit_code == 0, res.output
+    assert "holder 0x0000000000000003: 5 blocks" in res.output
+    assert "holder 0x0000000000000007: 5 blocks" in res.output
+    res = run(shared_sarpd, "remove", "--ns", "ctl-h", "--meta", "3", stdin=toks)
+    assert "removed 0 blocks (left with no holder)" in res.output
+    res = run(shared_sarpd, "match", "--ns", "ctl-h", "--holders", "4", "--json", stdin=toks)
+    assert json.loads(res.output)["holders"] == [[7, 5]]
+
+
 def test_stats_json_parses(shared_sarpd: SarpdProc) -> None:
     res = run(shared_sarpd, "stats", "--json")
     assert res.exit_code == 0, res.output
