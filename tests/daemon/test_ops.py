@@ -102,6 +102,7 @@ def test_sarpd_toml_documents_every_setting_and_loads(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     cfg = load_config(path)
     assert cfg.max_queue == 65536 and cfg.allow_uids == () and cfg.log_format == "text"
+    assert cfg.cache_bytes == ServerConfig().cache_bytes  # the default, as documented
     keys = {body.split(" = ")[0] for body in lines if " = " in body}
     for cls in (ServerConfig, IndexConfig):
         missing = {f.name for f in dataclasses.fields(cls)} - keys - {"index"}
