@@ -14,6 +14,12 @@ attribute `persistent = False` (the Backend protocol; the contract tests then sk
 reopen and crash tests). An unknown name raises BackendConfigError.
 With $SARPD_FAULT_FILE set, `open_backend` wraps the engine in backends.faulty's
 FaultyBackend (fault-injection tests of a real daemon).
+
+`cache_bytes` is the engine's whole memory budget where the engine can keep to one
+(rocksdb: block cache + memtables + index and filter partitions). `CACHE_FLOORS`
+names the engines that keep more than a small budget whatever it says: wiredtiger's
+cache is at least 32 MiB (a write batch's transaction must fit in it), so a smaller
+budget does not bind it; `cache_floor(name)` says how much (0: none).
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ def _lazy(module: str, cls_name: str) -> BackendFactory:
     return make
 
 
+# the least cache an engine keeps whatever `cache_bytes` says (backends/wiredtiger.py)
+CACHE_FLOORS: dict[str, int] = {"wiredtiger": 32 * 1024 * 1024}
+
 BACKENDS: dict[str, BackendFactory] = {
     "rocksdb": _lazy("backends.rocksdb", "RocksDBBackend"),
     "memory": _lazy("backends.memory", "MemoryBackend"),
@@ -52,6 +61,11 @@ BACKENDS: dict[str, BackendFactory] = {
 
 def backend_names() -> list[str]:
     return list(BACKENDS)
+
+
+def cache_floor(name: str) -> int:
+    """The least cache backend `name` keeps, above any smaller `cache_bytes` (0: none)."""
+    return CACHE_FLOORS.get(name, 0)
 
 
 def open_backend(name: str, path: Path, *, cache_bytes: int,

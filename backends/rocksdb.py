@@ -3,9 +3,47 @@
 Options:
 - raw mode: keys and values are bytes. A directory written in rocksdict's pickle mode
   is refused (a raw-mode open of one would silently read None everywhere).
-- block-based table, LRU block cache of `cache_bytes`, 10-bit full bloom filter,
-  index and filter blocks held outside the cache (in the cache they doubled get time
-  at small cache sizes), hash index inside data blocks for cheaper point lookups.
+- the budget: `cache_bytes` is the engine's WHOLE memory, not only its block cache:
+  memtables + block cache (data blocks, index and filter partitions) + table readers.
+  The memtables: WRITE_BUFFERS (2) of `write_buffer_bytes(cache_bytes)` =
+  MEMTABLE_SHARE (1/4) of the budget split in two, at least 64 KiB (RocksDB's least)
+  and at most 64 MiB (RocksDB's default); a full one is flushed while the other fills
+  and writes wait while both are full, so they hold at most `memtable_limit_bytes` (2
+  write buffers and RocksDB's over-allocation, OVER_ALLOCATION of each). The LRU block
+  cache gets the rest (`block_cache_bytes`). `stats()["memory_bytes"]` = block cache
+  in use + memtables + table readers. A budget under MIN_CACHE_BYTES (512 KiB) is
+  refused.
+  Slack, RocksDB's own: the table readers are outside the cache (with partitions, a
+  few KB per table file: 25-45 KB at 4-20 table files); a write batch goes into one
+  memtable whole, so a batch larger than a write buffer may let the memtables hold
+  that much more; the cache may exceed its capacity by what is pinned there when
+  nothing else is left to evict (blocks a read holds, the top-level index and filter
+  blocks). Measured (100 MiB of writes in batches of 64 values of <= 1.6 KB, reads
+  between them): memory_bytes at most the budget + the table readers from 2 MiB up
+  (1.015x at 2 MiB, 0.99x at 4 MiB), 1.07-1.17x at 1-0.5 MiB (batches of ~52 KB
+  against 64-128 KiB write buffers, 19 L0 files). Charging the memtables to the
+  cache instead (a WriteBufferManager with the cache, as RocksDB offers) over-counts
+  them (256 KiB dummy entries, released lazily) and its pinned charges overfilled
+  the 512 KiB cache shards (1.12x at 4 MiB); write speed was the same either way.
+  sarp's write path (write_many, 3M blocks, no sync) took 8.3 s in a 64 MiB budget
+  (2 x 8 MiB memtables) and 8.7-10.4 s in 128 MiB, 11.5-14.5 s before (a 64 MiB cache
+  and 2 x 64 MiB memtables outside it; a shared machine, noisy).
+- block-based table: 10-bit bloom filters, partitioned (`partition_filters`, a
+  two-level index, METADATA_BLOCK_BYTES partitions), index and filter blocks in the
+  cache: only each table's top-level index and filter blocks are read at open (and
+  pinned in the cache); the partitions are read on demand and compete with data
+  blocks for the budget. Measured on a 2M-key store (606 MB, direct reads): table
+  readers 21 KiB instead of 8.2 MiB (every filter and index read at open: ~1.5 GB at
+  1e9 keys), open 14-28 ms vs 24-29 ms; at the same total memory (a 12.2 MiB budget vs
+  a 4 MiB cache + 8.2 MiB of table readers) hits 87-89 us vs 67-82 us (median),
+  misses 1.4 vs 0.6 us, the first 200 gets after open 164-257 vs 89-117 us (they
+  read the partitions); with a budget smaller than the metadata (4 MiB) hits take
+  ~190 us: what was outside the budget before is paid for now (unpartitioned index and
+  filter blocks in a small cache doubled get time; partitioned, at the same memory,
+  hits are 1.1-1.3x slower than with all of them outside the budget). L0 partitions are
+  not pinned (`pin_l0_filter_and_index_blocks_in_cache`): in an 800 KB budget with 16
+  L0 files they held 870 KB pinned, and gets were no faster with them. Hash index
+  inside data blocks for cheaper point lookups.
 - the same Options are passed as `column_families={"default": opts}`: without it a
   reopen silently loads the stored OPTIONS (8 MiB cache, no bloom filter).
 - write-heavy, small values: level compaction with dynamic level sizes, LZ4 (cheap;
@@ -29,9 +67,10 @@ Thread safety: every call may come from any thread (RocksDB is thread-safe). `cl
 drops the RocksDB iterators of unfinished scans (their next step raises BackendIOError)
 so that the directory can be reopened at once.
 
-Failures (backends/errors.py): a negative `cache_bytes` is a BackendConfigError; a
-failed open (a file, a directory in pickle mode or already open in this process), read,
-write, sync or reopen is a BackendIOError naming the path and RocksDB's message.
+Failures (backends/errors.py): a `cache_bytes` under MIN_CACHE_BYTES is a
+BackendConfigError; a failed open (a file, a directory in pickle mode or already open
+in this process), read, write, sync or reopen is a BackendIOError naming the path and
+RocksDB's message.
 """
 
 from __future__ import annotations
@@ -52,8 +91,19 @@ from backends._files import OpenPaths, dir_bytes
 from backends.base import WriteBatch, sorted_items
 from backends.errors import BackendConfigError, BackendIOError
 
-MiB = 1024 * 1024
+KiB = 1024
+MiB = 1024 * KiB
 BLOOM_BITS_PER_KEY = 10
+METADATA_BLOCK_BYTES = 4 * KiB  # index and filter partitions
+MEMTABLE_SHARE = 0.25  # of the budget: the most the memtables take (WRITE_BUFFERS of them)
+WRITE_BUFFERS = 2  # max_write_buffer_number (RocksDB's default)
+MIN_WRITE_BUFFER_BYTES = 64 * KiB  # RocksDB raises a smaller write_buffer_size to this
+MAX_WRITE_BUFFER_BYTES = 64 * MiB  # RocksDB's default write_buffer_size
+# RocksDB flushes a memtable once it holds write_buffer_size + 0.6 of an arena block,
+# and an arena block is write_buffer_size / 8 at most (memtable.cc ShouldFlushNow)
+OVER_ALLOCATION = 0.6 / 8
+# the least budget: the one whose memtable share is two of RocksDB's least memtables
+MIN_CACHE_BYTES = int(WRITE_BUFFERS * MIN_WRITE_BUFFER_BYTES / MEMTABLE_SHARE)  # 512 KiB
 COMPRESSION = "lz4"
 BACKGROUND_JOBS = 2
 RESUME_RETRY_S = 1.0  # after a reopen that failed, refuse writes this long
@@ -79,8 +129,8 @@ _PROPERTIES = {
     "running_compactions": "rocksdb.num-running-compactions",
     "l0_files": "rocksdb.num-files-at-level0",
 }
-# the engine's memory (stats()["memory_bytes"]): block cache in use, memtables, and the
-# index and filter blocks of open tables (held outside the block cache, see above)
+# the engine's memory (stats()["memory_bytes"]): the block cache in use (data blocks,
+# index and filter partitions), the memtables and the table readers
 _MEMORY = ("block_cache_usage", "memtable_bytes", "table_readers_bytes")
 # stats() name -> RocksDB statistics ticker (only with statistics=True)
 _TICKERS = {
@@ -96,18 +146,44 @@ _TICKERS = {
 _OPEN = OpenPaths("rocksdb", "RocksDBBackend")
 
 
+def write_buffer_bytes(cache_bytes: int) -> int:
+    """One memtable's size (`write_buffer_size`) for a budget: MEMTABLE_SHARE of it over
+    WRITE_BUFFERS memtables, within [MIN_WRITE_BUFFER_BYTES, MAX_WRITE_BUFFER_BYTES]."""
+    share = int(cache_bytes * MEMTABLE_SHARE) // WRITE_BUFFERS
+    return min(MAX_WRITE_BUFFER_BYTES, max(MIN_WRITE_BUFFER_BYTES, share))
+
+
+def memtable_limit_bytes(cache_bytes: int) -> int:
+    """The most the memtables hold (batches smaller than a write buffer): WRITE_BUFFERS
+    of them, each flushed once it holds its size and OVER_ALLOCATION more."""
+    return int(WRITE_BUFFERS * write_buffer_bytes(cache_bytes) * (1 + OVER_ALLOCATION))
+
+
+def block_cache_bytes(cache_bytes: int) -> int:
+    """The block cache's capacity: the budget but what the memtables may hold."""
+    return cache_bytes - memtable_limit_bytes(cache_bytes)
+
+
 def build_options(cache_bytes: int, statistics: bool = False,
                   direct_io: bool = False) -> rocksdict.Options:
-    """The Options of every open (new or existing directory)."""
+    """The Options of every open (new or existing directory): `cache_bytes` is the
+    whole budget, memtables included (see the module docstring)."""
     table = rocksdict.BlockBasedOptions()
-    table.set_block_cache(rocksdict.Cache(cache_bytes))
+    table.set_block_cache(rocksdict.Cache(block_cache_bytes(cache_bytes)))
     table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
-    table.set_cache_index_and_filter_blocks(False)
+    table.set_index_type(rocksdict.BlockBasedIndexType.two_level_index_search())
+    table.set_partition_filters(True)
+    table.set_metadata_block_size(METADATA_BLOCK_BYTES)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_top_level_index_and_filter(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(False)
     table.set_data_block_index_type(rocksdict.DataBlockIndexType.binary_and_hash())
     table.set_data_block_hash_ratio(0.75)
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_block_based_table_factory(table)
+    opts.set_write_buffer_size(write_buffer_bytes(cache_bytes))
+    opts.set_max_write_buffer_number(WRITE_BUFFERS)
     opts.set_compression_type(rocksdict.DBCompressionType.lz4())
     opts.set_level_compaction_dynamic_level_bytes(True)
     opts.set_max_background_jobs(BACKGROUND_JOBS)
@@ -172,8 +248,9 @@ class RocksDBBackend:
         self, path: Path, cache_bytes: int = 64 * MiB, *, statistics: bool = False,
         direct_io: bool = False,
     ) -> None:
-        if cache_bytes < 0:
-            raise BackendConfigError(f"rocksdb: cache_bytes {cache_bytes} must be >= 0")
+        if cache_bytes < MIN_CACHE_BYTES:
+            raise BackendConfigError(f"rocksdb: cache_bytes {cache_bytes} is below the least "
+                                     f"budget, {MIN_CACHE_BYTES} (the memtables and some blocks)")
         self.path = Path(path)
         self.cache_bytes = cache_bytes
         self.direct_io = direct_io
@@ -402,6 +479,9 @@ class RocksDBBackend:
             return out
         out.update(
             cache_bytes_configured=self.cache_bytes,
+            write_buffer_bytes=write_buffer_bytes(self.cache_bytes),
+            write_buffers=WRITE_BUFFERS,
+            memtable_limit_bytes=memtable_limit_bytes(self.cache_bytes),
             direct_io=int(self.direct_io),
             bloom_bits_per_key=BLOOM_BITS_PER_KEY,
             compression=COMPRESSION,

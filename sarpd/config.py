@@ -106,7 +106,9 @@ class ServerConfig:
     metrics_port: int = 0  # Prometheus /metrics on metrics_host:port (0 = off)
     metrics_host: str = "127.0.0.1"
     log_format: LogFormat = "text"
-    cache_bytes: int = 64 * 1024 * 1024  # backend block cache
+    # the backend engine's whole memory budget (rocksdb: block cache + memtables + index
+    # and filter partitions, backends/rocksdb.py; wiredtiger: its cache, >= 32 MiB)
+    cache_bytes: int = 128 * 1024 * 1024
     log_level: str = "INFO"
     index: IndexConfig = field(default_factory=IndexConfig)
 

@@ -74,6 +74,7 @@ def test_sarpd_toml_documents_every_setting_and_loads(tmp_path: Path) -> None:
             lines.append(body)
     cfg = load_config(write(tmp_path, "\n".join(lines) + "\n"))
     assert cfg.max_queue == 65536 and cfg.allow_uids == () and cfg.log_format == "text"
+    assert cfg.cache_bytes == ServerConfig().cache_bytes  # the default, as documented
     keys = {body.split(" = ")[0] for body in lines if " = " in body}
     for cls in (ServerConfig, IndexConfig):
         missing = {f.name for f in dataclasses.fields(cls)} - keys - {"index"}

@@ -17,6 +17,7 @@ from backends.errors import BackendConfigError
 from backends.faulty import ENV, FaultyBackend
 from backends.memory import MemoryBackend
 from backends.registry import BACKENDS, backend_names, open_backend
+from backends.rocksdb import block_cache_bytes
 
 CACHE = 8 << 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,8 @@ def test_open_backend_returns_the_engine_it_names(tmp_path: Path,
     rocks = open_backend("rocksdb", tmp_path / "r", cache_bytes=3 << 20)
     try:
         assert rocks.name == "rocksdb" and rocks.persistent is True
-        assert rocks.stats()["block_cache_bytes"] == 3 << 20  # cache_bytes reaches it
+        assert rocks.stats()["cache_bytes_configured"] == 3 << 20  # cache_bytes reaches it
+        assert rocks.stats()["block_cache_bytes"] == block_cache_bytes(3 << 20)
     finally:
         rocks.close()
 

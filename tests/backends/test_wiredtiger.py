@@ -19,6 +19,7 @@ import pytest
 
 from backends.base import WriteBatch
 from backends.errors import BackendConfigError, BackendIOError
+from backends.registry import cache_floor
 from backends.wiredtiger import MIN_CACHE_BYTES, SCAN_CHUNK, WiredTigerBackend
 from tests.backends.helpers import batch_of, be8, put_all
 
@@ -165,6 +166,7 @@ def test_cache_size_is_configured(tmp_path: Path) -> None:
     backend.close()
     small = WiredTigerBackend(tmp_path / "b", cache_bytes=1000)
     assert small.stats()["cache_bytes_max"] == MIN_CACHE_BYTES  # room for a batch
+    assert cache_floor("wiredtiger") == MIN_CACHE_BYTES  # what the bench reports
     small.close()
     with pytest.raises(BackendConfigError, match="-1"):
         WiredTigerBackend(tmp_path / "c", cache_bytes=-1)

@@ -3,9 +3,19 @@ against sarp and reuse loss against the exact index, the Markdown table, the plo
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from tools.bench.report import COLUMNS, markdown_table, rows, text_table, write_report
+import pytest
+
+from tools.bench.report import (
+    COLUMNS,
+    conditions,
+    markdown_table,
+    rows,
+    text_table,
+    write_report,
+)
 from tools.bench.runner import BenchResult, IndexFailure, IndexResult
 
 
@@ -42,7 +52,8 @@ def test_text_table_is_aligned_and_explains_its_ratios() -> None:
     text = text_table(bench())
     head, desc, cols, *body = text.splitlines()
     assert head == ("workload codeact: 100 requests, 900 unique blocks, memory budget "
-                    "1.0 MiB (engine cache + own caches), page cache on, preload 0 blocks, "
+                    "1.0 MiB (engine cache + write buffers + own caches), page cache on, "
+                    "preload 0 blocks, "
                     "schema 2, sarp verifier: numpy")
     assert desc == "codeact: 12 sessions"
     assert cols.split() [:3] == ["index", "req/s", "x"]
@@ -81,3 +92,21 @@ def test_a_failed_index_is_listed_under_the_tables() -> None:
     assert "FAILED redis: redis: boom" in text and "direct I/O" in text
     md = markdown_table(res)
     assert md.rstrip().endswith("FAILED redis: redis: boom")
+
+
+@pytest.mark.parametrize(("budget", "note"), [
+    (1 << 20, "wiredtiger keeps a cache of at least 32.0 MiB (a write batch must fit), "
+              "more than this budget"),
+    (48 << 20, "wiredtiger keeps a cache of at least 32.0 MiB (a write batch must fit), "
+               "more than sarp's engine share of this budget"),
+    (64 << 20, None)])
+def test_conditions_say_when_wiredtigers_cache_floor_is_above_the_budget(
+        budget: int, note: str | None) -> None:
+    wt = dataclasses.replace(result("ssd-blockhash", 1000.0, 1600, 0.5), backend="wiredtiger")
+    res = BenchResult("codeact", "", 100, 900, budget, [result("sarp", 2000.0, 1600, 0.5), wt])
+    text = conditions(res)
+    if note is None:
+        assert "wiredtiger" not in text
+    else:
+        assert text.endswith(f"schema 2; {note}") and text.count("wiredtiger") == 1
+    assert "wiredtiger" not in conditions(dataclasses.replace(res, results=res.results[:1]))

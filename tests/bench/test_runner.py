@@ -215,3 +215,45 @@ def test_run_bench_fits_the_radix_cap_after_the_preload(
     resident, _, total = load.split(" ")[:3]
     assert f"of {int(total):,} nodes resident" in note  # the fit's tree is the measured one
     assert 0 < int(resident) <= int(total) // 2  # the fitted cap held in the measured run
+
+
+def test_no_index_gives_its_engine_more_than_the_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every SSD index opens its backend with at most the run's budget as the engine's
+    `cache_bytes` (its whole memory: cache and write buffers), sarp's with its engine
+    share (the bulk build's backend too), and its memory stays within the budget."""
+    import tools.bench.baselines._common as common
+    import tools.bench.sarp_index as sarp_index
+    from backends.base import Backend
+
+    opened: list[tuple[str, int]] = []
+    real = sarp_index.open_backend
+
+    def spy(name: str, path: Path, *, cache_bytes: int, direct_io: bool = False) -> Backend:
+        opened.append((name, cache_bytes))
+        return real(name, path, cache_bytes=cache_bytes, direct_io=direct_io)
+
+    monkeypatch.setattr(common, "open_backend", spy)
+    monkeypatch.setattr(sarp_index, "open_backend", spy)
+    budget = 2 << 20
+    seqs = [np.arange(1 + 1000 * i, 1 + 1000 * i + 256, dtype=np.uint64) for i in range(8)]
+    metas = [np.ones(256, np.uint64)] * 8
+    for name, factory in index_factories().items():
+        if name == "redis":
+            continue
+        index = factory()
+        opened.clear()
+        index.open(tmp_path / name, "rocksdb", budget, direct_io=True)
+        try:
+            index.insert_many(seqs, [""] * 8, metas)
+            engine = sarp_index.split_budget(budget)[0] if name.startswith("sarp") else budget
+            assert opened == [("rocksdb", engine)], name
+            if name != "dram-blockhash":  # its dict is its whole footprint, outside
+                assert index.memory_bytes() <= budget, name
+        finally:
+            index.close()
+    opened.clear()
+    bulk = sarp_index.SarpBench()
+    bulk.bulk_open(tmp_path / "bulk", "rocksdb", budget, [(seqs, [""] * 8, metas)])
+    bulk.close()
+    assert opened == [("rocksdb", sarp_index.split_budget(budget)[0])] * 2

@@ -64,8 +64,9 @@ class RecoveryResult:
 class BenchIndex(Protocol):
     """An index under test. One instance per run; `open` creates it under `data_dir`.
 
-    `cache_bytes` is the run's ONE memory budget: the engine's cache plus every cache
-    the index keeps itself must fit in it. `direct_io`: the backend reads around the
+    `cache_bytes` is the run's ONE memory budget: the engine's memory (its cache, write
+    buffers, index and filter blocks: the backend's `cache_bytes` is all of it) plus
+    every cache the index keeps itself must fit in it. `direct_io`: the backend reads around the
     OS page cache (backends.registry), so that budget is the only cache of the data."""
 
     name: str

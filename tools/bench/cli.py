@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from tools.bench.preload import left_out
-from tools.bench.report import text_table, write_report
+from tools.bench.report import floor_note, text_table, write_report
 from tools.bench.runner import SCHEMA, index_factories, run_bench
 
 INDEX_HELP = "Comma-separated indexes to run (default: every one the harness knows)."
@@ -62,7 +62,8 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
 
     Each turn first matches its accumulated history, then inserts the extended sequence;
     sessions advance round-robin. Every SSD design gets the same memory budget (10 % of
-    the uncompressed SSD-BlockHash store) for its engine cache and its own caches, and
+    the uncompressed SSD-BlockHash store) for its engine (cache and write buffers) and
+    its own caches (wiredtiger keeps 32 MiB at least: the table says when), and
     reads with direct I/O unless --page-cache. Recovery (recovery_s) is the in-process
     time to open, load and answer the first match, in a fresh process after its
     imports; recovery_spawn_s is from the spawn. An index that fails is reported with
@@ -117,7 +118,7 @@ def _exit_if_failed(failed: list[str]) -> None:
 
 def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Path | None,
                    json_out: str | None, direct_io: bool) -> None:
-    from tools.bench.scale import ScaleResult, recovery_at_scale
+    from tools.bench.scale import ScaleResult, recovery_at_scale, scale_budget
 
     names, note = left_out(indexes.split(",") if indexes else
                            ["sarp", "dram-blockhash", "redis"], blocks)
@@ -144,8 +145,10 @@ def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Pat
         click.echo(json.dumps(doc))
     else:
         sarp = next((r for r in done if r.index == "sarp"), None)
+        note = floor_note(backend, scale_budget(blocks))
         click.echo(f"recovery at {blocks:,} blocks ({backend}, "
-                   f"{'direct I/O' if direct_io else 'page cache on'}):")
+                   f"{'direct I/O' if direct_io else 'page cache on'}"
+                   f"{'; ' + note if note else ''}):")
         for r in done:
             ratio = f"{r.recovery_s / sarp.recovery_s:8.2f}x sarp" if sarp else ""
             click.echo(f"{r.index:>16}  build {r.build_s:9.2f} s  recovery {r.recovery_s:9.4f} s"

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.registry import cache_floor
 from tools.bench.runner import BenchResult, IndexResult
+from tools.bench.sarp_index import split_budget
 from tools.ctl_common import human_bytes
 
 COLUMNS = ("index", "req/s", "x sarp", "match us", "p99 us", "reused tok", "loss %",
@@ -45,10 +47,25 @@ def failures(res: BenchResult) -> list[str]:
     return [f"FAILED {f.index}: {f.error}" for f in res.failed()]
 
 
+def floor_note(backend: str, budget: int) -> str:
+    """Why `budget` does not bind `backend`, when its cache floor (backends.registry)
+    is above the engine's share of it (sarp's share is the smallest: split_budget);
+    "" when it binds."""
+    floor = cache_floor(backend)
+    if floor <= split_budget(budget)[0]:
+        return ""
+    than = "this budget" if floor > budget else "sarp's engine share of this budget"
+    return (f"{backend} keeps a cache of at least {human_bytes(floor)} (a write batch "
+            f"must fit), more than {than}")
+
+
 def conditions(res: BenchResult) -> str:
     io = "direct I/O" if res.direct_io else "page cache on"
-    return (f"memory budget {human_bytes(res.cache_bytes)} (engine cache + own caches), "
-            f"{io}, preload {res.preload_blocks:,} blocks, schema {res.schema}")
+    notes = [n for n in dict.fromkeys(floor_note(r.backend, res.cache_bytes)
+                                      for r in res.completed()) if n]
+    return (f"memory budget {human_bytes(res.cache_bytes)} (engine cache + write buffers + "
+            f"own caches), {io}, preload {res.preload_blocks:,} blocks, schema {res.schema}"
+            + "".join(f"; {n}" for n in notes))
 
 
 def text_table(res: BenchResult) -> str:

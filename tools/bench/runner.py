@@ -9,8 +9,11 @@ insert) per second of replay; reads_per_match is the index's backend point reads
 during its match calls per match request.
 All SSD designs get the same memory budget: 10 % of the uncompressed SSD-BlockHash
 store (unique blocks x 16 bytes: an 8-byte key and an 8-byte value), which the
-engine's cache and the index's own caches share; with `direct_io` (the default of
-`sarpctl bench`) the OS page cache serves none of their reads.
+engine's memory (cache and write buffers: the backend's whole `cache_bytes`) and the
+index's own caches share; with `direct_io` (the default of `sarpctl bench`) the OS
+page cache serves none of their reads. WiredTiger keeps a cache of 32 MiB at least
+(backends.registry.CACHE_FLOORS), so a smaller budget does not bind it; the report
+says so.
 
 Segment-radix's in-memory tree cap is fitted so that its recovery is RADIX_RECOVERY_X
 (1.5) times sarp's (sarp runs first; `fitted_radix`, SegmentRadix.fit_cap): on the

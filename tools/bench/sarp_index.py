@@ -8,7 +8,9 @@ answer one match (`seconds` from after the child's imports, `spawn_s` from its s
 
 The budget: sarp's decoded-segment cache is its own cache, so it is sized from the
 run's budget (OWN_CACHE_SHARE of it, at SEGMENT_BYTES per full decoded segment) and
-the engine gets the rest. memory_bytes = the engine's memory (backends.base stats)
+the engine gets the rest as its `cache_bytes`, which is its whole memory (RocksDB:
+block cache, memtables, index and filter partitions; backends/rocksdb.py), also for
+the bulk build's backend. memory_bytes = the engine's memory (backends.base stats)
 + the decoded segments held (measured); routing_bytes = the directory;
 backend_reads = `activity.segment_reads` (segments fetched from the backend).
 """
@@ -42,7 +44,8 @@ SEGMENT_BYTES = 200 + 2 * _ARRAY + 64 * 24
 
 
 def split_budget(cache_bytes: int) -> tuple[int, int]:
-    """(engine cache bytes, decoded segments sarp may keep) for a budget."""
+    """(the engine's budget: its cache_bytes, decoded segments sarp may keep) for a
+    budget."""
     own = int(cache_bytes * OWN_CACHE_SHARE)
     return cache_bytes - own, own // SEGMENT_BYTES
 
@@ -96,7 +99,8 @@ class SarpBench:
                 self.insert_many(seqs, ns, metas)
                 if progress is not None:
                     progress(sum(len(s) for s in seqs))
-            be = open_backend(backend, data_dir / backend, cache_bytes=cache_bytes)
+            be = open_backend(backend, data_dir / backend,
+                              cache_bytes=split_budget(cache_bytes)[0])
             try:
                 builder.finish(be, data_dir / "snapshots")
             finally:

@@ -76,6 +76,12 @@ def _batches(blocks: int, seed: int = 0) -> Iterator[tuple[list[Ids], list[str],
         yield batch, [""] * len(batch), [np.arange(len(s), dtype=np.uint64) for s in batch]
 
 
+def scale_budget(blocks: int) -> int:
+    """Every index's memory budget at `blocks`: 10 % of the uncompressed SSD-BlockHash
+    store (16 B per block), at least 1 MiB, as in the full benchmark."""
+    return max(1 << 20, blocks * 16 // 10)
+
+
 def recovery_at_scale(names: Sequence[str], blocks: int, backend: str, data_dir: Path,
                       progress: Callable[[str, int], Callable[[int], None]] | None = None,
                       direct_io: bool = False) -> list[ScaleResult | IndexFailure]:
@@ -83,7 +89,7 @@ def recovery_at_scale(names: Sequence[str], blocks: int, backend: str, data_dir:
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown index {', '.join(unknown)} (known: {', '.join(factories)})")
-    cache = max(1 << 20, blocks * 16 // 10)
+    cache = scale_budget(blocks)
     bulk = all(n in MEMORY_INDEXES or n.startswith("sarp") for n in names)
     out: list[ScaleResult | IndexFailure] = []
     for name in names:

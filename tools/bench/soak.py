@@ -16,8 +16,9 @@ clients spend no time hashing tokens.
 
 Each interval also records, from the daemon's `stats`, what RSS is made of: indexed
 blocks, routing directory bytes, and (rocksdb) memtable and block-cache bytes.
-RocksDB's memtables (2 x 64 MiB) and block cache (`cache_bytes`, 64 MiB) fill over
-the first minutes, so RSS rises until they are full.
+RocksDB's memtables and block cache (together the daemon's `cache_bytes`, 128 MiB by
+default: 2 x 16 MiB of memtables, the rest block cache) fill over the first minutes,
+so RSS rises until they are full.
 
 Plateau rule: the peak RSS of the last third of the run is within `--tolerance`
 (default 5 %) of the peak of the middle third. The first third is warm-up (caches,

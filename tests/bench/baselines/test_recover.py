@@ -49,7 +49,7 @@ def test_recover_in_another_namespace_matches_nothing(
     probe = tmp_path / "probe.npy"
     np.save(probe, ids)
     args = ["segment-radix", "--data-dir", str(data), "--backend", "rocksdb",
-            "--cache-bytes", "0", "--probe", str(probe)]
+            "--cache-bytes", str(1 << 20), "--probe", str(probe)]
     assert main([*args, "--ns", "b"]) == 0
     assert json.loads(capsys.readouterr().out)["metas"] == []
     assert main([*args, "--ns", "a", "--options", json.dumps({"cap_bytes": None})]) == 0
