@@ -93,9 +93,23 @@ def _scan_segments(store: Store, router: Router, found: _Scan, problems: list[st
             found.corrupt.append(key)
             continue
         found.keys_of[sid] = {int(seg.ids[o, 0]) for o in geo.offsets if o < seg.nblocks}
+        doubled = _doubled_holders(seg)
+        if doubled:
+            problems.append(f"segment {sid}: block {doubled[0]} lists its first holder "
+                            f"{doubled[1]:#x} again in the holder table (reported, not fixed)")
         if not d.has(int(seg.ids[0, 0]), sid):
             problems.append(f"segment {sid} (window {seg.window}) is not routed")
             found.unrouted.append(seg)
+
+
+def _doubled_holders(seg: Segment) -> tuple[int, int] | None:
+    """(block, holder) of a holder-table entry that repeats the block's first holder:
+    the one holder-table invariant decoding does not check (it reads per block)."""
+    for m, mask in zip(seg.xmeta.tolist(), seg.xmask.tolist(), strict=True):
+        for i in range(seg.nblocks):
+            if (mask >> i) & 1 and int(seg.meta[i]) == m:
+                return i, m
+    return None
 
 
 def _report(router: Router, segments: int, problems: list[str], fixed: int) -> CheckReport:

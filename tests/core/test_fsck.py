@@ -13,7 +13,14 @@ from backends.errors import BackendCorrupt
 from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
-from sarpd.core.segment import COUNTERS_KEY, SEG_PREFIX, Counters, seg_key
+from sarpd.core.segment import (
+    COUNTERS_KEY,
+    SEG_PREFIX,
+    Counters,
+    decode_segment,
+    encode_segment,
+    seg_key,
+)
 from sarpd.core.snapshot import list_snapshots
 from sarpd.model import Insert, Match, SeqSpec
 
@@ -141,3 +148,23 @@ def test_a_long_list_of_problems_is_cut(tmp_path: Path) -> None:
     problems = ix.check().problems
     assert len(problems) == 51 and problems[-1] == "... and 10 more"
     assert ix.check(fix=True).fixed == 60 and ix.check().clean
+
+
+def test_a_holder_listed_twice_is_reported(tmp_path: Path) -> None:
+    """A holder table entry that repeats a block's first holder (no write path makes
+    one; a bad copy or a bug could) is reported, naming the block and the holder."""
+    ix = index(tmp_path)
+    ix.write_many([Insert(9, seqs()[0], meta=77, add_holder=True)])
+    assert ix.check().clean  # a real holder table
+    value = ix.backend.get_many([seg_key(1)])[0]
+    assert value is not None
+    seg = decode_segment(value, 1).writable()
+    assert seg.xmeta.tolist() == [77]
+    seg.xmeta[0] = seg.meta[5]  # block 5's first holder, again in the table
+    wb = WriteBatch()
+    wb.put(seg_key(1), encode_segment(seg))
+    ix.backend.write(wb, True)
+    ix.store.forget_segments()
+    report = ix.check()
+    assert any(p == f"segment 1: block 0 lists its first holder {int(seg.meta[5]):#x} again "
+               "in the holder table (reported, not fixed)" for p in report.problems), report
