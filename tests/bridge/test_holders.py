@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.registry import backend_names
 from sarpd.bridge.events import decode_batch
 from sarpd.bridge.mapping import CANARY_NS, Translator
 from sarpd.bridge.stats import BridgeStats
@@ -55,6 +56,7 @@ def flush(bridges: list[BridgeThread], pubs: list[Publisher]) -> list[BridgeStat
     return out
 
 
+@pytest.mark.parametrize("sarpd_proc", backend_names(), indirect=True)
 def test_a_shared_namespace_answers_per_worker(publishers: list[Publisher],
                                                sarpd_proc: SarpdProc, tmp_path: Path) -> None:
     engines = [FakeEngine(capacity=25 + 15 * i) for i in range(len(WORKERS))]
