@@ -197,7 +197,7 @@ def config_doc(trace: Path, timeline: Timeline, args: dict[str, Any]) -> dict[st
               help="GPU KV blocks per engine.")
 @click.option("--holders", "-k", default=None, type=click.IntRange(1, 1024),
               help="Holders (K) answered per query [default: --workers, at most 1024].")
-@click.option("--speedup", "speedups", multiple=True, default=("20",), show_default=True,
+@click.option("--speedup", "speedups", multiple=True, default=("16",), show_default=True,
               help="Timeline compression; repeat or comma-separate for an offered-load "
                    "sweep (10,40,160); 0 = unpaced.")
 @click.option("--requests", default=1000, show_default=True, type=click.IntRange(0),
