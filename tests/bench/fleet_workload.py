@@ -1,14 +1,27 @@
-"""Small fleet workloads for the fleet tests: shared system prompts, conversations that
-grow turn by turn, and branches from inside earlier turns, as `FleetRequest`s whose
-block ids are prefix-chained (one id per distinct prefix)."""
+"""Small fleet workloads for the fleet tests (shared system prompts, conversations that
+grow turn by turn, branches from inside earlier turns, as `FleetRequest`s whose block
+ids are prefix-chained: one id per distinct prefix), and a driver that checks an
+index's every answer against the model."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import numpy as np
 
-from tools.bench.fleet_model import FleetRequest
+from tools.bench.fleet_indexes import Answer, FleetIndex
+from tools.bench.fleet_model import (
+    Batch,
+    FleetRequest,
+    HolderMasks,
+    Query,
+    Timeline,
+    build_timeline,
+    ranked,
+)
+
+WORKERS = 4
 
 
 class Prefixes:
@@ -56,3 +69,44 @@ def fleet_requests(seed: int, n: int = 60, workers: int = 4, prompts: int = 3,
         t += rng.choice([0.0, gap_ms, 2 * gap_ms])
         out.append(FleetRequest(i, t, s, s % workers, hashes, locals_, rng.randint(1, 6)))
     return out
+
+
+def expected(truth: np.ndarray, k: int = WORKERS) -> Answer:
+    return dict(ranked({w: int(r) for w, r in enumerate(truth.tolist())}, k))
+
+
+def drive(index: FleetIndex, entries: Sequence[Query | Batch],
+          masks: HolderMasks, recheck: list[Query], every: int = 5) -> int:
+    """Replay `entries` unpaced; every query's answer must equal the model's, and every
+    `every` batches the newest queries are asked again against the masks kept from the
+    batches. Returns the queries checked."""
+    checked = batches = 0
+    for e in entries:
+        if isinstance(e, Query):
+            assert index.query(e) == expected(e.truth), f"request {e.request}"
+            recheck.append(e)
+            checked += 1
+            continue
+        index.apply(e)
+        masks.apply(e)
+        batches += 1
+        if batches % every == 0:
+            for q in recheck[-3:]:
+                assert index.query(q) == expected(masks.runs(q.hashes.tolist()))
+                checked += 1
+    return checked
+
+
+def final_check(index: FleetIndex, masks: HolderMasks, queries: list[Query]) -> None:
+    index.drain()
+    for q in queries:
+        assert index.query(q) == expected(masks.runs(q.hashes.tolist())), f"request {q.request}"
+
+
+def small_timeline(seed: int = 3, n: int = 150, gpu_blocks: int = 14) -> Timeline:
+    """4 engines whose caches evict, with prompts several of them hold at once."""
+    tl = build_timeline(fleet_requests(seed, n=n, workers=WORKERS), WORKERS, gpu_blocks,
+                        tpot_ms=4.0)
+    assert tl.totals.removed_blocks > 0
+    assert any((q.truth > 0).sum() > 1 for q in tl.queries())
+    return tl

@@ -1,183 +1,75 @@
-"""The fleet's indexes against the model: a small fleet (4 engines, caches small enough
-to evict, shared system prompts, branches) into a real sarpd, in-process sarp,
-Dynamo's radix tree (when the wheel is here) and a real redis-server (when it is);
-every query's per-holder answer must equal the engines' true runs, also across a
-kill -9 of sarpd."""
+"""`python -m tools.bench.fleet`: a whole run in-process (every index that is here
+agrees with the model; a missing one is reported as skipped), the table, and the
+JSON the CLI writes."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
+import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+from click.testing import CliRunner
 
-from tests.bench.fleet_workload import fleet_requests
-from tests.daemon_helpers import Launcher, SarpdProc
-from tools.bench.fleet_indexes import (
-    Answer,
-    DynamoRadix,
-    FleetConfig,
-    FleetIndex,
-    RedisLlmd,
-    dynamo_available,
-    pod_runs,
-)
-from tools.bench.fleet_model import Batch, HolderMasks, Query, Timeline, build_timeline, ranked
-from tools.bench.fleet_sarp import SarpDirect, SarpInProcess
-
-WORKERS = 4
-CFG = FleetConfig(WORKERS, WORKERS)
-needs_dynamo = pytest.mark.skipif(not dynamo_available(), reason="ai-dynamo-runtime not installed")
-needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None and
-                                 not Path("/usr/bin/redis-server").exists(),
-                                 reason="redis-server not installed")
+from tests.bench.fleet_workload import WORKERS, small_timeline
+from tools.bench import fleet_run
+from tools.bench.fleet import main, parse_speedups, run_fleet, table
+from tools.bench.fleet_indexes import FleetConfig
+from tools.bench.fleet_model import Timeline
 
 
 @pytest.fixture(scope="module")
 def timeline() -> Timeline:
-    tl = build_timeline(fleet_requests(3, n=150, workers=WORKERS), WORKERS, 14, tpot_ms=4.0)
-    assert tl.totals.removed_blocks > 0  # the caches evict
-    shared = [q for q in tl.queries() if (q.truth > 0).sum() > 1]
-    assert shared  # prompts held by several engines at once
-    return tl
+    return small_timeline(seed=5, n=120)
 
 
-def expected(truth: np.ndarray, k: int = WORKERS) -> Answer:
-    return dict(ranked({w: int(r) for w, r in enumerate(truth.tolist())}, k))
+def test_speedups_repeat_or_comma_separate() -> None:
+    assert parse_speedups(("4,16", "64")) == [4.0, 16.0, 64.0]
 
 
-def drive(index: FleetIndex, entries: tuple[Query | Batch, ...] | list[Query | Batch],
-          masks: HolderMasks, recheck: list[Query], every: int = 5) -> int:
-    """Replay `entries` unpaced; every query's answer must equal the model's, and every
-    `every` batches the newest queries are asked again against the masks kept from the
-    batches. Returns the queries checked."""
-    checked = batches = 0
-    for e in entries:
-        if isinstance(e, Query):
-            assert index.query(e) == expected(e.truth), f"request {e.request}"
-            recheck.append(e)
-            checked += 1
-            continue
-        index.apply(e)
-        masks.apply(e)
-        batches += 1
-        if batches % every == 0:
-            for q in recheck[-3:]:
-                assert index.query(q) == expected(masks.runs(q.hashes.tolist()))
-                checked += 1
-    return checked
+def test_run_fleet_in_process_every_index_agrees(tmp_path: Path, timeline: Timeline,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fleet_run, "dynamo_available", lambda: False)
+    cfg = FleetConfig(WORKERS, WORKERS)
+    doc = run_fleet(timeline, list(fleet_run.INDEXES), [0.0, 50.0], cfg, "in-process", tmp_path)
+    rows = [r for r in doc["results"] if "agreement" in r]
+    assert {r["index"] for r in rows} >= {"sarp", "sarp-ns-per-worker"}
+    for r in rows:
+        assert r["agreement"] == 1.0 and r["holder_blocks_error"] == 0, r
+        assert r["queries_answered"] == timeline.totals.requests
+        assert r["block_ops_per_s"] > 0 and r["query_us_p50"] > 0
+        assert (r["offered_block_ops_per_s"] is None) == (r["speedup"] == 0)
+    paced = next(r for r in rows if r["index"] == "sarp" and r["speedup"] == 50)
+    assert paced["offered_block_ops_per_s"] == pytest.approx(
+        timeline.totals.block_ops / (timeline.span_ms / 1000 / 50))
+    assert paced["seconds"] >= paced["window_s"]  # paced by the timeline
+    assert paced["recovery_s"] is None  # the crash run is at the first speedup
+    crash = next(r for r in rows if r["index"] == "sarp" and r["speedup"] == 0)
+    assert crash["recovery_s"] > 0 and crash["agreement_after_recovery"] == 1.0
+    skipped = doc["results"][0]
+    assert skipped["index"] == "dynamo-radix" and skipped["speedup"] is None
+    assert "dynamo-radix" in table(doc) and "not installed" in table(doc)
+    assert {q["vs"] for q in doc["ratios"]} >= {"sarp-ns-per-worker"}
 
 
-def final_check(index: FleetIndex, masks: HolderMasks, queries: list[Query]) -> None:
-    index.drain()
-    for q in queries:
-        assert index.query(q) == expected(masks.runs(q.hashes.tolist())), f"request {q.request}"
-
-
-@pytest.fixture
-def direct(sarpd_factory: Launcher) -> Iterator[tuple[SarpDirect, SarpdProc]]:
-    proc = sarpd_factory()
-    index = SarpDirect(CFG, socket=proc.socket)
-    yield index, proc
-    index.close()
-
-
-@pytest.mark.parametrize("per_worker", [False, True], ids=["shared-ns", "ns-per-worker"])
-def test_sarpd_answers_every_holder_as_the_model(sarpd_factory: Launcher, tmp_path: Path,
-                                                 timeline: Timeline, per_worker: bool) -> None:
-    proc = sarpd_factory()
-    index = SarpDirect(CFG, per_worker=per_worker, socket=proc.socket)
-    index.open(tmp_path)
-    try:
-        masks, seen = HolderMasks(WORKERS), list[Query]()
-        assert drive(index, timeline.entries, masks, seen) > timeline.totals.requests
-        final_check(index, masks, seen)
-    finally:
-        index.close()
-
-
-@pytest.mark.parametrize("per_worker", [False, True], ids=["shared-ns", "ns-per-worker"])
-def test_in_process_sarp_answers_as_the_model(tmp_path: Path, timeline: Timeline,
-                                              per_worker: bool) -> None:
-    index = SarpInProcess(CFG, per_worker)
-    index.open(tmp_path)
-    try:
-        masks, seen = HolderMasks(WORKERS), list[Query]()
-        drive(index, timeline.entries, masks, seen)
-        index.crash()  # closed without a snapshot and reopened: the same answers
-        rec = index.recovery()
-        assert rec is not None and rec.ready_s > 0
-        final_check(index, masks, seen)
-    finally:
-        index.close()
-
-
-@needs_dynamo
-def test_dynamo_radix_answers_as_the_model(tmp_path: Path, timeline: Timeline) -> None:
-    index = DynamoRadix(CFG)
-    index.open(tmp_path)
-    masks, seen = HolderMasks(WORKERS), list[Query]()
-    drive(index, timeline.entries, masks, seen)
-    final_check(index, masks, seen)
-    index.close()
-
-
-@needs_redis
-def test_redis_llmd_answers_as_the_model(tmp_path: Path, timeline: Timeline) -> None:
-    index = RedisLlmd(CFG)
-    index.open(tmp_path)
-    try:
-        masks, seen = HolderMasks(WORKERS), list[Query]()
-        drive(index, timeline.entries, masks, seen)
-        final_check(index, masks, seen)
-    finally:
-        index.close()
-
-
-def test_pod_runs_stop_where_no_pod_holds_the_prefix() -> None:
-    assert pod_runs([[b"1", b"2"], [b"2"], [b"1", b"2"], []]) == {1: 1, 2: 3}
-    assert pod_runs([[b"3"], [b"1"], [b"1"]]) == {3: 1}
-    assert pod_runs([[], [b"1"]]) == {}
-
-
-def test_kill_9_keeps_every_acknowledged_event(tmp_path: Path, timeline: Timeline,
-                                               direct: tuple[SarpDirect, SarpdProc]) -> None:
-    index, proc = direct
-    index.open(tmp_path)
-    half = len(timeline.entries) // 2
-    masks, seen = HolderMasks(WORKERS), list[Query]()
-    drive(index, timeline.entries[:half], masks, seen)
-    index.drain()  # every batch so far acknowledged (sync always)
-    proc.kill()
-    proc.start()  # the same data dir and socket; ready
-    final_check(index, masks, seen)  # the link reconnects: nothing was lost
-    drive(index, timeline.entries[half:], masks, seen)
-    final_check(index, masks, seen)
-    assert index.link.losses == 1 and index.link.resent == 0
-
-
-def test_kill_9_with_writes_in_flight_resends_them(tmp_path: Path, timeline: Timeline,
-                                                   direct: tuple[SarpDirect, SarpdProc]) -> None:
-    index, proc = direct
-    index.open(tmp_path)
-    third = len(timeline.entries) // 3
-    masks, seen = HolderMasks(WORKERS), list[Query]()
-    drive(index, timeline.entries[:third], masks, seen)
-    batches = [e for e in timeline.entries[third:] if isinstance(e, Batch)]
-    for b in batches[:10]:  # pipelined, not waited for
-        index.apply(b)
-        masks.apply(b)
-    proc.kill()
-    proc.start(wait=False)
-    answered = 0
-    for b in batches[10:]:  # made while sarpd is down or recovering
-        index.apply(b)
-        masks.apply(b)
-        a = index.query(seen[-1])  # once back: after the resent writes, so exact
-        if a is not None:
-            assert a == expected(masks.runs(seen[-1].hashes.tolist()))
-            answered += 1
-    final_check(index, masks, seen)  # drain waits for sarpd, then everything was resent
-    assert index.link.resent > 0 and index.link.losses >= 1
+def test_cli_writes_config_and_results(tmp_path: Path) -> None:
+    sizes = [4 + i % 5 for i in range(40)]  # 16-token blocks: 2-4 ids of 32 tokens
+    rows = [{"timestamp": 100 * i, "input_length": 16 * m, "output_length": 2,
+             "hash_ids": [0, *range(10 * i + 1, 10 * i + (m + 1) // 2)]}
+            for i, m in enumerate(sizes)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "fleet.json"
+    res = CliRunner().invoke(main, [
+        "--trace", str(trace), "--trace-block-tokens", "32", "--workers", "3",
+        "--gpu-blocks", "8", "--speedup", "0", "--in-process", "--index", "sarp",
+        "--no-crash", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert list(doc)[:3] == ["schema", "benchmark", "trace"]
+    assert doc["workers"] == 3 and doc["holders"] == 3 and doc["transport"] == "in-process"
+    assert doc["requests"] == 40 and doc["block_ops"] > 0
+    (r,) = doc["results"]
+    assert r["index"] == "sarp" and r["agreement"] == 1.0
+    assert "sarp" in res.output
+    bad = CliRunner().invoke(main, ["--trace", str(trace), "--bridge"])
+    assert bad.exit_code == 2 and "not built yet" in bad.output
