@@ -27,17 +27,22 @@ class DaemonStartError(RuntimeError):
 
 def start_daemon(data_dir: Path, *, backend: str = "rocksdb", sync: str = "none",
                  extra: Sequence[str] = (), timeout_s: float = 60.0,
+                 sock: Path | None = None, wait: bool = True,
                  ) -> tuple[subprocess.Popen[bytes], Path]:
     """Start sarpd on `data_dir` with a socket in a fresh temp directory (Unix socket
-    paths are short); return once it answers `ping` (recovery done)."""
-    sock = Path(tempfile.mkdtemp(prefix="sarp-bench-", dir="/tmp")) / "sarpd.sock"
+    paths are short), or on `sock` (a restart on the same socket; its log is appended
+    to); return once it answers `ping` (recovery done), or at once without `wait`."""
+    if sock is None:
+        sock = Path(tempfile.mkdtemp(prefix="sarp-bench-", dir="/tmp")) / "sarpd.sock"
     log_path = sock.parent / "sarpd.log"
     argv = [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(data_dir),
             "--socket", str(sock), "--backend", backend, "--sync", sync,
             "--log-level", "WARNING", *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+    if not wait:
+        return proc, sock
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

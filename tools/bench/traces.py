@@ -64,6 +64,8 @@ class Row:
     input_length: int
     hash_ids: list[int]
     session_id: str | None
+    timestamp: float = 0.0  # ms since the trace's start
+    output_length: int = 0
 
 
 def _field(path: Path, line: int, obj: dict[str, Any], key: str) -> Any:
@@ -91,7 +93,7 @@ def parse_line(path: Path, line: int, text: str, block_tokens: int) -> Row:
     if type(ts) not in (int, float):
         raise ValueError(f"{path}:{line}: field 'timestamp' must be a number, got {ts!r}")
     n_in = _nonneg_int(path, line, "input_length", _field(path, line, obj, "input_length"))
-    _nonneg_int(path, line, "output_length", _field(path, line, obj, "output_length"))
+    n_out = _nonneg_int(path, line, "output_length", _field(path, line, obj, "output_length"))
     ids = _field(path, line, obj, "hash_ids")
     if not isinstance(ids, list):
         raise ValueError(f"{path}:{line}: field 'hash_ids' must be a list, got {ids!r:.60}")
@@ -110,7 +112,7 @@ def parse_line(path: Path, line: int, text: str, block_tokens: int) -> Row:
     if sid is not None and type(sid) not in (str, int):
         raise ValueError(f"{path}:{line}: field 'session_id' must be a string or integer, "
                          f"got {sid!r}")
-    return Row(line, n_in, ids, None if sid is None else str(sid))
+    return Row(line, n_in, ids, None if sid is None else str(sid), float(ts), n_out)
 
 
 def read_rows(path: Path, block_tokens: int) -> Iterator[Row]:
