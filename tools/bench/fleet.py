@@ -16,8 +16,9 @@ protocol 2, a holder per worker), `sarp-ns-per-worker` (a namespace per worker, 
 match per worker per query), `dynamo-radix` (the ai-dynamo-runtime wheel's RadixTree,
 in-process; skipped, and said so, without the wheel) and `redis-llmd` (a real
 redis-server, a key per block holding a hash of pods). Transport of sarp's events:
-`--direct` (the default: the driver's requests on sarpd's socket; the bridge path is
-not built yet, `--bridge` says so) or `--in-process` (SarpIndex itself, no socket;
+`--direct` (the default: the driver's requests on sarpd's socket), `--bridge` (each
+engine's EventBatches published in vLLM's schema and applied by a real bridge per
+engine, tools/bench/fleet_bridge.py) or `--in-process` (SarpIndex itself, no socket;
 dynamo is in-process anyway and redis always a server). See fleet_sarp.py,
 fleet_indexes.py and fleet_run.py (pacing, counts, agreement, the crash run).
 
@@ -212,7 +213,8 @@ def config_doc(trace: Path, timeline: Timeline, args: dict[str, Any]) -> dict[st
 @click.option("--in-process", "transport", flag_value="in-process",
               help="Drive sarp as SarpIndex in this process (no socket, no bridge).")
 @click.option("--bridge", "transport", flag_value="bridge",
-              help="Events through `sarpctl bridge vllm` (not built yet).")
+              help="sarp's events through the real vLLM bridge: a publisher of vLLM's "
+                   "current schema and a bridge per engine (tools/bench/fleet_bridge.py).")
 @click.option("--sync", type=click.Choice(["none", "always"]), default="none", show_default=True,
               help="sarpd's --sync (redis: appendfsync always/everysec) of the sweep; the "
                    "kill -9 run is always sync=always.")
@@ -228,9 +230,6 @@ def main(trace: Path, trace_block_tokens: int, block_tokens: int, workers: int, 
          data_dir: Path | None, json_out: str | None) -> None:
     """Fleet benchmark: N engines' KV events and routing queries into sarp, sarp with a
     namespace per worker, Dynamo's radix tree and an llm-d-style Redis index."""
-    if transport == "bridge":
-        raise click.UsageError("--bridge: the bridge transport (events through `sarpctl "
-                               "bridge vllm`) is not built yet; use --direct or --in-process")
     names = [n.strip() for n in indexes.split(",") if n.strip()]
     if unknown := [n for n in names if n not in INDEXES]:
         raise click.BadParameter(f"unknown {', '.join(unknown)} (known: {', '.join(INDEXES)})",

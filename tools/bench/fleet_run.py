@@ -118,7 +118,7 @@ def make_index(name: str, cfg: FleetConfig, transport: str) -> FleetIndex:
         per_worker = name != "sarp"
         if transport == "in-process":
             return SarpInProcess(cfg, per_worker)
-        return SarpDirect(cfg, per_worker)
+        return SarpDirect(cfg, per_worker, bridge=transport == "bridge")
     if name == "dynamo-radix":
         return DynamoRadix(cfg)
     if name == "redis-llmd":

@@ -16,8 +16,8 @@ Transport (`--direct`): the driver's own connection (`Link`) carries events and
 queries, pipelined: an event's requests are written at its deadline and not waited
 for; a query is answered after every request sent before it on the connection (the
 protocol's order), so it sees every batch applied before it. A `--bridge` transport
-(events through `sarpctl bridge vllm` from a vLLM publisher per engine) would be
-another `EventSink`: it is not built yet.
+(tools/bench/fleet_bridge.py: a vLLM publisher and the real bridge per engine) is
+another `EventSink`.
 
 Crash (`crash`, the kill -9 run): sarpd is killed and started again on the same data
 and socket, at once, while the replay goes on. The link notices the lost connection
@@ -290,10 +290,10 @@ class Link:
 
 class EventSink(Protocol):
     """How engine batches reach sarpd. `DirectSink` (`--direct`): requests on the
-    driver's own link. A bridge sink (`--bridge`, not built yet) would publish each
-    batch as a vLLM EventBatch on a publisher per engine (tools/bench/vllm_publisher.py)
-    with a `sarpctl bridge vllm` per engine between it and sarpd; its `fence` would
-    wait until the bridges acknowledged every batch published before a query."""
+    driver's own link. `BridgeSink` (`--bridge`, tools/bench/fleet_bridge.py): each
+    batch as a vLLM EventBatch on a publisher per engine, a real bridge per engine
+    between it and sarpd; its `fence` waits until the bridges applied every batch
+    published before a query."""
 
     def send(self, batch: Batch) -> None: ...
 
@@ -302,6 +302,8 @@ class EventSink(Protocol):
         ...
 
     def drain(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class DirectSink:
@@ -319,6 +321,9 @@ class DirectSink:
 
     def drain(self) -> None:
         self.link.drain()
+
+    def close(self) -> None:
+        pass  # the link is the index's
 
 
 # ------------------------------------------------------------------- the indexes
@@ -363,8 +368,9 @@ class SarpDirect:
     (not started, stopped or crashed here)."""
 
     def __init__(self, cfg: FleetConfig, per_worker: bool = False,
-                 socket: Path | None = None) -> None:
+                 socket: Path | None = None, bridge: bool = False) -> None:
         self.cfg = cfg
+        self.bridge = bridge  # events through a vLLM bridge per engine (fleet_bridge)
         self.per_worker = per_worker
         self.name = "sarp-ns-per-worker" if per_worker else "sarp"
         self.sock = socket
@@ -393,7 +399,14 @@ class SarpDirect:
         assert self.sock is not None
         self._link = Link(self.sock, protocol=1 if self.per_worker else 2)
         self.link.connect()
-        self._sink = DirectSink(self.link, self._ns)
+        if self.bridge:
+            from tools.bench.fleet_bridge import BridgeSink  # zmq, msgspec: only here
+
+            template = f"{NS}/w{{worker}}" if self.per_worker else NS
+            self._sink = BridgeSink(self.sock, self.cfg.workers, template, root,
+                                    holders=not self.per_worker)
+        else:
+            self._sink = DirectSink(self.link, self._ns)
 
     def _ns(self, worker: int) -> str:
         return f"{NS}/w{worker}" if self.per_worker else NS
@@ -437,6 +450,8 @@ class SarpDirect:
     def close(self) -> None:
         if self._watch is not None:
             self._watch.stop()
+        if self._sink is not None:
+            self._sink.close()
         if self._link is not None:
             self._link.close()
         if self._own and self.proc is not None and self.sock is not None:
