@@ -71,5 +71,11 @@ def test_cli_writes_config_and_results(tmp_path: Path) -> None:
     (r,) = doc["results"]
     assert r["index"] == "sarp" and r["agreement"] == 1.0
     assert "sarp" in res.output
-    bad = CliRunner().invoke(main, ["--trace", str(trace), "--bridge"])
-    assert bad.exit_code == 2 and "not built yet" in bad.output
+    # the default transport: a real bridge per engine into a sarpd of its own
+    res = CliRunner().invoke(main, [
+        "--trace", str(trace), "--trace-block-tokens", "32", "--workers", "3",
+        "--gpu-blocks", "8", "--speedup", "0", "--index", "sarp", "--no-crash",
+        "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["transport"] == "bridge" and doc["results"][0]["agreement"] == 1.0

@@ -16,9 +16,9 @@ protocol 2, a holder per worker), `sarp-ns-per-worker` (a namespace per worker, 
 match per worker per query), `dynamo-radix` (the ai-dynamo-runtime wheel's RadixTree,
 in-process; skipped, and said so, without the wheel) and `redis-llmd` (a real
 redis-server, a key per block holding a hash of pods). Transport of sarp's events:
-`--direct` (the default: the driver's requests on sarpd's socket), `--bridge` (each
-engine's EventBatches published in vLLM's schema and applied by a real bridge per
-engine, tools/bench/fleet_bridge.py) or `--in-process` (SarpIndex itself, no socket;
+`--bridge` (the default: each engine's EventBatches published in vLLM's schema and
+applied by a real bridge per engine, tools/bench/fleet_bridge.py), `--direct` (the
+driver's requests on sarpd's socket) or `--in-process` (SarpIndex itself, no socket;
 dynamo is in-process anyway and redis always a server). See fleet_sarp.py,
 fleet_indexes.py and fleet_run.py (pacing, counts, agreement, the crash run).
 
@@ -208,13 +208,14 @@ def config_doc(trace: Path, timeline: Timeline, args: dict[str, Any]) -> dict[st
               help="Decode time per output token: how long a request holds its blocks.")
 @click.option("--index", "indexes", default=",".join(INDEXES), show_default=True,
               help="Comma-separated indexes to compare.")
-@click.option("--direct", "transport", flag_value="direct", default=True,
-              help="sarp's events go straight to sarpd over its socket (the default).")
+@click.option("--direct", "transport", flag_value="direct",
+              help="sarp's events go straight to sarpd over its socket, no bridge.")
 @click.option("--in-process", "transport", flag_value="in-process",
               help="Drive sarp as SarpIndex in this process (no socket, no bridge).")
-@click.option("--bridge", "transport", flag_value="bridge",
-              help="sarp's events through the real vLLM bridge: a publisher of vLLM's "
-                   "current schema and a bridge per engine (tools/bench/fleet_bridge.py).")
+@click.option("--bridge", "transport", flag_value="bridge", default=True,
+              help="(the default) sarp's events through the real vLLM bridge: a publisher "
+                   "of vLLM's current schema and a bridge per engine "
+                   "(tools/bench/fleet_bridge.py).")
 @click.option("--sync", type=click.Choice(["none", "always"]), default="none", show_default=True,
               help="sarpd's --sync (redis: appendfsync always/everysec) of the sweep; the "
                    "kill -9 run is always sync=always.")
