@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from tools.bench import cold_start
@@ -24,8 +25,14 @@ def build(root: Path, blocks: int = 2000) -> int:
     return sum(len(s) for s in seqs)
 
 
-def test_a_cold_start_recovers_from_the_snapshot(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["bench", "sarpd"])
+def test_a_cold_start_recovers_from_the_snapshot(tmp_path: Path, layout: str) -> None:
     blocks = build(tmp_path / "d")
+    if layout == "sarpd":  # snapshots/<backend>/, as sarpd and `sarpctl import` keep them
+        snaps = tmp_path / "d" / "snapshots"
+        snaps.rename(tmp_path / "rocksdb")
+        snaps.mkdir()
+        (tmp_path / "rocksdb").rename(snaps / "rocksdb")
     assert cold_start.evict(tmp_path / "d") > 0
     res = CliRunner().invoke(cold_start.main, ["--data-dir", str(tmp_path / "d"), "--runs", "2"])
     assert res.exit_code == 0, res.output

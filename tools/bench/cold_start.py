@@ -5,9 +5,10 @@ For each run: every file of D is evicted from the OS page cache
 its libraries stay cached, as on a machine that restarts only sarpd), then a fresh
 Python process opens D, recovers (snapshot + change log) and answers one match. It
 reports the time from the spawn to that answer (`spawn_s`) and, measured inside the
-process after its imports, the open, the recovery and the first match. D is the
-bench's layout (`D/<backend>/` and `D/snapshots/`: what `sarpctl bench
---recovery-only --data-dir` and `python -m tools.bench.import_scale` leave); the
+process after its imports, the open, the recovery and the first match. D is sarpd's
+data directory (`D/<backend>/` and `D/snapshots/<backend>/`: what `sarpctl import`
+and `python -m tools.bench.import_scale` leave) or the bench's (`D/snapshots/`: what
+`sarpctl bench --recovery-only --data-dir` leaves); the
 index settings (geometry, locators) are read from the data's manifest. One JSON
 object on stdout: the runs and their medians.
 """
@@ -60,7 +61,8 @@ def recover_here(data_dir: Path, backend: str) -> dict[str, float]:
         IndexConfig(), block_locators=bool(manifest.get("block_locators", True)),
         block_tokens=int(manifest.get("block_tokens", 16)),
         segment_blocks=int(manifest.get("segment_blocks", 64)))
-    ix = SarpIndex(be, cfg, data_dir / "snapshots")
+    snaps = data_dir / "snapshots"
+    ix = SarpIndex(be, cfg, snaps / backend if (snaps / backend).is_dir() else snaps)
     report = ix.recover()
     t2 = time.perf_counter()
     probe = np.zeros((64, 2), np.uint64)
