@@ -44,11 +44,14 @@ def test_a_batch_becomes_inserts_after_a_parent_and_removes_of_one_holder(
     assert len(id_bin(stored.hashes)) == 16 * len(stored.hashes)
 
 
+@pytest.mark.parametrize("bridge", [False, True], ids=["direct", "bridge"])
 @pytest.mark.parametrize("per_worker", [False, True], ids=["shared-ns", "ns-per-worker"])
 def test_sarpd_answers_every_holder_as_the_model(sarpd_factory: Launcher, tmp_path: Path,
-                                                 timeline: Timeline, per_worker: bool) -> None:
+                                                 timeline: Timeline, per_worker: bool,
+                                                 bridge: bool) -> None:
+    """Straight to sarpd, and through a real bridge per engine (fleet_bridge.py)."""
     proc = sarpd_factory()
-    index = SarpDirect(CFG, per_worker=per_worker, socket=proc.socket)
+    index = SarpDirect(CFG, per_worker=per_worker, socket=proc.socket, bridge=bridge)
     index.open(tmp_path)
     try:
         masks, seen = HolderMasks(WORKERS), list[Query]()
