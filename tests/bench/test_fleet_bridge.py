@@ -7,12 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from sarpd.bridge.events import decode_batch
-from tests.bench.fleet_workload import WORKERS, small_timeline
+from tests.bench.fleet_workload import small_timeline
 from tools.bench.fleet_bridge import block_tokens, payload
-from tools.bench.fleet_indexes import FleetConfig
 from tools.bench.fleet_model import Batch, Stored
-
-CFG = FleetConfig(WORKERS, WORKERS)
 
 
 def test_a_batch_is_published_as_vllm_would() -> None:
