@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -452,29 +452,23 @@ class WiredTigerBackend:
 
     def sync(self) -> None:
         """fsync the log: every batch committed so far is durable."""
-        self._enter("sync")
-        try:
-            handle = self._acquire()
-            try:
-                handle.session.log_flush("sync=on")
-            finally:
-                self._pool.append(handle)
-        except WiredTigerError as exc:
-            raise self._failed("sync (log fsync)", exc) from exc
-        finally:
-            self._leave()
+        self._on_session("sync", "sync (log fsync)", lambda s: s.log_flush("sync=on"))
 
     def flush_buffers(self) -> None:
         """Checkpoint: every dirty page in the cache is written to the data files."""
-        self._enter("flush_buffers")
+        self._on_session("flush_buffers", "checkpoint", lambda s: s.checkpoint())
+
+    def _on_session(self, op: str, what: str, call: Callable[[Any], object]) -> None:
+        """`call` on a pooled session, the failure named `what`."""
+        self._enter(op)
         try:
             handle = self._acquire()
             try:
-                handle.session.checkpoint()
+                call(handle.session)
             finally:
                 self._pool.append(handle)
         except WiredTigerError as exc:
-            raise self._failed("checkpoint", exc) from exc
+            raise self._failed(what, exc) from exc
         finally:
             self._leave()
 
