@@ -362,10 +362,13 @@ class WriteTxn:
         got = max(0, min(present, covered - frm))
         absent = ~best.presence & ((1 << covered) - 1) & ~((1 << frm) - 1)
         holes = [i for i in range(frm, covered) if (absent >> i) & 1] if absent > 0 else []
-        if add_holder:
-            self.holdings += self.add_holders(
-                w, int(qw[0, 0]), [(i, qw[i], int(mw[i - frm])) for i in range(frm, covered)
-                                   if best.is_present(i)])
+        if add_holder:  # copies hold alike, so only blocks `best` shows without the
+            # holder need the walk over the window's copies: a worker re-inserting its
+            # own prefix every turn reads nothing more
+            new_holds = [(i, qw[i], int(mw[i - frm])) for i in range(frm, covered)
+                         if best.is_present(i) and not best.holds(i, int(mw[i - frm]))]
+            if new_holds:
+                self.holdings += self.add_holders(w, int(qw[0, 0]), new_holds)
         if holes:
             self.holdings += self.refill(
                 w, int(qw[0, 0]), [(i, qw[i], int(mw[i - frm])) for i in holes])
