@@ -9,7 +9,7 @@ import inspect
 import numpy as np
 import pytest
 
-from tools.bench.api import BLOCK_TOKENS, BenchIndex, RecoveryResult, Turn
+from tools.bench.api import BLOCK_TOKENS, BenchIndex, RecoveryResult, Turn, fastest
 from tools.bench.runner import index_factories
 
 
@@ -40,3 +40,14 @@ def test_every_index_implements_bench_index(name: str) -> None:
         got = list(inspect.signature(getattr(index, m)).parameters)
         assert got[: len(want)] == want, f"{name}.{m}{got} vs {want}"
     assert isinstance(index.name, str) and index.name
+
+
+def test_fastest_takes_each_timings_minimum_and_says_how_many() -> None:
+    runs = [RecoveryResult(0.30, 0.50, "a"), RecoveryResult(0.10, 0.90, "b"),
+            RecoveryResult(0.20, 0.40, "c")]
+    best = fastest(runs)
+    assert (best.seconds, best.spawn_s) == (0.10, 0.40)
+    assert best.detail == "b; fastest of 3 recoveries"
+    assert fastest([RecoveryResult(1.0, 2.0)]).detail == "one recovery"
+    with pytest.raises(ValueError, match="no recovery"):
+        fastest([])

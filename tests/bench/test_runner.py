@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tools.bench.api import Ids, Turn
+from tools.bench.api import Ids, RecoveryResult, Turn
 from tools.bench.baselines import baseline_class
 from tools.bench.baselines._common import U64
 from tools.bench.baselines.blockhash import SsdBlockHash
@@ -42,6 +42,21 @@ class Broken(SsdBlockHash):
         if self.backend_reads():
             raise RuntimeError("broken on purpose")
         return super().match_many(prompts, ns)
+
+
+class Timed(SsdBlockHash):
+    """A real index whose successive recoveries report the scripted timings."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.timings = [(0.5, 0.9), (0.2, 0.7), (0.4, 0.3)]
+        self.recoveries = 0
+
+    def recover(self) -> RecoveryResult:
+        real = super().recover()
+        seconds, spawn = self.timings[self.recoveries]
+        self.recoveries += 1
+        return RecoveryResult(seconds, spawn, real.detail)
 
 
 def with_broken_index(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,11 +124,26 @@ def test_run_bench_on_two_indexes_and_json_roundtrip(tmp_path: Path) -> None:
     assert a.tokens_reused == b.tokens_reused > 0 and a.requests == res.requests
     assert a.backend == "rocksdb" and a.recovery_s > 0 and b.disk_bytes > 0
     back = BenchResult.from_json(res.to_json())
+    assert res.to_json()["recovery_runs"] == back.recovery_runs == 3
     assert back.by_name()["ssd-blockhash"].tokens_reused == b.tokens_reused
     assert back.by_name()["ssd-blockhash"].match_us == []  # per-request list not saved
     assert "match_us" not in res.to_json()["results"][0]
     with pytest.raises(ValueError, match="unknown index nope"):
         run_bench(wl, ["nope"], "rocksdb", tmp_path)
+
+
+def test_recovery_is_timed_recovery_runs_times_and_the_fastest_reported(
+        tmp_path: Path) -> None:
+    turns = list(get_workload("codeact").turns())[:40]
+    index = Timed()
+    res = run_index("timed", index, turns, tmp_path, "rocksdb", 1 << 20, 8, recovery_runs=3)
+    assert index.recoveries == 3
+    assert (res.recovery_s, res.recovery_spawn_s) == (0.2, 0.3)
+    assert res.recovery_detail.endswith("fastest of 3 recoveries")
+    assert res.tokens_reused > 0  # the index still answers after its recoveries
+    with pytest.raises(ValueError, match="recovery_runs must be at least 1, got 0"):
+        run_index("timed", Timed(), turns, tmp_path / "b", "rocksdb", 1 << 20, 8,
+                  recovery_runs=0)
 
 
 def test_index_factories_put_sarp_first() -> None:
@@ -182,7 +212,9 @@ def test_with_a_preload_the_cap_is_fitted_on_the_preloaded_store(tmp_path: Path)
     assert isinstance(index, SegmentRadix) and index.cap_bytes == fit.cap_bytes
     assert tree_digest(store) == before and not (tmp_path / FIT_DIR).exists()
     res = run_index("segment-radix", index, turns, tmp_path, "rocksdb", cache, 16)
-    resident, _, total = res.recovery_detail.split("; ")[-1].split(" ")[:3]
+    tree, runs = res.recovery_detail.split("; ")[-2:]
+    assert runs == "fastest of 3 recoveries"
+    resident, _, total = tree.split(" ")[:3]
     assert int(total) == fit.total_nodes  # the measured run's tree: preload + replay
     assert 0 < int(resident) < fit.total_nodes  # under the fitted cap
     assert res.routing_bytes <= max(fit.cap_bytes, 200)
@@ -209,7 +241,8 @@ def test_run_bench_fits_the_radix_cap_after_the_preload(
     assert res.failed() == []
     assert seen == [tmp_path / "segment-radix"]
     detail = res.by_name()["segment-radix"].recovery_detail
-    load, note = detail.split("; ")[-2:]
+    load, runs, note = detail.split("; ")[-3:]
+    assert runs == "fastest of 3 recoveries"
     assert note.startswith("cap fitted to 1.5x sarp's recovery (")
     assert "on a copy of the preloaded store after the workload's replay: cap " in note
     resident, _, total = load.split(" ")[:3]

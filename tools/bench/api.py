@@ -61,6 +61,18 @@ class RecoveryResult:
     detail: str = ""
 
 
+def fastest(runs: Sequence[RecoveryResult]) -> RecoveryResult:
+    """The fastest of repeated recoveries of one index (each timing's minimum, as
+    timeit reports: interference on a shared machine only ever adds time), with the
+    fastest run's detail and how many were timed."""
+    if not runs:
+        raise ValueError("fastest: no recovery was timed")
+    best = min(runs, key=lambda r: r.seconds)
+    spawn = min(r.spawn_s for r in runs)
+    note = f"fastest of {len(runs)} recoveries" if len(runs) > 1 else "one recovery"
+    return RecoveryResult(best.seconds, spawn, f"{best.detail}; {note}" if best.detail else note)
+
+
 class BenchIndex(Protocol):
     """An index under test. One instance per run; `open` creates it under `data_dir`.
 

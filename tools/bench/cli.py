@@ -13,7 +13,7 @@ import click
 
 from tools.bench.preload import left_out
 from tools.bench.report import floor_note, text_table, write_report
-from tools.bench.runner import SCHEMA, index_factories, run_bench
+from tools.bench.runner import RECOVERY_RUNS, SCHEMA, index_factories, run_bench
 
 INDEX_HELP = "Comma-separated indexes to run (default: every one the harness knows)."
 
@@ -47,6 +47,9 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
               "shape (its namespaces, system prompts, sessions, branches) before the replay.")
 @click.option("--preload-cache", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Keep each filled index (per index and size) in DIR and reuse it.")
+@click.option("--recovery-runs", default=RECOVERY_RUNS, show_default=True,
+              type=click.IntRange(1), help="Cold recoveries timed per index; the fastest "
+              "is reported (interference on a shared machine only adds time).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Where the indexes are built (default: a temporary directory, removed).")
 @click.option("--json", "json_out", default=None, metavar="FILE|-",
@@ -56,8 +59,8 @@ INDEX_HELP = "Comma-separated indexes to run (default: every one the harness kno
                    "CDF, reuse loss) into DIR.")
 def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: int,
           recovery_only: bool, blocks: int, sync: str, page_cache: bool, batch: int,
-          preload: int, preload_cache: Path | None, data_dir: Path | None,
-          json_out: str | None, report: Path | None) -> None:
+          preload: int, preload_cache: Path | None, recovery_runs: int,
+          data_dir: Path | None, json_out: str | None, report: Path | None) -> None:
     """Replay a workload through sarp and the baselines in ONE run and compare them.
 
     Each turn first matches its accumulated history, then inserts the extended sequence;
@@ -66,7 +69,8 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     its own caches (wiredtiger keeps 32 MiB at least: the table says when), and
     reads with direct I/O unless --page-cache. Recovery (recovery_s) is the in-process
     time to open, load and answer the first match, in a fresh process after its
-    imports; recovery_spawn_s is from the spawn. An index that fails is reported with
+    imports; recovery_spawn_s is from the spawn; each is the fastest of --recovery-runs
+    restarts. An index that fails is reported with
     its error, the others still run, and the exit status is then 1.
     """
     from tools.bench.workloads import get_workload
@@ -92,7 +96,7 @@ def bench(workload: str, indexes: str | None, backend: str, scale: int, seed: in
     try:
         res = run_bench(wl, names, backend, root, batch=batch, progress=progress_bars(quiet),
                         sync=sync == "always", preload=preload, preload_cache=preload_cache,
-                        seed=seed, direct_io=direct_io)
+                        seed=seed, direct_io=direct_io, recovery_runs=recovery_runs)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--index") from exc
     finally:
