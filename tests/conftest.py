@@ -40,18 +40,15 @@ def shared_sarpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SarpdProc
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Guard: with a C compiler and without SARPD_NO_EXTENSIONS=1 the install builds
-    the C verifier, so the suite must be running it (not silently numpy)."""
-    import os
-    import shutil
-    import sysconfig
+    the native paths (sarpd.core.native), so the suite must be running them (not
+    silently the references)."""
+    from sarpd.core import native
 
-    from sarpd.core import verify
-
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    expected = os.environ.get("SARPD_NO_EXTENSIONS") != "1" and shutil.which(cc) is not None
-    if expected and verify.IMPLEMENTATION != "c":
+    missing = [p for p, want in native.expected().items() if want and not native.status()[p]]
+    if missing:
+        mods = ", ".join(native.EXTENSIONS[p] for p in missing)
         raise pytest.UsageError(
-            f"sarpd.core.verify.IMPLEMENTATION is {verify.IMPLEMENTATION!r}, expected 'c': "
-            f"a C compiler ({cc}) is here but sarpd.core.verify._cverify did not load; rebuild "
-            "it with `pip install -e .` (or set SARPD_NO_EXTENSIONS=1 to test numpy only)"
+            f"native paths {', '.join(missing)} did not load ({mods}): a C compiler "
+            f"({native.compiler()}) is here, so the install should have built them; rebuild "
+            "with `pip install -e .` (or set SARPD_NO_EXTENSIONS=1 to test the references only)"
         )

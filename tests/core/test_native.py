@@ -1,0 +1,42 @@
+"""sarpd.core.native: the one place that picks native code, and what it reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from sarpd.core import native
+
+PROBE = ("import json; from sarpd.core import native; "
+         "print(json.dumps([native.ENABLED, native.status(), native.expected()]))")
+
+
+def _probe(no_extensions: str | None) -> tuple[bool, dict[str, bool], dict[str, bool]]:
+    env = {k: v for k, v in os.environ.items() if k != "SARPD_NO_EXTENSIONS"}
+    if no_extensions is not None:
+        env["SARPD_NO_EXTENSIONS"] = no_extensions
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
+                         text=True, check=True)
+    enabled, status, expected = json.loads(out.stdout)
+    return enabled, status, expected
+
+
+def test_every_path_is_reported_by_status_and_expected() -> None:
+    assert set(native.status()) == set(native.expected()) == set(native.EXTENSIONS)
+    for path in native.EXTENSIONS:
+        assert native.status()[path] == (native.module(path) is not None)
+
+
+def test_no_extensions_forces_every_reference() -> None:
+    enabled, status, expected = _probe("1")
+    assert enabled is False
+    assert not any(status.values()) and not any(expected.values())
+
+
+def test_without_the_variable_what_was_built_is_loaded() -> None:
+    enabled, status, expected = _probe(None)
+    assert enabled is True
+    for path, want in expected.items():
+        assert status[path] or not want, f"{path}: expected native, the reference ran"
