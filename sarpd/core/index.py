@@ -366,7 +366,7 @@ class SarpIndex:
             "directory_merge_s_max": round(d.merge_s_max, 6),
             "directory_merge_s_total": round(d.merge_s_total, 6),
             "hash": HASH_NAME,
-            "verifier": verify.IMPLEMENTATION,
+            "verifier": verify.implementation(),
             "index_matches": act.matches,
             "matched_blocks": act.matched_blocks,
             "queried_blocks": act.queried_blocks,

@@ -2,7 +2,10 @@
 
 Every hot path has a numpy/Python reference beside it; its C counterpart, when the
 install built it, replaces the reference here and nowhere else. `SARPD_NO_EXTENSIONS=1`
-forces every reference (tests run both ways). `status()` says which paths run
+forces every reference (tests run both ways); inside `with references():` every path
+runs its reference whatever was built (the bench's `sarp-py`: both implementations in
+one process, same build, same run), so callers ask `module(path)` at each call, not
+once at import. `status()` says which paths run
 natively (the bench's `native` field); `expected()` says which the install should have
 built, for the test suite's guard (a compiler is here, and, for hashing, libxxhash's
 header): an extension that should have loaded and did not is a broken install, not a
@@ -18,6 +21,8 @@ import importlib
 import os
 import shutil
 import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
@@ -41,8 +46,25 @@ _loaded: dict[str, ModuleType | None] = {}  # filled on first use: an extension'
 # may itself ask this module for it while it is being imported
 
 
+_forced = [False]  # inside references(): the one owner of this flag is this module
+
+
+@contextmanager
+def references() -> Iterator[None]:
+    """Every path runs its reference inside (not thread-aware: for a benchmark's
+    single-threaded replay, never for a serving process)."""
+    before = _forced[0]
+    _forced[0] = True
+    try:
+        yield
+    finally:
+        _forced[0] = before
+
+
 def module(path: str) -> ModuleType | None:
-    """The extension that runs `path` natively, or None (the reference runs)."""
+    """The extension that runs `path` natively now, or None (the reference runs)."""
+    if _forced[0]:
+        return None
     if path not in _loaded:
         _loaded[path] = _load(EXTENSIONS[path])
     return _loaded[path]

@@ -40,3 +40,24 @@ def test_without_the_variable_what_was_built_is_loaded() -> None:
     assert enabled is True
     for path, want in expected.items():
         assert status[path] or not want, f"{path}: expected native, the reference ran"
+
+
+def test_references_runs_every_reference_inside_and_restores_after() -> None:
+    import numpy as np
+
+    from sarpd.core import verify
+
+    before = native.status()
+    a = np.arange(20, dtype=np.uint64).reshape(10, 2)
+    b = a.copy()
+    b[7, 1] += np.uint64(1)
+    with native.references():
+        assert not any(native.status().values())
+        assert verify.implementation() == "numpy"
+        inside = (verify.first_mismatch(a, b), verify.first_mismatch_many([a, a], [b, a]))
+        with native.references():  # nests
+            assert native.module("verify") is None
+        assert native.module("verify") is None
+    assert native.status() == before
+    assert inside == (7, [7, 10])
+    assert (verify.first_mismatch(a, b), verify.first_mismatch_many([a, a], [b, a])) == inside

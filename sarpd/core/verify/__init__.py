@@ -10,24 +10,34 @@ many pairs in one call (the match path verifies a whole batch at once). The nump
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sarpd.core import native
 from sarpd.core.verify._numpy import first_mismatch as _np_first_mismatch
 from sarpd.core.verify._numpy import first_mismatch_many as _np_first_mismatch_many
 from sarpd.model import IdArray
 
-IMPLEMENTATION = "numpy"
-# positional arguments only: the C functions take no keywords
-first_mismatch: Callable[[IdArray, IdArray], int] = _np_first_mismatch
-first_mismatch_many: Callable[[Sequence[IdArray], Sequence[IdArray]], list[int]] = (
-    _np_first_mismatch_many
-)
 
-_c = native.module("verify")  # built by the install when a C compiler is there (setup.py)
-if _c is not None:
-    first_mismatch = _c.first_mismatch
-    first_mismatch_many = _c.first_mismatch_many
-    IMPLEMENTATION = "c"
+def first_mismatch(cand: IdArray, query: IdArray) -> int:
+    """The first row where `cand` and `query` differ, or n when all n rows agree."""
+    c = native.module("verify")
+    return int(c.first_mismatch(cand, query)) if c is not None else _np_first_mismatch(cand, query)
 
-__all__ = ["IMPLEMENTATION", "first_mismatch", "first_mismatch_many"]
+
+def first_mismatch_many(cands: Sequence[IdArray], queries: Sequence[IdArray]) -> list[int]:
+    """first_mismatch of every pair, in one call."""
+    c = native.module("verify")
+    if c is None:
+        return _np_first_mismatch_many(cands, queries)
+    out: list[int] = c.first_mismatch_many(cands, queries)
+    return out
+
+
+def implementation() -> str:
+    """Which implementation runs now: "c" (the C/AVX2 extension) or "numpy"."""
+    return "c" if native.module("verify") is not None else "numpy"
+
+
+IMPLEMENTATION = implementation()  # what this process loaded (inside native.references(): numpy)
+
+__all__ = ["IMPLEMENTATION", "first_mismatch", "first_mismatch_many", "implementation"]
