@@ -139,9 +139,15 @@ def id_bytes(row: IdArray) -> bytes:
     return np.ascontiguousarray(row, dtype="<u8").tobytes()
 
 
+_ID = np.dtype(("<u8", (2,)))  # one id: two little-endian words (frombuffer -> (n, 2))
+_LITTLE = sys.byteorder == "little"
+
+
 def _ids(raw: bytes | bytearray) -> IdArray:
-    """16 bytes per id (a digest's canonical form) -> (n, 2) uint64, no copy."""
-    return np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(np.uint64, copy=False)
+    """16 bytes per id (a digest's canonical form) -> (n, 2) uint64, without a copy on a
+    little-endian machine (writable when `raw` is a bytearray)."""
+    out: IdArray = np.frombuffer(raw, dtype=_ID)
+    return out if _LITTLE else out.astype(np.uint64)
 
 
 # -- the chain: the Python reference (argument checks as _chash.c's, in the same order) --
@@ -213,7 +219,7 @@ def _contiguous(obj: object, name: str, what: str) -> bytes:
     return v.tobytes()
 
 
-_NATIVE_PREFIXES = "@=<" if sys.byteorder == "little" else "@="
+_NATIVE_PREFIXES = "@=<" if _LITTLE else "@="
 
 
 def _array(obj: object, name: str, dtype: type[np.uint32] | type[np.int64],
