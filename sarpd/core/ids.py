@@ -152,11 +152,20 @@ def _ids(raw: bytes | bytearray) -> IdArray:
 
 # -- the chain: the Python reference (argument checks as _chash.c's, in the same order) --
 def _ref_chain_ids(parent: object, tokens: object, block_tokens: object) -> IdArray:
-    bt = _block_tokens(block_tokens)
+    if (type(block_tokens) is int and 1 <= block_tokens <= MAX_BLOCK_TOKENS
+            and type(parent) is bytes and len(parent) == 16 and _plain_u32(tokens)):
+        return _ids(_chain(parent, tokens, block_tokens))  # type: ignore[arg-type]
+    bt = _block_tokens(block_tokens)  # the general case, and the errors
     p = _contiguous(parent, "parent", "a 16-byte id (bytes)")
     if len(p) != 16:
         raise ValueError(f"parent must be 16 bytes, got {len(p)}")
     return _ids(_chain(p, _array(tokens, "tokens", np.uint32, "IL"), bt))
+
+
+def _plain_u32(tokens: object) -> bool:
+    """The common case, checked fast: a 1-D C-contiguous native uint32 ndarray."""
+    return (type(tokens) is np.ndarray and tokens.dtype == np.uint32 and tokens.ndim == 1
+            and tokens.flags.c_contiguous)
 
 
 def _ref_chain_ids_flat(parents: object, tokens: object, offsets: object,
@@ -226,11 +235,11 @@ def _array(obj: object, name: str, dtype: type[np.uint32] | type[np.int64],
            formats: str) -> npt.NDArray[Any]:
     """`obj` as a 1-D C-contiguous array of `dtype`, whose buffer format (native
     order) is one of `formats`."""
-    itemsize = np.dtype(dtype).itemsize
-    v = _view(obj, name, f"a 1-D {np.dtype(dtype).name} array")
+    want = np.dtype(dtype)
+    v = _view(obj, name, f"a 1-D {want.name} array")
     f = v.format[1:] if v.format[:1] and v.format[0] in _NATIVE_PREFIXES else v.format
-    if v.itemsize != itemsize or f not in tuple(formats):
-        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got buffer format "
+    if v.itemsize != want.itemsize or f not in tuple(formats):
+        raise TypeError(f"{name} must have dtype {want.name}, got buffer format "
                         f"'{v.format}' (itemsize {v.itemsize})")
     if v.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got ndim {v.ndim}")
