@@ -6,6 +6,7 @@ are skipped and the reference is checked alone."""
 
 from __future__ import annotations
 
+import array
 import itertools
 import json
 import os
@@ -177,6 +178,12 @@ def test_an_empty_batch_gives_no_id() -> None:
         assert ioff.tolist() == [0]
     for many in impls(lambda: chain_ids_many([], [], 16)):
         assert many == []
+
+
+def test_any_uint32_buffer_is_hashed() -> None:
+    toks = array.array("I", range(48))
+    for ids in impls(lambda: chain_ids(bytearray(ns_root("")), toks, 16)):
+        assert raw(ids) == reference_chain(ns_root(""), list(range(48)), 16)
 
 
 def test_read_only_tokens_are_hashed() -> None:
