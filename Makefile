@@ -11,11 +11,13 @@ DATA   ?= ./var
 
 setup: $(STAMP)
 
-# Re-installs only when pyproject.toml, setup.py or the C extension change (the
-# install is editable, so Python changes need nothing).
-$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c
+# Re-installs only when pyproject.toml, setup.py or a C extension change (the
+# install is editable, so Python changes need nothing); then says which paths run
+# natively (pip hides setup.py's own output).
+$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c sarpd/core/_chash.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -c 'from sarpd.core import native; print(native.summary())'
 	touch $(STAMP)
 
 # The wiredtiger backend's engine (optional: `make run` on rocksdb does not need it),
@@ -53,11 +55,12 @@ imports: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# The suite runs on the C verifier when it is built; the verify-dependent tests run a
-# second time on the numpy reference.
+# The suite runs on the native paths when they are built; the verify-dependent tests
+# and the block id tests run a second time on the references.
 pytest: setup setup-wt
 	$(BIN)/pytest -q
 	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_verify.py tests/core/test_index.py -k "memory or verify"
+	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_ids.py tests/core/test_chash.py
 
 test: lint imports typecheck pytest
 

@@ -1,18 +1,48 @@
-"""Only the optional C verifier lives here; pyproject.toml holds the metadata.
+"""The optional C extensions live here; pyproject.toml holds the metadata.
 
 `optional=True`: without a C compiler the install prints setuptools' warning and
-goes on, and sarpd.core.verify falls back to numpy.
+goes on, and each path runs its reference (sarpd/core/native.py). Native hashing
+(`_chash`) links the system's libxxhash (Debian: libxxhash-dev) and is built only
+when the compiler finds it (`native.xxhash_found`); without it the install says so
+and goes on.
 """
+
+import importlib.util
+import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 
-setup(
-    ext_modules=[
+
+def _native():  # sarpd/core/native.py (standard library only), without importing sarpd
+    path = Path(__file__).resolve().parent / "sarpd" / "core" / "native.py"
+    spec = importlib.util.spec_from_file_location("_sarp_native", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ext_modules = [
+    Extension(
+        "sarpd.core.verify._cverify",
+        ["sarpd/core/verify/_cverify.c"],
+        extra_compile_args=["-O2"],
+        optional=True,
+    )
+]
+if _native().xxhash_found():
+    ext_modules.append(
         Extension(
-            "sarpd.core.verify._cverify",
-            ["sarpd/core/verify/_cverify.c"],
+            "sarpd.core._chash",
+            ["sarpd/core/_chash.c"],
+            libraries=["xxhash"],
             extra_compile_args=["-O2"],
             optional=True,
         )
-    ]
-)
+    )
+else:
+    print("sarp: xxhash.h / libxxhash not found (Debian: apt-get install libxxhash-dev): "
+          "native hashing (sarpd.core._chash) NOT built; ids use the Python reference",
+          file=sys.stderr)
+
+setup(ext_modules=ext_modules)

@@ -11,19 +11,36 @@ Ids a caller computed itself (`hashes`, e.g. an engine's block hashes) are folde
 into the namespace by XOR with a per-namespace 128-bit salt, so two namespaces never
 share a block while the caller's ids stay recoverable (`with_ids` returns them as
 sent).
+
+The chain runs natively (sarpd/core/_chash.c, linked against libxxhash) when
+`sarpd.core.native` loaded it, else in the Python reference below, bit for bit the
+same; both check their arguments alike (the same exceptions, the same text).
+`chain_ids` hashes one sequence; `chain_ids_flat` (concatenated tokens + offsets) and
+`chain_ids_many` (a list of sequences) hash a whole batch in one native call.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
+import sys
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
+from sarpd.core import native
 from sarpd.errors import TooLarge
 from sarpd.model import IdArray, U32Array
 
 HASH_NAME = "xxh3-128-chain-v1"
+MAX_BLOCK_TOKENS = 1 << 30  # the kernel's bound on block_tokens (4 GiB of tokens per block)
+
+I64Array = npt.NDArray[np.int64]
+IdsInput = bytes | bytearray | memoryview | IdArray  # 16 bytes per id
 
 
 @functools.lru_cache(maxsize=4096)
@@ -48,18 +65,63 @@ def ns_tag(ns: str) -> int:
     return int.from_bytes(ns_root(ns)[:8], "little")
 
 
-def chain_ids(parent: bytes, tokens: U32Array, block_tokens: int) -> IdArray:
-    """Ids of the whole blocks of `tokens`, chained after `parent` (16 bytes)."""
-    n = len(tokens) // block_tokens
-    buf = np.ascontiguousarray(tokens[: n * block_tokens], dtype="<u4").tobytes()
-    step = 4 * block_tokens
-    out = bytearray(16 * n)
-    digest = xxhash.xxh3_128_digest
-    prev = parent
-    for i in range(n):
-        prev = digest(prev + buf[i * step : (i + 1) * step])
-        out[16 * i : 16 * i + 16] = prev
-    return np.frombuffer(bytes(out), dtype="<u8").reshape(n, 2).astype(np.uint64)
+# -- the chain: dispatch ---------------------------------------------------------------
+def chain_ids(parent: IdsInput, tokens: U32Array, block_tokens: int) -> IdArray:
+    """Ids of the whole blocks of `tokens` (1-D C-contiguous uint32), chained after
+    `parent` (16 bytes); a trailing partial block has no id."""
+    c = native.module("hash")
+    if c is None:
+        return _ref_chain_ids(parent, tokens, block_tokens)
+    return _ids(c.chain_ids(parent, tokens, block_tokens))
+
+
+def chain_ids_flat(parents: IdsInput, tokens: U32Array, offsets: I64Array,
+                   block_tokens: int) -> tuple[IdArray, I64Array]:
+    """`chain_ids` of every sequence of a batch in one call: sequence j is
+    `tokens[offsets[j]:offsets[j + 1]]` (int64 offsets, non-decreasing within
+    len(tokens)) chained after `parents[j]` (16 bytes each: bytes or an (m, 2) id
+    array). Returns all ids concatenated and their offsets (m + 1 rows)."""
+    if isinstance(parents, np.ndarray):
+        parents = np.ascontiguousarray(parents, dtype="<u8")
+    c = native.module("hash")
+    if c is None:
+        return _ref_chain_ids_flat(parents, tokens, offsets, block_tokens)
+    raw, ioff = c.chain_ids_flat(parents, tokens, offsets, block_tokens)
+    return _ids(raw), np.frombuffer(ioff, dtype=np.int64)
+
+
+def chain_ids_many(parents: Sequence[bytes], seqs: Sequence[U32Array],
+                   block_tokens: int) -> list[IdArray]:
+    """`chain_ids(parents[j], seqs[j], block_tokens)` for every j, in one call (the
+    results are views of one array)."""
+    if len(parents) != len(seqs):
+        raise ValueError(f"parents and seqs must have the same length, got {len(parents)} "
+                         f"and {len(seqs)}")
+    tokens = _concat(seqs)
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in seqs], out=offsets[1:])
+    joined = b"".join(parents)
+    if len(joined) != 16 * len(parents):
+        j = next(j for j, p in enumerate(parents) if len(p) != 16)
+        raise ValueError(f"parents[{j}] must be 16 bytes, got {len(parents[j])}")
+    ids, ioff = chain_ids_flat(joined, tokens, offsets, block_tokens)
+    bounds = ioff.tolist()
+    return [ids[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _concat(seqs: Sequence[U32Array]) -> U32Array:
+    """The sequences' tokens end to end; a sequence that is not 1-D uint32 is named."""
+    try:
+        tokens: U32Array = np.concatenate(seqs) if seqs else np.zeros(0, np.uint32)
+        if tokens.dtype == np.uint32 and tokens.ndim == 1:
+            return tokens
+    except ValueError:
+        pass
+    for j, s in enumerate(seqs):
+        if not isinstance(s, np.ndarray) or s.dtype != np.uint32 or s.ndim != 1:
+            what = f"dtype {s.dtype}, ndim {s.ndim}" if isinstance(s, np.ndarray) else _tp_name(s)
+            raise TypeError(f"seqs[{j}] must be a 1-D uint32 array, got {what}")
+    raise AssertionError("unreachable: every sequence is 1-D uint32")
 
 
 def token_ids(ns: str, tokens: U32Array, block_tokens: int) -> IdArray:
@@ -75,3 +137,122 @@ def salt_ids(ns: str, ids: IdArray) -> IdArray:
 def id_bytes(row: IdArray) -> bytes:
     """One id (shape (2,)) as its 16-byte little-endian form."""
     return np.ascontiguousarray(row, dtype="<u8").tobytes()
+
+
+_ID = np.dtype(("<u8", (2,)))  # one id: two little-endian words (frombuffer -> (n, 2))
+_LITTLE = sys.byteorder == "little"
+
+
+def _ids(raw: bytes | bytearray) -> IdArray:
+    """16 bytes per id (a digest's canonical form) -> (n, 2) uint64, without a copy on a
+    little-endian machine (writable when `raw` is a bytearray)."""
+    out: IdArray = np.frombuffer(raw, dtype=_ID)
+    return out if _LITTLE else out.astype(np.uint64)
+
+
+# -- the chain: the Python reference (argument checks as _chash.c's, in the same order) --
+def _ref_chain_ids(parent: object, tokens: object, block_tokens: object) -> IdArray:
+    if (type(block_tokens) is int and 1 <= block_tokens <= MAX_BLOCK_TOKENS
+            and type(parent) is bytes and len(parent) == 16 and _plain_u32(tokens)):
+        return _ids(_chain(parent, tokens, block_tokens))  # type: ignore[arg-type]
+    bt = _block_tokens(block_tokens)  # the general case, and the errors
+    p = _contiguous(parent, "parent", "a 16-byte id (bytes)")
+    if len(p) != 16:
+        raise ValueError(f"parent must be 16 bytes, got {len(p)}")
+    return _ids(_chain(p, _array(tokens, "tokens", np.uint32, "IL"), bt))
+
+
+def _plain_u32(tokens: object) -> bool:
+    """The common case, checked fast: a 1-D C-contiguous native uint32 ndarray."""
+    return (type(tokens) is np.ndarray and tokens.dtype == np.uint32 and tokens.ndim == 1
+            and tokens.flags.c_contiguous)
+
+
+def _ref_chain_ids_flat(parents: object, tokens: object, offsets: object,
+                        block_tokens: object) -> tuple[IdArray, I64Array]:
+    bt = _block_tokens(block_tokens)
+    off = _array(offsets, "offsets", np.int64, "ql")
+    m = len(off) - 1
+    if m < 0:
+        raise ValueError("offsets must hold one entry more than there are sequences, "
+                         "got 0 entries")
+    p = _contiguous(parents, "parents", "16 bytes per sequence (bytes)")
+    if len(p) != 16 * m:
+        raise ValueError(f"parents must be 16 bytes per sequence ({m} sequences: {16 * m} "
+                         f"bytes), got {len(p)}")
+    t = _array(tokens, "tokens", np.uint32, "IL")
+    bad = (off < np.concatenate(([0], off[:-1]))) | (off > len(t))
+    if bad.any():
+        j = int(bad.argmax())
+        raise ValueError(f"offsets[{j}] = {int(off[j])}: offsets must be non-decreasing within "
+                         f"[0, {len(t)}] (len(tokens))")
+    bounds = off.tolist()
+    raw = bytearray().join(_chain(p[16 * j : 16 * j + 16], t[bounds[j] : bounds[j + 1]], bt)
+                           for j in range(m))
+    ioff = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(np.diff(off) // bt, out=ioff[1:])
+    return _ids(raw), ioff
+
+
+def _chain(parent: bytes, tokens: npt.NDArray[np.uint32], bt: int) -> bytearray:
+    """The chain itself: one XXH3-128 digest per whole block."""
+    n = len(tokens) // bt
+    buf = tokens[: n * bt].astype("<u4", copy=False).tobytes()
+    step = 4 * bt
+    out = bytearray(16 * n)
+    digest = xxhash.xxh3_128_digest
+    prev = parent
+    for i in range(n):
+        prev = digest(prev + buf[i * step : (i + 1) * step])
+        out[16 * i : 16 * i + 16] = prev
+    return out
+
+
+def _tp_name(obj: object) -> str:
+    """A type's name as C's tp_name spells it (builtins bare, others module-qualified)."""
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _view(obj: object, name: str, what: str) -> memoryview:
+    try:
+        return memoryview(obj)  # type: ignore[arg-type]  # any buffer; else TypeError
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {_tp_name(obj)}") from None
+
+
+def _contiguous(obj: object, name: str, what: str) -> bytes:
+    v = _view(obj, name, what)
+    if not v.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return v.tobytes()
+
+
+_NATIVE_PREFIXES = "@=<" if _LITTLE else "@="
+
+
+def _array(obj: object, name: str, dtype: type[np.uint32] | type[np.int64],
+           formats: str) -> npt.NDArray[Any]:
+    """`obj` as a 1-D C-contiguous array of `dtype`, whose buffer format (native
+    order) is one of `formats`."""
+    want = np.dtype(dtype)
+    v = _view(obj, name, f"a 1-D {want.name} array")
+    f = v.format[1:] if v.format[:1] and v.format[0] in _NATIVE_PREFIXES else v.format
+    if v.itemsize != want.itemsize or f not in tuple(formats):
+        raise TypeError(f"{name} must have dtype {want.name}, got buffer format "
+                        f"'{v.format}' (itemsize {v.itemsize})")
+    if v.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got ndim {v.ndim}")
+    if not v.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (np.ascontiguousarray)")
+    return np.frombuffer(v, dtype=dtype)
+
+
+def _block_tokens(obj: object) -> int:
+    try:
+        bt = operator.index(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"block_tokens must be an int, got {_tp_name(obj)}") from None
+    if not 1 <= bt <= MAX_BLOCK_TOKENS:
+        raise ValueError(f"block_tokens must be in [1, {MAX_BLOCK_TOKENS}], got {bt}")
+    return bt

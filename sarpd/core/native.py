@@ -13,14 +13,21 @@ slower one.
 
     path      extension                          reference
     verify    sarpd.core.verify._cverify         sarpd.core.verify._numpy
+    hash      sarpd.core._chash (libxxhash)      sarpd.core.ids (Python + xxhash)
+
+Standard library only: setup.py loads this file to decide what to build (`xxhash_found`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import shlex
 import shutil
+import subprocess
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -30,6 +37,7 @@ ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
 # path -> the extension module that runs it natively
 EXTENSIONS: dict[str, str] = {
     "verify": "sarpd.core.verify._cverify",
+    "hash": "sarpd.core._chash",
 }
 
 
@@ -75,13 +83,56 @@ def status() -> dict[str, bool]:
     return {path: module(path) is not None for path in EXTENSIONS}
 
 
+def _cc() -> list[str]:
+    """The C compiler command the install builds with ($CC, as setuptools honours it)."""
+    return shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+
+
 def compiler() -> str | None:
     """The C compiler the install would build with, if it is here."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(cc)
+    cc = _cc()
+    return shutil.which(cc[0]) if cc else None
+
+
+XXHASH_PROBE = """#include <xxhash.h>
+int main(void) { return (int)(XXH3_128bits("", 0).low64 & 0); }
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def xxhash_found() -> bool:
+    """Whether the compiler finds libxxhash's header and library (Debian:
+    libxxhash-dev): native hashing is built only then. Compiles and links a probe."""
+    if compiler() is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [*_cc(), "-x", "c", "-", "-o", os.path.join(tmp, "probe"), "-lxxhash"]
+        try:
+            done = subprocess.run(cmd, input=XXHASH_PROBE, capture_output=True, text=True,
+                                  timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return done.returncode == 0
 
 
 def expected() -> dict[str, bool]:
     """Per path: whether the install should have built (and this process loaded) it."""
     build = ENABLED and compiler() is not None
-    return {path: build for path in EXTENSIONS}
+    return {path: build and (path != "hash" or xxhash_found()) for path in EXTENSIONS}
+
+
+def summary() -> str:
+    """One line for the install's output: which paths run natively, and why not."""
+
+    def why(path: str) -> str:
+        if not ENABLED:
+            return "SARPD_NO_EXTENSIONS=1"
+        if compiler() is None:
+            return "no C compiler"
+        if path == "hash" and not xxhash_found():
+            return "libxxhash not found: apt-get install libxxhash-dev"
+        return "built but not loaded: reinstall"
+
+    run = status()
+    return "sarp native paths: " + ", ".join(
+        f"{p} native" if run[p] else f"{p} reference ({why(p)})" for p in EXTENSIONS)
