@@ -84,6 +84,7 @@ from sarpd.model import (
     SnapshotResult,
     ids_to_bytes,
 )
+from sarpd.protocol.fast import fast_frame_limit, fast_parse
 from sarpd.protocol.requests import (  # the validation half (re-exported: its public names)
     BadMessage,
     Limits,
@@ -178,30 +179,38 @@ class Decoder:
     without building anything, and only then does the other build that message,
     under the per-type limits and the hooks of `_Budget`. So a header that declares
     a huge array costs nothing until the bytes of that array have arrived.
+
+    With ``fast`` (the default), a complete message of at most
+    `fast.fast_frame_limit` bytes is first offered to `fast.fast_parse` (msgspec, for
+    the common match and insert); whatever that does not take is built as above, so
+    every answer, and every error, is the full path's.
     """
 
-    def __init__(self, limits: Limits | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, *, fast: bool = True) -> None:
         self.limits = limits if limits is not None else Limits()
         self.protocol = 1  # until a hello negotiates another (requests.negotiate)
         lim = self.limits
         self._budget = _Budget(lim)
         self._skipper = msgpack.Unpacker(max_buffer_size=lim.max_frame_size + 1)
-        self._builder = msgpack.Unpacker(
-            raw=False,
-            unicode_errors="surrogateescape",  # bad UTF-8 is a per-request error
-            strict_map_key=False,  # keys are checked by the pairs hook (no dict built)
-            object_pairs_hook=self._budget.on_map,
-            list_hook=self._budget.on_list,
-            max_buffer_size=lim.max_frame_size + 1,
-            max_str_len=min(lim.max_str_bytes, lim.max_frame_size),
-            max_bin_len=lim.max_frame_size,
-            max_ext_len=lim.max_frame_size,
-            max_array_len=lim.max_items,
-            max_map_len=lim.max_map_len,
-        )
+        self._unpack_opts: dict[str, Any] = {
+            "raw": False,
+            "unicode_errors": "surrogateescape",  # bad UTF-8 is a per-request error
+            "strict_map_key": False,  # keys are checked by the pairs hook (no dict built)
+            "object_pairs_hook": self._budget.on_map,
+            "list_hook": self._budget.on_list,
+            "max_str_len": min(lim.max_str_bytes, lim.max_frame_size),
+            "max_bin_len": lim.max_frame_size,
+            "max_ext_len": lim.max_frame_size,
+            "max_array_len": lim.max_items,
+            "max_map_len": lim.max_map_len,
+        }
+        self._builder = msgpack.Unpacker(max_buffer_size=lim.max_frame_size + 1,
+                                         **self._unpack_opts)
         self._fed = 0  # stream offset of everything fed
         self._frame_start = 0  # stream offset where the unfinished message starts
         self._dead: FrameError | None = None
+        # frames up to this size go through the fast path first (sarpd.protocol.fast)
+        self._fast_limit = fast_frame_limit(lim) if fast else 0
 
     @property
     def buffered(self) -> int:
@@ -255,22 +264,34 @@ class Decoder:
             size, self._frame_start = end - self._frame_start, end
             if size > limit:
                 raise FrameError(f"frame: {size} bytes exceeds max_frame_size ({limit})")
-            self._budget.reset()
-            try:
+            out.append(self._message(size))
+
+    def _message(self, size: int) -> Request | BadMessage:
+        """The request of the next complete message (`size` bytes) in the builder."""
+        frame = None
+        if size <= self._fast_limit:  # its bytes, for the fast path (then the full one)
+            frame = self._builder.read_bytes(size)
+            fast = fast_parse(frame, self.limits, self.protocol)
+            if fast is not None:
+                return fast
+        self._budget.reset()
+        try:
+            if frame is None:
                 obj = self._builder.unpack()
-            except FrameError:
-                raise
-            except Exception as exc:  # over a limit, or a malformed ext value
-                raise self._stream_error(exc) from exc
-            if self._budget.containers > self.limits.max_depth:
-                deep = too_deep(obj, self.limits.max_depth)
-                if deep is not None:
-                    out.append(deep)
-                    continue
-            req = parse_message(obj, self.limits, self.protocol)
-            if isinstance(req, Hello):  # the connection speaks what hello negotiated
-                self.protocol = negotiate(req.protocol)
-            out.append(req)
+            else:
+                obj = msgpack.unpackb(frame, **self._unpack_opts)
+        except FrameError:
+            raise
+        except Exception as exc:  # over a limit, or a malformed ext value
+            raise self._stream_error(exc) from exc
+        if self._budget.containers > self.limits.max_depth:
+            deep = too_deep(obj, self.limits.max_depth)
+            if deep is not None:
+                return deep
+        req = parse_message(obj, self.limits, self.protocol)
+        if isinstance(req, Hello):  # the connection speaks what hello negotiated
+            self.protocol = negotiate(req.protocol)
+        return req
 
     def _stream_error(self, exc: Exception) -> FrameError:
         found = _LEN_LIMIT_RE.search(str(exc)) if isinstance(exc, ValueError) else None
