@@ -134,17 +134,30 @@ def _returns(pipe: _Pipeline) -> Callable[[], _Pipeline]:
     return lambda: pipe
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system, every thread) process `pid` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """CPU time (user + system) process `pid` has used so far: all its threads, or
+    only thread `tid` (the daemon's event loop is the thread whose id is its pid)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass(frozen=True, slots=True)
+class Driven:
+    """CPU seconds of one drive, next to its wall `seconds`: the daemon (all threads;
+    0 without a pid), its event-loop thread alone (decode, validate, queue, send), and
+    the clients (this process)."""
+
+    seconds: float
+    daemon: float = 0.0
+    loop: float = 0.0
+    clients: float = 0.0
+
+
 async def _drive(sock: Path, frames: list[list[bytes]], depth: int,
-                 pid: int | None = None) -> tuple[float, float, float]:
-    """(seconds from the first frame sent to the last answer read, CPU seconds process
-    `pid` (the daemon) used meanwhile (0 without a pid), CPU seconds of the clients
-    (this process))."""
+                 pid: int | None = None) -> Driven:
+    """Drive `frames` (one list per lane, `depth` lanes per connection) through the
+    daemon at `sock`, from the first frame sent to the last answer read."""
     loop = asyncio.get_running_loop()
     pipes: list[tuple[_Pipeline, asyncio.Transport]] = []
     for c in range(0, len(frames), depth):
@@ -152,27 +165,29 @@ async def _drive(sock: Path, frames: list[list[bytes]], depth: int,
         pipe = _Pipeline(mine, loop.create_future())
         transport, _ = await loop.create_unix_connection(_returns(pipe), str(sock))
         pipes.append((pipe, transport))
-    cpu0 = cpu_seconds(pid) if pid is not None else 0.0
+    cpu0 = (cpu_seconds(pid), cpu_seconds(pid, pid)) if pid is not None else (0.0, 0.0)
     own0, t0 = time.process_time(), time.perf_counter()
     for pipe, transport in pipes:
         pipe.start(transport)
     counts = await asyncio.gather(*(pipe.done for pipe, _ in pipes))
-    seconds = time.perf_counter() - t0
-    cpu = cpu_seconds(pid) - cpu0 if pid is not None else 0.0
-    own = time.process_time() - own0
+    out = Driven(time.perf_counter() - t0, clients=time.process_time() - own0)
+    if pid is not None:
+        out = Driven(out.seconds, cpu_seconds(pid) - cpu0[0], cpu_seconds(pid, pid) - cpu0[1],
+                     out.clients)
     for _, transport in pipes:
         transport.close()
     assert sum(counts) == sum(len(f) for f in frames), "every request answered once"
-    return seconds, cpu, own
+    return out
 
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """One side's figures: turns per second, CPU microseconds per turn, and (daemon)
-    the clients' CPU microseconds per turn."""
+    """One side's figures: turns per second, CPU microseconds per turn, and for the
+    daemon those of its event-loop thread and of the clients."""
 
     tps: float
     cpu_us: float
+    loop_cpu_us: float = 0.0
     client_cpu_us: float = 0.0
 
 
@@ -185,8 +200,9 @@ def daemon_tps(turns: Sequence[Turn], root: Path, clients: int, depth: int, wind
                                            "--batch-max", str(batch_max)])
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            seconds, cpu, own = runner.run(_drive(sock, frames, depth, proc.pid))
-        return Rate(len(turns) / seconds, cpu * 1e6 / len(turns), own * 1e6 / len(turns))
+            d = runner.run(_drive(sock, frames, depth, proc.pid))
+        n = len(turns)
+        return Rate(n / d.seconds, d.daemon * 1e6 / n, d.loop * 1e6 / n, d.clients * 1e6 / n)
     finally:
         stop_daemon(proc, sock)
         shutil.rmtree(root, ignore_errors=True)
@@ -233,7 +249,7 @@ SWEEP = [(w, m) for w in (0.0, 0.25, 0.5, 1.0, 2.0) for m in (16, 64, 256)]
 def _best(rates: list[Rate]) -> Rate:
     """The fastest run's rate, with the least CPU per turn of any run."""
     return Rate(max(r.tps for r in rates), min(r.cpu_us for r in rates),
-                min(r.client_cpu_us for r in rates))
+                min(r.loop_cpu_us for r in rates), min(r.client_cpu_us for r in rates))
 
 
 @click.command()
@@ -280,8 +296,8 @@ def main(workload: str, scale: int, clients: int, depth: int, batch_window_ms: f
         click.echo(f"daemon ({clients} clients x {depth} in flight), window {batch_window_ms} "
                    f"ms, batch max {batch_max}: {daemon.tps:,.0f} turns/s = "
                    f"{daemon.tps / inproc.tps * 100:.0f} % of in-process "
-                   f"({daemon.cpu_us:,.0f} us CPU per turn; its clients "
-                   f"{daemon.client_cpu_us:,.0f} us)", err=err)
+                   f"({daemon.cpu_us:,.0f} us CPU per turn, {daemon.loop_cpu_us:,.0f} of it in "
+                   f"the event loop; its clients {daemon.client_cpu_us:,.0f} us)", err=err)
         for i, (w, m) in enumerate(SWEEP if sweep else []):
             cell = daemon_tps(turns, root / f"s{i}", clients, depth, w, m)
             cells.append({"batch_window_ms": w, "batch_max": m, "daemon_tps": cell.tps,
@@ -297,6 +313,7 @@ def main(workload: str, scale: int, clients: int, depth: int, batch_window_ms: f
         "inprocess_tps": inproc.tps, "daemon_tps": daemon.tps, "ratio": daemon.tps / inproc.tps,
         "inprocess_cpu_us_per_turn": inproc.cpu_us, "daemon_cpu_us_per_turn": daemon.cpu_us,
         "cpu_ratio": inproc.cpu_us / daemon.cpu_us if daemon.cpu_us else 0.0,
+        "daemon_loop_cpu_us_per_turn": daemon.loop_cpu_us,
         "client_cpu_us_per_turn": daemon.client_cpu_us,
         "inprocess_runs_tps": [r.tps for r in inproc_runs],
         "daemon_runs_tps": [r.tps for r in daemon_runs],
