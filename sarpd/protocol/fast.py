@@ -70,7 +70,7 @@ def fast_frame_limit(limits: Limits) -> int:
     return min(limits.max_str_bytes, limits.max_items, limits.max_frame_size)
 
 
-def fast_parse(frame: bytes, limits: Limits, protocol: int = 1) -> Request | None:
+def fast_parse(frame: bytes | memoryview, limits: Limits, protocol: int = 1) -> Request | None:
     """The `Match` or `Insert` that `requests.parse_message` would build from `frame`,
     or None (the full path then decides). `frame` must be at most
     `fast_frame_limit(limits)` bytes."""

@@ -181,9 +181,10 @@ class Decoder:
     a huge array costs nothing until the bytes of that array have arrived.
 
     With ``fast`` (the default), a complete message of at most
-    `fast.fast_frame_limit` bytes is first offered to `fast.fast_parse` (msgspec, for
-    the common match and insert); whatever that does not take is built as above, so
-    every answer, and every error, is the full path's.
+    `fast.fast_frame_limit` bytes that lies in the bytes of one ``feed`` is first
+    offered to `fast.fast_parse` (msgspec, for the common match and insert; the builder
+    then skips it); whatever that does not take is built as above, so every answer,
+    and every error, is the full path's.
     """
 
     def __init__(self, limits: Limits | None = None, *, fast: bool = True) -> None:
@@ -192,25 +193,26 @@ class Decoder:
         lim = self.limits
         self._budget = _Budget(lim)
         self._skipper = msgpack.Unpacker(max_buffer_size=lim.max_frame_size + 1)
-        self._unpack_opts: dict[str, Any] = {
-            "raw": False,
-            "unicode_errors": "surrogateescape",  # bad UTF-8 is a per-request error
-            "strict_map_key": False,  # keys are checked by the pairs hook (no dict built)
-            "object_pairs_hook": self._budget.on_map,
-            "list_hook": self._budget.on_list,
-            "max_str_len": min(lim.max_str_bytes, lim.max_frame_size),
-            "max_bin_len": lim.max_frame_size,
-            "max_ext_len": lim.max_frame_size,
-            "max_array_len": lim.max_items,
-            "max_map_len": lim.max_map_len,
-        }
-        self._builder = msgpack.Unpacker(max_buffer_size=lim.max_frame_size + 1,
-                                         **self._unpack_opts)
+        self._builder = msgpack.Unpacker(
+            raw=False,
+            unicode_errors="surrogateescape",  # bad UTF-8 is a per-request error
+            strict_map_key=False,  # keys are checked by the pairs hook (no dict built)
+            object_pairs_hook=self._budget.on_map,
+            list_hook=self._budget.on_list,
+            max_buffer_size=lim.max_frame_size + 1,
+            max_str_len=min(lim.max_str_bytes, lim.max_frame_size),
+            max_bin_len=lim.max_frame_size,
+            max_ext_len=lim.max_frame_size,
+            max_array_len=lim.max_items,
+            max_map_len=lim.max_map_len,
+        )
         self._fed = 0  # stream offset of everything fed
         self._frame_start = 0  # stream offset where the unfinished message starts
         self._dead: FrameError | None = None
         # frames up to this size go through the fast path first (sarpd.protocol.fast)
         self._fast_limit = fast_frame_limit(lim) if fast else 0
+        self._chunk = memoryview(b"")  # the bytes fed last, from stream offset _chunk_at
+        self._chunk_at = 0
 
     @property
     def buffered(self) -> int:
@@ -229,6 +231,8 @@ class Decoder:
         except FrameError as exc:
             self._dead = exc
             raise StreamError(exc.message, exc.code, out) from exc.__cause__
+        finally:  # the caller's buffer is not held past this call
+            self._chunk, self._chunk_at = memoryview(b""), self._fed
         return out
 
     def _feed(self, view: memoryview, out: list[Request | BadMessage]) -> None:
@@ -247,6 +251,7 @@ class Decoder:
             chunk = view[pos : pos + limit + 1 - partial]
             self._skipper.feed(chunk)
             self._builder.feed(chunk)
+            self._chunk, self._chunk_at = chunk, self._fed
             self._fed += len(chunk)
             pos += len(chunk)
 
@@ -264,22 +269,22 @@ class Decoder:
             size, self._frame_start = end - self._frame_start, end
             if size > limit:
                 raise FrameError(f"frame: {size} bytes exceeds max_frame_size ({limit})")
-            out.append(self._message(size))
+            out.append(self._message(end - size, size))
 
-    def _message(self, size: int) -> Request | BadMessage:
-        """The request of the next complete message (`size` bytes) in the builder."""
-        frame = None
-        if size <= self._fast_limit:  # its bytes, for the fast path (then the full one)
-            frame = self._builder.read_bytes(size)
-            fast = fast_parse(frame, self.limits, self.protocol)
-            if fast is not None:
-                return fast
+    def _message(self, start: int, size: int) -> Request | BadMessage:
+        """The request of the next complete message in the builder: `size` bytes from
+        stream offset `start`."""
+        at = start - self._chunk_at
+        if size <= self._fast_limit and at >= 0:  # small, and all in the last chunk fed
+            fast = fast_parse(self._chunk[at : at + size], self.limits, self.protocol)
+        else:
+            fast = None
         self._budget.reset()
         try:
-            if frame is None:
-                obj = self._builder.unpack()
-            else:
-                obj = msgpack.unpackb(frame, **self._unpack_opts)
+            if fast is not None:
+                self._builder.skip()  # the builder keeps pace with the stream
+                return fast
+            obj = self._builder.unpack()
         except FrameError:
             raise
         except Exception as exc:  # over a limit, or a malformed ext value

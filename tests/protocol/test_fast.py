@@ -245,3 +245,22 @@ def test_frame_limit_keeps_the_frame_budgets() -> None:
     assert fast_frame_limit(Limits(max_depth=3)) == 0
     assert fast_frame_limit(Limits(max_map_len=14)) == 0
     assert fast_frame_limit(Limits(max_containers=3)) == 0
+
+
+def test_decoder_holds_no_view_of_the_callers_buffer() -> None:
+    """The fast path reads frames in place, but never keeps the buffer past feed()."""
+    one = frame([("id", 1), ("op", "match"), ("hashes", [2**40])])
+    buf = bytearray(one)
+    dec = Decoder()
+    first = dec.feed(buf)
+    buf.extend(frame([("id", 2), ("op", "match"), ("hashes", [2**41])]))  # resizable
+    second = dec.feed(buf[len(one):])
+    assert [r.id for r in first] == [1] and [r.id for r in second] == [2]
+
+
+def test_a_frame_split_across_feeds_takes_the_full_path_alike() -> None:
+    raw = frame([("id", 1), ("op", "insert"), ("hashes", [2**40, 2**50]), ("meta", 3)])
+    whole = Decoder().feed(raw)
+    dec = Decoder()
+    parts = dec.feed(raw[:10]) + dec.feed(raw[10:])
+    assert len(whole) == len(parts) == 1 and equal(whole[0], parts[0])
