@@ -84,6 +84,7 @@ from sarpd.model import (
     SnapshotResult,
     ids_to_bytes,
 )
+from sarpd.protocol.fast import fast_frame_limit, fast_parse
 from sarpd.protocol.requests import (  # the validation half (re-exported: its public names)
     BadMessage,
     Limits,
@@ -178,9 +179,15 @@ class Decoder:
     without building anything, and only then does the other build that message,
     under the per-type limits and the hooks of `_Budget`. So a header that declares
     a huge array costs nothing until the bytes of that array have arrived.
+
+    With ``fast`` (the default), a complete message of at most
+    `fast.fast_frame_limit` bytes that lies in the bytes of one ``feed`` is first
+    offered to `fast.fast_parse` (msgspec, for the common match and insert; the builder
+    then skips it); whatever that does not take is built as above, so every answer,
+    and every error, is the full path's.
     """
 
-    def __init__(self, limits: Limits | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, *, fast: bool = True) -> None:
         self.limits = limits if limits is not None else Limits()
         self.protocol = 1  # until a hello negotiates another (requests.negotiate)
         lim = self.limits
@@ -202,6 +209,10 @@ class Decoder:
         self._fed = 0  # stream offset of everything fed
         self._frame_start = 0  # stream offset where the unfinished message starts
         self._dead: FrameError | None = None
+        # frames up to this size go through the fast path first (sarpd.protocol.fast)
+        self._fast_limit = fast_frame_limit(lim) if fast else 0
+        self._chunk = memoryview(b"")  # the bytes fed last, from stream offset _chunk_at
+        self._chunk_at = 0
 
     @property
     def buffered(self) -> int:
@@ -220,6 +231,8 @@ class Decoder:
         except FrameError as exc:
             self._dead = exc
             raise StreamError(exc.message, exc.code, out) from exc.__cause__
+        finally:  # the caller's buffer is not held past this call
+            self._chunk, self._chunk_at = memoryview(b""), self._fed
         return out
 
     def _feed(self, view: memoryview, out: list[Request | BadMessage]) -> None:
@@ -238,6 +251,7 @@ class Decoder:
             chunk = view[pos : pos + limit + 1 - partial]
             self._skipper.feed(chunk)
             self._builder.feed(chunk)
+            self._chunk, self._chunk_at = chunk, self._fed
             self._fed += len(chunk)
             pos += len(chunk)
 
@@ -255,22 +269,34 @@ class Decoder:
             size, self._frame_start = end - self._frame_start, end
             if size > limit:
                 raise FrameError(f"frame: {size} bytes exceeds max_frame_size ({limit})")
-            self._budget.reset()
-            try:
-                obj = self._builder.unpack()
-            except FrameError:
-                raise
-            except Exception as exc:  # over a limit, or a malformed ext value
-                raise self._stream_error(exc) from exc
-            if self._budget.containers > self.limits.max_depth:
-                deep = too_deep(obj, self.limits.max_depth)
-                if deep is not None:
-                    out.append(deep)
-                    continue
-            req = parse_message(obj, self.limits, self.protocol)
-            if isinstance(req, Hello):  # the connection speaks what hello negotiated
-                self.protocol = negotiate(req.protocol)
-            out.append(req)
+            out.append(self._message(end - size, size))
+
+    def _message(self, start: int, size: int) -> Request | BadMessage:
+        """The request of the next complete message in the builder: `size` bytes from
+        stream offset `start`."""
+        at = start - self._chunk_at
+        if size <= self._fast_limit and at >= 0:  # small, and all in the last chunk fed
+            fast = fast_parse(self._chunk[at : at + size], self.limits, self.protocol)
+        else:
+            fast = None
+        self._budget.reset()
+        try:
+            if fast is not None:
+                self._builder.skip()  # the builder keeps pace with the stream
+                return fast
+            obj = self._builder.unpack()
+        except FrameError:
+            raise
+        except Exception as exc:  # over a limit, or a malformed ext value
+            raise self._stream_error(exc) from exc
+        if self._budget.containers > self.limits.max_depth:
+            deep = too_deep(obj, self.limits.max_depth)
+            if deep is not None:
+                return deep
+        req = parse_message(obj, self.limits, self.protocol)
+        if isinstance(req, Hello):  # the connection speaks what hello negotiated
+            self.protocol = negotiate(req.protocol)
+        return req
 
     def _stream_error(self, exc: Exception) -> FrameError:
         found = _LEN_LIMIT_RE.search(str(exc)) if isinstance(exc, ValueError) else None
