@@ -3,6 +3,7 @@ short run through the real bridge into a real sarpd."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 
@@ -44,3 +45,15 @@ def test_a_short_run_through_a_real_sarpd() -> None:
                   r"store, sync none: .* events/s, .* blocks/s; unknown_parent (\d+)", res.output)
     assert m is not None, res.output
     assert int(m[1]) + int(m[2]) == 120 and int(m[3]) == 0
+
+
+def test_json_figures_on_stdout() -> None:
+    res = CliRunner().invoke(main, ["--batches", "10", "--events", "5", "--sync", "none",
+                                    "--json", "-"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["events"] == 50 and doc["unknown_parent"] == 0
+    assert doc["blocks_new"] == 4 * 40  # 40 stores of 4 new blocks, 10 removals
+    for key in ("events_per_s", "blocks_per_s", "bare_blocks_per_s"):
+        assert doc[key] > 0
+    assert doc["bare_write_batches"] == 10  # one per EventBatch

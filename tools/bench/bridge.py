@@ -12,13 +12,23 @@ new one, and every `--remove-every`-th a `BlockRemoved` of old blocks. The clock
 from the first batch published to the last one acknowledged by sarpd (the bridge's
 position), so it measures the whole path: ZMQ, decoding, translation, the pipelined
 requests, sarpd's durable writes.
+
+``--json -`` prints one JSON object (``events_per_s``, ``blocks_per_s``,
+``bare_blocks_per_s``, ...). ``bare_blocks_per_s`` is the ceiling of the same run:
+the very records sarpd's write path commits for these events (segments, block
+locators, change log, counters: captured by applying the bridge's own requests to an
+in-process index on a recording backend, one write transaction per `EventBatch`,
+vLLM's unit of publication) written again as bare backend write batches, one per
+`EventBatch`, synced, into a fresh RocksDB: what the blocks cost the engine alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -26,8 +36,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
+from backends.base import WriteBatch
+from backends.memory import MemoryBackend
+from backends.registry import open_backend
+from sarpd.bridge.events import decode_batch
+from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.vllm import BridgeConfig, VllmBridge
+from sarpd.config import IndexConfig
+from sarpd.core.index import SarpIndex, WriteOp
+from sarpd.model import Clear, IdArray, Insert, Remove, SeqSpec
 from tools.bench import vllm_schema as vs
 from tools.bench.spawn import DaemonStartError, start_daemon, stop_daemon
 from tools.bench.vllm_publisher import Publisher, encode_batch, removed, stored
@@ -102,7 +121,8 @@ def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict
     t0 = time.perf_counter()
     for p in payloads:
         pub.publish(p)
-    with click.progressbar(length=len(payloads), label="batches applied") as bar:
+    with click.progressbar(length=len(payloads), label="batches applied",
+                           file=sys.stderr) as bar:
         done = 0
         while stats.last_seq < len(payloads) - 1:
             time.sleep(0.05)
@@ -114,6 +134,64 @@ def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict
     thread.join(30)
     pub.close()
     return seconds, stats.as_dict()
+
+
+def id_array(ids: tuple[int, ...] | list[int]) -> IdArray:
+    """Bridge ids (uint64) as sarpd's (n, 2) ids: zero-extended, as sarpd reads a uint."""
+    out = np.zeros((len(ids), 2), dtype=np.uint64)
+    out[:, 0] = np.array(ids, dtype=np.uint64)
+    return out
+
+
+def model_ops(ops: list[Op], holders: bool = True) -> list[WriteOp]:
+    """The bridge's requests as the in-process index's write ops (what sarpd decodes
+    them to); canary checks (another namespace, a match) are left out."""
+    out: list[WriteOp] = []
+    for i, op in enumerate(ops, 1):
+        if isinstance(op, InsertOp):
+            parent = None if op.parent is None else id_array([op.parent])
+            out.append(Insert(i, SeqSpec(op.ns, hashes=id_array(op.hashes)), op.meta,
+                              parent, add_holder=holders))  # fmt: skip
+        elif isinstance(op, RemoveOp):
+            out.append(Remove(i, ns=op.ns, ids=id_array(op.ids), meta=op.meta))
+        elif isinstance(op, ClearOp):
+            out.append(Clear(i, op.ns, op.mask, op.value))
+    return out
+
+
+class RecordingBackend(MemoryBackend):
+    """A memory backend that keeps a copy of every write batch (the records)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[WriteBatch] = []
+
+    def write(self, batch: WriteBatch, sync: bool) -> None:
+        self.batches.append(WriteBatch(dict(batch.puts), set(batch.deletes)))
+        super().write(batch, sync)
+
+
+def bare_run(payloads: list[bytes], root: Path) -> tuple[float, int, int]:
+    """(seconds, new blocks, write batches): sarpd's records for these events as bare synced write
+    batches into a fresh RocksDB (module doc)."""
+    rec = RecordingBackend()
+    index = SarpIndex(rec, IndexConfig(snapshot_interval_s=0.0))
+    rec.batches.clear()  # the manifest of a new index: not these events' records
+    tr = Translator(0)
+    new = 0
+    for p in payloads:
+        ops = [op for t in tr.translate(decode_batch(p)) for op in t.ops]
+        for r in index.write_many(model_ops(ops)):
+            new += getattr(r, "new_blocks", 0)
+    backend = open_backend("rocksdb", root / "bare", cache_bytes=64 << 20)
+    try:
+        t0 = time.perf_counter()
+        for wb in rec.batches:
+            backend.write(wb, True)
+        seconds = time.perf_counter() - t0
+    finally:
+        backend.close()
+    return seconds, new, len(rec.batches)
 
 
 @click.command()
@@ -134,8 +212,12 @@ def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict
 @click.option("--encoding", type=click.Choice(ENCODINGS), default="array", show_default=True,
               help="array_like structs, maps, or vLLM's current schema (msgspec).")
 @click.option("--seed", default=1, show_default=True, help="Random seed of the events.")
+@click.option("--json", "json_out", type=click.File("w"), default=None,
+              help="Also write the figures as one JSON object to this file ('-': stdout; "
+                   "the human line then goes to stderr).")
 def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
-         remove_every: int, inflight: int, encoding: str, seed: int) -> None:  # fmt: skip
+         remove_every: int, inflight: int, encoding: str, seed: int,
+         json_out: Any) -> None:  # fmt: skip
     """Events/s applied through `sarpctl bridge vllm`'s engine into sarpd."""
     payloads, n_events = make_batches(batches, events, blocks, remove_every, seed, encoding)
     root = Path(tempfile.mkdtemp(prefix="sarp-bridge-bench-"))
@@ -147,17 +229,33 @@ def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
             except DaemonStartError as exc:
                 raise click.ClickException(str(exc)) from exc
         seconds, stats = run(socket, payloads, inflight)
+        bare_s, bare_new, bare_batches = bare_run(payloads, root)
     finally:
         if proc is not None and socket is not None:
             stop_daemon(proc, socket)
         shutil.rmtree(root, ignore_errors=True)
     ev = stats["events"]
+    doc = {
+        "events_per_s": n_events / seconds,
+        "blocks_per_s": stats["blocks_new"] / seconds,
+        "bare_blocks_per_s": bare_new / bare_s,
+        "events": n_events, "blocks_new": stats["blocks_new"], "seconds": seconds,
+        "bare_seconds": bare_s, "bare_write_batches": bare_batches, "batches": batches,
+        "events_per_batch": events, "blocks_per_store": blocks,
+        "remove_every": remove_every, "encoding": encoding,
+        "sync": sync if proc else None, "unknown_parent": stats["unknown_parent"],
+        "retries": stats["retries"],
+    }  # fmt: skip
+    if json_out is not None:
+        json_out.write(json.dumps(doc) + "\n")
     click.echo(
         f"{n_events} events ({ev['stored']} stored, {ev['removed']} removed) in {batches} "
         f"batches, {blocks} blocks per store, sync {sync if proc else 'of the given sarpd'}: "
         f"{seconds:.2f} s, {n_events / seconds:,.0f} events/s, "
         f"{stats['blocks_new'] / seconds:,.0f} blocks/s; unknown_parent "
-        f"{stats['unknown_parent']}, retries {stats['retries']}"
+        f"{stats['unknown_parent']}, retries {stats['retries']}; bare write batches of "
+        f"the same records: {bare_new / bare_s:,.0f} blocks/s",
+        err=json_out is not None and getattr(json_out, "name", "") == "<stdout>",
     )
 
 
