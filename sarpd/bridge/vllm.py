@@ -46,6 +46,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from sarpd.bridge.coalesce import Mark as _Mark
+from sarpd.bridge.coalesce import Req as _Req
+from sarpd.bridge.coalesce import coalesce, split_first
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
 from sarpd.bridge.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.state import StateFile
@@ -85,22 +88,6 @@ class BridgeConfig:
     # fleet; False: protocol 1 (the first insert wins; a namespace per worker for
     # exactness)
     holders: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class _Req:
-    kind: str | None  # the event counter to bump on success (first op of an event)
-    op: Op
-    tried: tuple[str, ...] = ()  # namespaces an insert got unknown_parent in
-    alternatives: tuple[str, ...] = ()  # other namespaces to try then (Translated)
-
-
-@dataclass(frozen=True, slots=True)
-class _Mark:
-    """End of one batch: the position may advance past it once reached."""
-
-    seq: int
-    ts: float
 
 
 class Stopped(Exception):
@@ -283,7 +270,9 @@ class VllmBridge:
     # ------------------------------------------------------------------ applying
 
     async def _apply(self, items: list[_Req | _Mark]) -> None:
-        """Send every request in order; re-send from the first retryable failure."""
+        """Send every request in order (chained stores coalesced, `coalesce`); re-send
+        from the first retryable failure."""
+        items = coalesce(items)
         i, backoff = 0, 0.02
         while i < len(items):
             end = self._window_end(items, i)
@@ -339,6 +328,10 @@ class VllmBridge:
                 return j
             if isinstance(op, InsertOp) and op.parent is not None:
                 parents.add(op.parent)
+                at = 0  # a coalesced insert: its stores' parents inside it too
+                for n in it.parts[:-1]:
+                    at += n
+                    parents.add(op.hashes[at - 1])
         return end
 
     def _resolve_guesses(self, items: list[_Req | _Mark], i: int, end: int) -> None:
@@ -369,6 +362,10 @@ class VllmBridge:
             if isinstance(r, RETRYABLE):
                 return k, None
             if isinstance(r, UnknownParent) and isinstance(it.op, InsertOp):
+                if len(it.parts) > 1:  # the first store's parent: drop it, re-send the rest
+                    _, rest = split_first(it)
+                    self._count(dc_replace(it, parts=()), r)
+                    return k, rest
                 alt = self._reroute(it, it.op)
                 if alt is not None:
                     return k, alt
@@ -403,7 +400,7 @@ class VllmBridge:
             self._check_agreement(it.op, r)
             return
         if it.kind is not None:
-            self.stats.events[it.kind] += 1
+            self.stats.events[it.kind] += it.events
         if isinstance(it.op, InsertOp):
             self.stats.blocks_new += int(r.get("new_blocks", 0))
         else:
