@@ -28,9 +28,14 @@ carries the run's parent; the rest is re-sent after it, `split_first`), as store
 store would. Namespaces are distinct id spaces (sarpd salts ids with them), so runs
 of different namespaces never interact.
 
-Removals coalesce the same way: a removal joins the open removal of its namespace
-and holder (one ``remove`` with both id lists, at the first one's place) when no
-request since the first named one of its ids; a run whose block it removes ends.
+With ``removals=True``, removals coalesce the same way: a removal joins the open
+removal of its namespace and holder (one ``remove`` with both id lists, at the first
+one's place) when no request since the first named one of its ids; a run whose
+block it removes ends. The index then answers every match alike, but it is off by
+default: sarpd's ``remove`` counts the blocks it takes off by their offset in a
+window, so two blocks of sibling branches at one position removed by ONE request
+count once (``removed``, and the index's ``blocks`` counter keeps one too many),
+and coalescing would make that happen where separate requests count right.
 
 The rule behind both: `touched` keeps, per block, the latest place (in the coalesced
 order) of a request naming it, and a request moves to an earlier place only if every
@@ -99,7 +104,8 @@ def split_first(req: Req) -> tuple[int, Req]:
 
 
 class _Coalescer:
-    def __init__(self) -> None:
+    def __init__(self, removals: bool) -> None:
+        self.merge_removals = removals
         self.out: list[Req | Mark] = []
         self.runs: dict[tuple[str, int], _Run] = {}  # (ns, tail) -> open run
         self.owner: dict[tuple[str, int], _Run] = {}  # (ns, block) -> its open run
@@ -116,7 +122,7 @@ class _Coalescer:
         op = it.op
         if isinstance(op, InsertOp) and not it.alternatives and self._join(it, op):
             return
-        if isinstance(op, RemoveOp) and self._join_removal(it, op):
+        if isinstance(op, RemoveOp) and self.merge_removals and self._join_removal(it, op):
             return
         if isinstance(op, ClearOp):
             self._close_ns(op.ns)
@@ -226,9 +232,10 @@ class _Coalescer:
             self._close(run)
 
 
-def coalesce(items: Sequence[Req | Mark]) -> list[Req | Mark]:
-    """`items` with chained stores folded into earlier inserts (module doc)."""
-    c = _Coalescer()
+def coalesce(items: Sequence[Req | Mark], removals: bool = False) -> list[Req | Mark]:
+    """`items` with chained stores folded into earlier inserts (and with `removals`,
+    removals into earlier ones: off by default, module doc)."""
+    c = _Coalescer(removals)
     for it in items:
         c.add(it)
     return c.out
