@@ -51,6 +51,7 @@ from sarpd.bridge.coalesce import Req as _Req
 from sarpd.bridge.coalesce import coalesce, split_first
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
 from sarpd.bridge.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
+from sarpd.bridge.pipe import PipeClient, request_of, result_of
 from sarpd.bridge.state import StateFile
 from sarpd.bridge.stats import BridgeStats, serve_metrics
 from sarpd.client import Client, SarpConnectionError
@@ -107,7 +108,7 @@ class VllmBridge:
         self.last: int | None = pos.last_seq  # newest batch taken
         self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
         self._replayed: tuple[int, int] | None = None
-        self._client: Client | None = None
+        self._client: PipeClient | None = None
         self._connected_once = False
         self._stop = asyncio.Event()
         self._ctx: zmq.asyncio.Context | None = None
@@ -279,12 +280,15 @@ class VllmBridge:
             self._resolve_guesses(items, i, end)
             chunk = items[i:end]
             client = await self._connected()
-            tasks = [
-                asyncio.ensure_future(self._send(client, it.op))
+            futs = [
+                asyncio.ensure_future(self._send(client, it.op)) if isinstance(it.op, CanaryOp)
+                else client.submit(*request_of(it.op))
                 for it in chunk
                 if isinstance(it, _Req)
-            ]
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            ]  # fmt: skip
+            await client.flush()
+            results = [result_of(r) for r in
+                       await asyncio.gather(*futs, return_exceptions=True)]  # fmt: skip
             failed = self._settle(chunk, results)
             if failed is None:
                 i += len(chunk)
@@ -421,24 +425,16 @@ class VllmBridge:
                 others[0] if others else "?")
 
     @staticmethod
-    async def _send(client: Client, op: Op) -> dict[str, Any]:
-        if isinstance(op, InsertOp):
-            return await client.insert(
-                hashes=list(op.hashes), meta=op.meta, ns=op.ns, parent=op.parent
-            )
-        if isinstance(op, RemoveOp):
-            return await client.remove(ns=op.ns, ids=list(op.ids), meta=op.meta)
-        if isinstance(op, CanaryOp):  # one holder per engine hash of these tokens
-            await client.insert(tokens=list(op.tokens), meta=op.engine_hash, ns=op.ns)
-            return await client.match(tokens=list(op.tokens), ns=op.ns, holders=2)
-        assert isinstance(op, ClearOp)
-        return await client.clear(op.ns, op.mask, op.value)
+    async def _send(client: Client, op: CanaryOp) -> dict[str, Any]:
+        """The hash-agreement check: one holder per engine hash of these tokens."""
+        await client.insert(tokens=list(op.tokens), meta=op.engine_hash, ns=op.ns)
+        return await client.match(tokens=list(op.tokens), ns=op.ns, holders=2)
 
-    async def _connected(self) -> Client:
+    async def _connected(self) -> PipeClient:
         backoff = 0.02
         while self._client is None:
             try:
-                client = await Client.connect(self.cfg.socket, timeout=5.0)
+                client = await PipeClient.connect(self.cfg.socket, timeout=5.0)
             except SarpConnectionError as exc:
                 log.info("sarpd: %s; retrying in %.2f s", exc, backoff)
             else:

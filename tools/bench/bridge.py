@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import shutil
 import sys
@@ -100,7 +101,18 @@ def make_batches(
     return out, count
 
 
-def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict[str, Any]]:
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) of this process, or of process `pid` (/proc)."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(socket: Path, payloads: list[bytes], inflight: int,
+        daemon_pid: int | None = None) -> tuple[float, dict[str, Any]]:  # fmt: skip
+    """(seconds, the bridge's counters, plus ``cpu_s``: this process's CPU time over
+    the run (the bridge, and the publisher's thread), and ``sarpd_cpu_s``)."""
     pub = Publisher()
     cfg = BridgeConfig(endpoint=pub.endpoint, socket=str(socket), max_inflight=inflight)
     bridge: list[VllmBridge] = []
@@ -119,6 +131,8 @@ def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict
     time.sleep(0.1)
     stats = bridge[0].stats
     t0 = time.perf_counter()
+    cpu0 = cpu_seconds()
+    d_cpu0 = cpu_seconds(daemon_pid) if daemon_pid is not None else 0.0
     for p in payloads:
         pub.publish(p)
     with click.progressbar(length=len(payloads), label="batches applied",
@@ -130,10 +144,12 @@ def run(socket: Path, payloads: list[bytes], inflight: int) -> tuple[float, dict
             done = stats.batches
         bar.update(len(payloads) - done)
     seconds = time.perf_counter() - t0
+    cpu = cpu_seconds() - cpu0
+    d_cpu = cpu_seconds(daemon_pid) - d_cpu0 if daemon_pid is not None else None
     loop_box[0].call_soon_threadsafe(bridge[0].stop)
     thread.join(30)
     pub.close()
-    return seconds, stats.as_dict()
+    return seconds, {**stats.as_dict(), "cpu_s": cpu, "sarpd_cpu_s": d_cpu}
 
 
 def id_array(ids: tuple[int, ...] | list[int]) -> IdArray:
@@ -228,7 +244,7 @@ def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
                 proc, socket = start_daemon(root, sync=sync)
             except DaemonStartError as exc:
                 raise click.ClickException(str(exc)) from exc
-        seconds, stats = run(socket, payloads, inflight)
+        seconds, stats = run(socket, payloads, inflight, proc.pid if proc else None)
         bare_s, bare_new, bare_batches = bare_run(payloads, root)
     finally:
         if proc is not None and socket is not None:
@@ -245,6 +261,10 @@ def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
         "remove_every": remove_every, "encoding": encoding,
         "sync": sync if proc else None, "unknown_parent": stats["unknown_parent"],
         "retries": stats["retries"],
+        # CPU per event: the bridge's process (with the publisher's thread), sarpd's
+        "bridge_cpu_us_per_event": 1e6 * stats["cpu_s"] / n_events,
+        "sarpd_cpu_us_per_event": (None if stats["sarpd_cpu_s"] is None
+                                   else 1e6 * stats["sarpd_cpu_s"] / n_events),
     }  # fmt: skip
     if json_out is not None:
         json_out.write(json.dumps(doc) + "\n")
