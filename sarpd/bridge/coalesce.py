@@ -48,7 +48,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from dataclasses import replace as dc_replace
+
+import msgspec
+from msgspec.structs import replace as dc_replace
 
 from sarpd.bridge.mapping import CanaryOp, ClearOp, InsertOp, Op, RemoveOp
 
@@ -57,8 +59,7 @@ __all__ = ["MAX_RUN_BLOCKS", "Mark", "Req", "coalesce", "split_first"]
 MAX_RUN_BLOCKS = 4096  # blocks of one coalesced insert (sarpd's limit: 65,536 by default)
 
 
-@dataclass(frozen=True, slots=True)
-class Req:
+class Req(msgspec.Struct, frozen=True):
     kind: str | None  # the event counter to bump on success (first op of an event)
     op: Op
     tried: tuple[str, ...] = ()  # namespaces an insert got unknown_parent in
@@ -74,8 +75,7 @@ class Req:
         return len(self.parts) or self.merged or int(self.kind is not None)
 
 
-@dataclass(frozen=True, slots=True)
-class Mark:
+class Mark(msgspec.Struct, frozen=True):
     """End of one batch: the position may advance past it once reached."""
 
     seq: int

@@ -60,7 +60,8 @@ position) until the map has seen a full cycle (`trust_map`).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from sarpd.bridge.events import (
     AllBlocksCleared,
@@ -135,23 +136,20 @@ def join_ns(base: str, lora_name: str | None, salt: str) -> str:
 # ------------------------------------------------------------------------------ ops
 
 
-@dataclass(frozen=True, slots=True)
-class InsertOp:
+class InsertOp(msgspec.Struct, frozen=True):
     ns: str
     hashes: tuple[int, ...]
     parent: int | None
     meta: int
 
 
-@dataclass(frozen=True, slots=True)
-class RemoveOp:
+class RemoveOp(msgspec.Struct, frozen=True):
     ns: str
     ids: tuple[int, ...]
     meta: int | None = None  # holders: take only this holder off (None: every holder)
 
 
-@dataclass(frozen=True, slots=True)
-class CanaryOp:
+class CanaryOp(msgspec.Struct, frozen=True):
     """The hash-agreement check (module doc, "Holders"): the engine's hash of a first
     block, under sarp's own token hash of that block, in CANARY_NS."""
 
@@ -160,8 +158,7 @@ class CanaryOp:
     engine_hash: int
 
 
-@dataclass(frozen=True, slots=True)
-class ClearOp:
+class ClearOp(msgspec.Struct, frozen=True):
     ns: str
     mask: int
     value: int
@@ -172,8 +169,7 @@ CANARY_NS = "sarp-hashcheck"
 MAX_CANARIES = 4096  # distinct first blocks checked per bridge run
 
 
-@dataclass(frozen=True, slots=True)
-class Translated:
+class Translated(msgspec.Struct, frozen=True):
     """The ops of one event; `kind` is the event's counter name."""
 
     kind: str  # "stored", "removed", "cleared", "ignored"

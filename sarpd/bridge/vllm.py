@@ -39,12 +39,12 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from msgspec.structs import replace as dc_replace
 
 from sarpd.bridge.coalesce import Mark as _Mark
 from sarpd.bridge.coalesce import Req as _Req

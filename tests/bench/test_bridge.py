@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 
 import msgpack
 from click.testing import CliRunner
+from msgspec.structs import replace
 
 from sarpd.bridge.events import BlockRemoved, BlockStored, decode_batch
 from tools.bench.bridge import main, make_batches
