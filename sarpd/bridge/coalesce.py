@@ -84,12 +84,37 @@ class Mark(msgspec.Struct, frozen=True):
 
 @dataclass(slots=True)
 class _Run:
-    at: int  # index of its insert in the output
+    """An open run of chained stores: its insert sits at `at` in the output."""
+
+    at: int
     start: int  # the step at which it started (touches before it do not matter)
-    ns: str
     meta: int
     tail: int
-    ids: set[int] = field(default_factory=set)  # its blocks and its parent
+    ids: set[int]  # its blocks and its parent
+    hashes: list[int]  # its blocks, in order
+    parts: list[int]  # blocks per store
+
+
+@dataclass(slots=True)
+class _Removal:
+    """An open removal (with ``removals=True``): its request sits at `at`."""
+
+    at: int
+    start: int
+    kind: str | None
+    events: int
+    ids: list[int]
+    joined: bool = False
+
+
+@dataclass(slots=True)
+class _Space:
+    """One namespace's state (namespaces are distinct id spaces)."""
+
+    runs: dict[int, _Run] = field(default_factory=dict)  # tail -> open run
+    owner: dict[int, _Run] = field(default_factory=dict)  # block -> its open run
+    touched: dict[int, int] = field(default_factory=dict)  # block -> last place naming it
+    removals: dict[int | None, _Removal] = field(default_factory=dict)  # holder -> open
 
 
 def split_first(req: Req) -> tuple[int, Req]:
@@ -107,12 +132,16 @@ class _Coalescer:
     def __init__(self, removals: bool) -> None:
         self.merge_removals = removals
         self.out: list[Req | Mark] = []
-        self.runs: dict[tuple[str, int], _Run] = {}  # (ns, tail) -> open run
-        self.owner: dict[tuple[str, int], _Run] = {}  # (ns, block) -> its open run
-        self.touched: dict[tuple[str, int], int] = {}  # (ns, block) -> last step naming it
-        # (ns, holder) -> (index in the output, step) of the open removal
-        self.removals: dict[tuple[str, int | None], tuple[int, int]] = {}
+        self.spaces: dict[str, _Space] = {}
+        self.all_runs: list[_Run] = []
+        self.all_removals: list[_Removal] = []
         self.step = 0
+
+    def space(self, ns: str) -> _Space:
+        sp = self.spaces.get(ns)
+        if sp is None:
+            sp = self.spaces[ns] = _Space()
+        return sp
 
     def add(self, it: Req | Mark) -> None:
         self.step += 1
@@ -120,116 +149,133 @@ class _Coalescer:
             self.out.append(it)
             return
         op = it.op
-        if isinstance(op, InsertOp) and not it.alternatives and self._join(it, op):
+        if isinstance(op, InsertOp) and not it.alternatives and self._join(
+                self.space(op.ns), it, op):
             return
-        if isinstance(op, RemoveOp) and self.merge_removals and self._join_removal(it, op):
+        if isinstance(op, RemoveOp) and self.merge_removals and self._join_removal(
+                self.space(op.ns), it, op):
             return
-        if isinstance(op, ClearOp):
-            self._close_ns(op.ns)
-            for key in [k for k in self.removals if k[0] == op.ns]:
-                del self.removals[key]
+        if isinstance(op, ClearOp):  # every block of the namespace: its runs all end
+            self.spaces.pop(op.ns, None)
         elif it.alternatives:  # may land in any namespace: a barrier for every run
-            self._close_all()
-            self.removals.clear()
+            self.spaces.clear()
         elif isinstance(op, RemoveOp):
-            self._touch(op.ns, op.ids)
+            self._touch(self.space(op.ns), op.ids)
         elif isinstance(op, InsertOp):
-            self._touch(op.ns, op.hashes if op.parent is None else (*op.hashes, op.parent))
+            sp = self.space(op.ns)
+            self._touch(sp, op.hashes)
+            if op.parent is not None:
+                self._touch(sp, (op.parent,))
         else:
             assert isinstance(op, CanaryOp)  # its own namespace: touches no run's blocks
         self.out.append(it)
         if isinstance(op, InsertOp) and not it.alternatives and it.kind is not None:
-            self._open(op)
-        elif isinstance(op, RemoveOp) and len(set(op.ids)) == len(op.ids):
-            self.removals[(op.ns, op.meta)] = (len(self.out) - 1, self.step)
+            self._open(self.space(op.ns), op)
+        elif isinstance(op, RemoveOp) and self.merge_removals and len(set(op.ids)) == len(op.ids):
+            r = _Removal(len(self.out) - 1, self.step, it.kind, int(it.kind is not None),
+                         list(op.ids))  # fmt: skip
+            self.space(op.ns).removals[op.meta] = r
+            self.all_removals.append(r)
 
-    def _join_removal(self, it: Req, op: RemoveOp) -> bool:
+    def _join_removal(self, sp: _Space, it: Req, op: RemoveOp) -> bool:
         """A removal joins the open removal of its namespace and holder when no request
         since named one of its blocks (then the two commute with what lies between)."""
-        open_ = self.removals.get((op.ns, op.meta))
-        if open_ is None or not op.ids or len(set(op.ids)) != len(op.ids):
+        r = sp.removals.get(op.meta)
+        ids = op.ids
+        if r is None or not ids or len(set(ids)) != len(ids):
             return False
-        at, start = open_
-        ns, touched = op.ns, self.touched
-        if any(touched.get((ns, h), -1) >= start for h in op.ids):
-            return False  # named since (or by the open removal itself)
-        head = self.out[at]
-        assert isinstance(head, Req) and isinstance(head.op, RemoveOp)
-        if len(head.op.ids) + len(op.ids) > MAX_RUN_BLOCKS:
+        if len(r.ids) + len(ids) > MAX_RUN_BLOCKS:
             return False
-        merged = head.events + int(it.kind is not None)
-        self.out[at] = Req(head.kind or it.kind, dc_replace(head.op, ids=head.op.ids + op.ids),
-                           merged=merged)  # fmt: skip
-        for h in op.ids:
-            touched[(ns, h)] = start
-            run = self.owner.get((ns, h))
+        touched, start = sp.touched, r.start
+        for h in ids:
+            if touched.get(h, -1) >= start:
+                return False  # named since (or by the open removal itself)
+        r.ids.extend(ids)
+        r.events += it.kind is not None
+        r.kind = r.kind or it.kind
+        r.joined = True
+        for h in ids:
+            touched[h] = start
+            run = sp.owner.get(h)
             if run is not None:  # a run whose block it removes takes no more stores
-                self._close(run)
+                self._close(sp, run)
         return True
 
-    def _join(self, it: Req, op: InsertOp) -> bool:
-        if op.parent is None or not op.hashes or it.kind is None:
+    def _join(self, sp: _Space, it: Req, op: InsertOp) -> bool:
+        hs = op.hashes
+        if op.parent is None or not hs or it.kind is None:
             return False
-        ns, hs = op.ns, op.hashes
-        run = self.runs.get((ns, op.parent))
-        if run is None or run.meta != op.meta or len(run.ids) + len(hs) > MAX_RUN_BLOCKS:
+        run = sp.runs.get(op.parent)
+        if run is None or run.meta != op.meta or len(run.hashes) + len(hs) > MAX_RUN_BLOCKS:
             return False
         if len(set(hs)) != len(hs) or not run.ids.isdisjoint(hs):
             return False
-        touched = self.touched
-        if any(touched.get((ns, h), -1) > run.start for h in hs):
-            return False  # named since the run began: the store may not move before it
-        head = self.out[run.at]
-        assert isinstance(head, Req) and isinstance(head.op, InsertOp)
-        parts = head.parts or (len(head.op.hashes),)
-        self.out[run.at] = Req(head.kind, dc_replace(head.op, hashes=head.op.hashes + hs),
-                               parts=(*parts, len(hs)))  # fmt: skip
-        del self.runs[(ns, run.tail)]
+        touched, start = sp.touched, run.start
+        for h in hs:
+            if touched.get(h, -1) > start:
+                return False  # named since the run began: the store may not move before it
+        del sp.runs[run.tail]
+        owner = sp.owner
         for h in hs:  # now named at the run's place: other runs holding them end
-            other = self.owner.get((ns, h))
+            other = owner.get(h)
             if other is not None:
-                self._close(other)
-            touched[(ns, h)] = max(touched.get((ns, h), -1), run.start)
-            self.owner[(ns, h)] = run
+                self._close(sp, other)
+            if touched.get(h, -1) < start:
+                touched[h] = start
+            owner[h] = run
         run.tail = hs[-1]
         run.ids.update(hs)
-        self.runs[(ns, run.tail)] = run
+        run.hashes.extend(hs)
+        run.parts.append(len(hs))
+        sp.runs[run.tail] = run
         return True
 
-    def _open(self, op: InsertOp) -> None:
+    def _open(self, sp: _Space, op: InsertOp) -> None:
         hs = op.hashes
         if not hs or len(set(hs)) != len(hs):
             return
-        run = _Run(len(self.out) - 1, self.step, op.ns, op.meta, hs[-1], set(hs))
+        ids = set(hs)
         if op.parent is not None:
-            run.ids.add(op.parent)
-        self.runs[(op.ns, run.tail)] = run
-        for h in run.ids:
-            self.owner[(op.ns, h)] = run
-
-    def _touch(self, ns: str, ids: Sequence[int]) -> None:
-        """A request (at this step) names `ids`: runs holding one of them end."""
-        step, touched, owner = self.step, self.touched, self.owner
+            ids.add(op.parent)
+        run = _Run(len(self.out) - 1, self.step, op.meta, hs[-1], ids, list(hs), [len(hs)])
+        sp.runs[run.tail] = run
         for h in ids:
-            touched[(ns, h)] = step
-            run = owner.get((ns, h))
+            sp.owner[h] = run
+        self.all_runs.append(run)
+
+    def _touch(self, sp: _Space, ids: Sequence[int]) -> None:
+        """A request (at this step) names `ids`: runs holding one of them end."""
+        step, touched, owner = self.step, sp.touched, sp.owner
+        for h in ids:
+            touched[h] = step
+            run = owner.get(h)
             if run is not None:
-                self._close(run)
+                self._close(sp, run)
 
-    def _close(self, run: _Run) -> None:
-        if self.runs.get((run.ns, run.tail)) is run:
-            del self.runs[(run.ns, run.tail)]
+    @staticmethod
+    def _close(sp: _Space, run: _Run) -> None:
+        if sp.runs.get(run.tail) is run:
+            del sp.runs[run.tail]
+        owner = sp.owner
         for h in run.ids:
-            if self.owner.get((run.ns, h)) is run:
-                del self.owner[(run.ns, h)]
+            if owner.get(h) is run:
+                del owner[h]
 
-    def _close_ns(self, ns: str) -> None:
-        for run in [r for r in self.runs.values() if r.ns == ns]:
-            self._close(run)
-
-    def _close_all(self) -> None:
-        for run in list(self.runs.values()):
-            self._close(run)
+    def result(self) -> list[Req | Mark]:
+        """The output, each run's and removal's request built once, at its place."""
+        out = self.out
+        for run in self.all_runs:
+            if len(run.parts) > 1:
+                head = out[run.at]
+                assert isinstance(head, Req)
+                out[run.at] = Req(head.kind, dc_replace(head.op, hashes=tuple(run.hashes)),
+                                  parts=tuple(run.parts))  # fmt: skip
+        for r in self.all_removals:
+            if r.joined:
+                head = out[r.at]
+                assert isinstance(head, Req)
+                out[r.at] = Req(r.kind, dc_replace(head.op, ids=tuple(r.ids)), merged=r.events)
+        return out
 
 
 def coalesce(items: Sequence[Req | Mark], removals: bool = False) -> list[Req | Mark]:
@@ -238,4 +284,4 @@ def coalesce(items: Sequence[Req | Mark], removals: bool = False) -> list[Req | 
     c = _Coalescer(removals)
     for it in items:
         c.add(it)
-    return c.out
+    return c.result()

@@ -170,7 +170,7 @@ def _answers(ix: SarpIndex, namespaces: set[str], paths: list[list[int]]) -> lis
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 120), workers=st.integers(1, 3),
        p_chain=st.floats(0.3, 0.95), p_remove=st.floats(0.0, 0.4),
        p_clear=st.sampled_from([0.0, 0.0, 0.02, 0.08]), round_size=st.integers(1, 64),
