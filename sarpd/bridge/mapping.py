@@ -91,7 +91,17 @@ DEFAULT_NS_MAP = 1 << 20
 
 
 def tier_code(medium: str | None) -> int:
-    return 0 if medium is None else TIERS.get(medium.upper(), TIER_OTHER)
+    if medium is None:
+        return 0
+    code = _TIER_OF.get(medium)
+    if code is None:
+        code = TIERS.get(medium.upper(), TIER_OTHER)
+        if len(_TIER_OF) < 1024:  # the names engines send: a handful
+            _TIER_OF[medium] = code
+    return code
+
+
+_TIER_OF: dict[str, int] = {}  # medium name as sent -> tier (tier_code's memo)
 
 
 def block_meta(worker: int, medium: str | None) -> int:
@@ -314,7 +324,7 @@ class Translator:
             while len(self.ns_of) > self.max_map:  # oldest first (dict order)
                 self.ns_of.pop(next(iter(self.ns_of)))
                 self.trust_map = False
-        else:
+        elif self.ns_of:  # a block stored again in the plain namespace
             for h in ev.block_hashes:
                 self.ns_of.pop(h, None)
         return InsertOp(ns, ev.block_hashes, ev.parent, block_meta(self.worker, ev.medium))
@@ -328,7 +338,9 @@ class Translator:
         base = self.base_ns(ev.medium, ev.ownership)
         by_ns: dict[str, list[int]] = {}
         unknown: list[int] = []
-        for h in ev.block_hashes:
+        if not self.ns_of:  # nothing stored outside the plain namespace
+            unknown = list(ev.block_hashes)
+        for h in ev.block_hashes if self.ns_of else ():
             ns = self.ns_of.pop(h, None)
             if ns is not None:
                 by_ns.setdefault(ns, []).append(h)
