@@ -34,6 +34,7 @@ advances only past batches whose every request was acknowledged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -286,7 +287,8 @@ class VllmBridge:
                 for it in chunk
                 if isinstance(it, _Req)
             ]  # fmt: skip
-            await client.flush()
+            with contextlib.suppress(*RETRYABLE):  # gone: every future carries its error
+                await client.flush()
             results = [result_of(r) for r in
                        await asyncio.gather(*futs, return_exceptions=True)]  # fmt: skip
             failed = self._settle(chunk, results)
