@@ -14,12 +14,15 @@ position), so it measures the whole path: ZMQ, decoding, translation, the pipeli
 requests, sarpd's durable writes.
 
 ``--json -`` prints one JSON object (``events_per_s``, ``blocks_per_s``,
-``bare_blocks_per_s``, ...). ``bare_blocks_per_s`` is the ceiling of the same run:
-the very records sarpd's write path commits for these events (segments, block
-locators, change log, counters: captured by applying the bridge's own requests to an
+``bare_blocks_per_s``, ``bridge_alone_events_per_s``, the CPU time per event of the
+bridge and of sarpd, ...). ``bare_blocks_per_s`` is the ceiling of the same run: the
+very records sarpd's write path commits for these events (segments, block locators,
+change log, counters: captured by applying the bridge's own requests to an
 in-process index on a recording backend, one write transaction per `EventBatch`,
 vLLM's unit of publication) written again as bare backend write batches, one per
 `EventBatch`, synced, into a fresh RocksDB: what the blocks cost the engine alone.
+``bridge_alone_events_per_s``: the same events into `tools.bench.null_sarpd`, which
+answers every request at once (the bridge's own ceiling).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -210,6 +214,25 @@ def bare_run(payloads: list[bytes], root: Path) -> tuple[float, int, int]:
     return seconds, new, len(rec.batches)
 
 
+def alone_run(payloads: list[bytes], inflight: int) -> tuple[float, dict[str, Any]]:
+    """`run` against `tools.bench.null_sarpd` (a process of its own): the bridge alone."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="sarp-null-", dir="/tmp"))
+    sock = sock_dir / "null.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "tools.bench.null_sarpd", str(sock)],
+                            cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise click.ClickException("tools.bench.null_sarpd did not start")
+            time.sleep(0.02)
+        return run(sock, payloads, inflight)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
 @click.command()
 @click.option("--socket", type=click.Path(path_type=Path), default=None,
               help="Use this running sarpd instead of starting one on a temp dir.")
@@ -246,6 +269,7 @@ def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
                 raise click.ClickException(str(exc)) from exc
         seconds, stats = run(socket, payloads, inflight, proc.pid if proc else None)
         bare_s, bare_new, bare_batches = bare_run(payloads, root)
+        alone_s, _ = alone_run(payloads, inflight)
     finally:
         if proc is not None and socket is not None:
             stop_daemon(proc, socket)
@@ -255,6 +279,8 @@ def main(socket: Path | None, sync: str, batches: int, events: int, blocks: int,
         "events_per_s": n_events / seconds,
         "blocks_per_s": stats["blocks_new"] / seconds,
         "bare_blocks_per_s": bare_new / bare_s,
+        # the same events into a stand-in for sarpd that answers at once: the bridge alone
+        "bridge_alone_events_per_s": n_events / alone_s,
         "events": n_events, "blocks_new": stats["blocks_new"], "seconds": seconds,
         "bare_seconds": bare_s, "bare_write_batches": bare_batches, "batches": batches,
         "events_per_batch": events, "blocks_per_store": blocks,
