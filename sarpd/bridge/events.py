@@ -28,6 +28,13 @@ bytes (the full digest). Both become one unsigned 64-bit int: an int modulo 2**6
 bytes as vLLM's own int form, ``int.from_bytes(digest, "big") & (2**64 - 1)`` (the
 last 8 bytes). One block therefore has one id whichever form the engine sends.
 
+Decoding is msgspec's, typed, in C (the structs at the end of this module: one per
+shape, tokens kept as raw msgpack) wherever a payload fits them; the rest goes to
+the reference (`decode_batch_reference`: msgpack and Python), which also names every
+error. Both give the same records (tests/bridge/test_events_typed.py). The records
+are frozen msgspec Structs (immutable, slotted, compared by value like frozen
+dataclasses, and ~20x cheaper to build: the bridge builds several per event).
+
 Replay replies (`decode_replay`): the engine's ROUTER socket answers a DEALER with
 ``[b"", topic, seq, payload]`` per buffered batch and ``[b"", b"", -1, b""]`` at the
 end (vLLM since the topic fix of its replay, 4 frames), or, in older versions,
