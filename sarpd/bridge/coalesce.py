@@ -25,7 +25,9 @@ commute (a block's position is fixed by its parent, which the run holds). `parts
 keeps the block count of every store the insert carries, so that an answer counts
 one event per store and an ``unknown_parent`` drops exactly the first store (it
 carries the run's parent; the rest is re-sent after it, `split_first`), as store by
-store would. Namespaces are distinct id spaces (sarpd salts ids with them), so runs
+store would; a ``too_large`` (a limit of sarpd's, ids per request or holders per
+block, that the stores alone may not pass) re-sends its stores one by one
+(`split_all`). Namespaces are distinct id spaces (sarpd salts ids with them), so runs
 of different namespaces never interact.
 
 With ``removals=True``, removals coalesce the same way: a removal joins the open
@@ -54,7 +56,7 @@ from msgspec.structs import replace as dc_replace
 
 from sarpd.bridge.mapping import CanaryOp, ClearOp, InsertOp, Op, RemoveOp
 
-__all__ = ["MAX_RUN_BLOCKS", "Mark", "Req", "coalesce", "split_first"]
+__all__ = ["MAX_RUN_BLOCKS", "Mark", "Req", "coalesce", "split_all", "split_first"]
 
 MAX_RUN_BLOCKS = 4096  # blocks of one coalesced insert (sarpd's limit: 65,536 by default)
 
@@ -126,6 +128,19 @@ def split_first(req: Req) -> tuple[int, Req]:
     rest = req.parts[1:]
     op2 = dc_replace(op, hashes=op.hashes[n:], parent=op.hashes[n - 1])
     return n, Req(req.kind, op2, parts=rest if len(rest) > 1 else ())
+
+
+def split_all(req: Req) -> list[Req]:
+    """A coalesced insert answered ``too_large`` (a limit of sarpd's: ids per request,
+    holders per block): its stores, one request each, as they were."""
+    op = req.op
+    assert isinstance(op, InsertOp) and len(req.parts) > 1
+    out, at, parent = [], 0, op.parent
+    for n in req.parts:
+        hs = op.hashes[at : at + n]
+        out.append(Req(req.kind, dc_replace(op, hashes=hs, parent=parent)))
+        at, parent = at + n, hs[-1]
+    return out
 
 
 class _Coalescer:

@@ -49,7 +49,7 @@ from msgspec.structs import replace as dc_replace
 
 from sarpd.bridge.coalesce import Mark as _Mark
 from sarpd.bridge.coalesce import Req as _Req
-from sarpd.bridge.coalesce import coalesce, split_first
+from sarpd.bridge.coalesce import coalesce, split_all, split_first
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
 from sarpd.bridge.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.pipe import PipeClient, request_of, result_of
@@ -60,6 +60,7 @@ from sarpd.errors import (
     Busy,
     ConfigError,
     SarpError,
+    TooLarge,
     Unavailable,
     UnknownOp,
     UnknownParent,
@@ -299,8 +300,8 @@ class VllmBridge:
             k, reroute = failed
             self.stats.retries += sum(isinstance(it, _Req) for it in chunk[k + 1 :])
             i += k
-            if reroute is not None:  # the same insert in another namespace, then the rest
-                items[i] = reroute
+            if reroute is not None:  # instead: the same insert in another namespace, the
+                items[i : i + 1] = reroute  # rest of a coalesced one, or its stores
                 continue
             self.stats.retries += 1
             error = next(r for r in results if isinstance(r, RETRYABLE))
@@ -353,7 +354,7 @@ class VllmBridge:
 
     def _settle(
         self, chunk: list[_Req | _Mark], results: list[Any]
-    ) -> tuple[int, _Req | None] | None:
+    ) -> tuple[int, list[_Req] | None] | None:
         """Count results in order up to the first that must be re-sent: its index in
         `chunk`, with the request to send instead (None: the same, after a pause)."""
         it_results = iter(results)
@@ -371,10 +372,12 @@ class VllmBridge:
                 if len(it.parts) > 1:  # the first store's parent: drop it, re-send the rest
                     _, rest = split_first(it)
                     self._count(dc_replace(it, parts=()), r)
-                    return k, rest
+                    return k, [rest]
                 alt = self._reroute(it, it.op)
                 if alt is not None:
-                    return k, alt
+                    return k, [alt]
+            if isinstance(r, TooLarge) and len(it.parts) > 1:  # past a limit of sarpd's
+                return k, split_all(it)  # that its stores may not be: send them one by one
             self._count(it, r)
             if isinstance(it.op, InsertOp) and it.tried and not isinstance(r, SarpError):
                 self.translator.learn(it.op.ns, it.op.hashes)

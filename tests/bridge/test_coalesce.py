@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.memory import MemoryBackend
-from sarpd.bridge.coalesce import Mark, Req, coalesce, split_first
+from sarpd.bridge.coalesce import Mark, Req, coalesce, split_all, split_first
 from sarpd.bridge.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from sarpd.bridge.mapping import CanaryOp, ClearOp, InsertOp, RemoveOp, Translator
+from sarpd.client import SyncClient
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
 from sarpd.errors import SarpError, UnknownParent
 from sarpd.model import Match, SeqSpec
+from tests.bridge.vllm_engine import bridge_cfg, start_bridge
+from tests.daemon_helpers import Launcher
 from tools.bench.bridge import id_array, model_ops
+from tools.bench.vllm_publisher import Publisher, encode_batch, stored
 
 META = 3 << 48
 
@@ -244,3 +249,30 @@ def test_an_unknown_parent_drops_the_first_store_only() -> None:
     assert co == one == Counter(stored=2, unknown_parent=1, new_blocks=3)
     assert _answers(ix_co, {""}, [[1, 2, 3]]) == _answers(ix_one, {""}, [[1, 2, 3]])
     assert _answers(ix_co, {""}, [[1, 2, 3]])[0] == (3, [META] * 3, [(META, 3)])
+
+
+def test_split_all_gives_back_the_stores() -> None:
+    req = Req("stored", InsertOp("", (1, 2, 3, 4, 5), 9, META), parts=(2, 1, 2))
+    assert split_all(req) == [_store((1, 2), 9), _store((3,), 2), _store((4, 5), 3)]
+
+
+def test_a_coalesced_insert_past_sarpds_id_limit_goes_store_by_store(
+    sarpd_factory: Launcher, publisher: Publisher, tmp_path: Path
+) -> None:
+    """A sarpd that takes at most 4 ids per request: three chained stores of 2 blocks
+    coalesce into 6 ids (too_large), so the bridge sends them one by one."""
+    sarpd = sarpd_factory(config={"index": {"max_sequence_tokens": 64}})
+    bt = start_bridge(bridge_cfg(publisher, sarpd, tmp_path / "state.json"), publisher)
+    try:
+        evs = [stored([1, 2], None, [0] * 32), stored([3, 4], 2, [0] * 32),
+               stored([5, 6], 4, [0] * 32)]  # fmt: skip
+        publisher.publish(encode_batch(evs))
+        bt.wait_seq(0)
+        assert bt.bridge is not None
+        stats = bt.bridge.stats
+        assert stats.events["stored"] == 3 and stats.rejected == 0 and stats.blocks_new == 6
+    finally:
+        bt.stop()
+    with SyncClient(sarpd.socket) as c:
+        assert c.match(hashes=[1, 2, 3, 4])["blocks"] == 4
+        assert c.match(hashes=[3, 4, 5, 6], ns="")["blocks"] == 0  # not from position 0
