@@ -60,7 +60,8 @@ position) until the map has seen a full cycle (`trust_map`).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from sarpd.bridge.events import (
     AllBlocksCleared,
@@ -90,7 +91,17 @@ DEFAULT_NS_MAP = 1 << 20
 
 
 def tier_code(medium: str | None) -> int:
-    return 0 if medium is None else TIERS.get(medium.upper(), TIER_OTHER)
+    if medium is None:
+        return 0
+    code = _TIER_OF.get(medium)
+    if code is None:
+        code = TIERS.get(medium.upper(), TIER_OTHER)
+        if len(_TIER_OF) < 1024:  # the names engines send: a handful
+            _TIER_OF[medium] = code
+    return code
+
+
+_TIER_OF: dict[str, int] = {}  # medium name as sent -> tier (tier_code's memo)
 
 
 def block_meta(worker: int, medium: str | None) -> int:
@@ -135,23 +146,20 @@ def join_ns(base: str, lora_name: str | None, salt: str) -> str:
 # ------------------------------------------------------------------------------ ops
 
 
-@dataclass(frozen=True, slots=True)
-class InsertOp:
+class InsertOp(msgspec.Struct, frozen=True):
     ns: str
     hashes: tuple[int, ...]
     parent: int | None
     meta: int
 
 
-@dataclass(frozen=True, slots=True)
-class RemoveOp:
+class RemoveOp(msgspec.Struct, frozen=True):
     ns: str
     ids: tuple[int, ...]
     meta: int | None = None  # holders: take only this holder off (None: every holder)
 
 
-@dataclass(frozen=True, slots=True)
-class CanaryOp:
+class CanaryOp(msgspec.Struct, frozen=True):
     """The hash-agreement check (module doc, "Holders"): the engine's hash of a first
     block, under sarp's own token hash of that block, in CANARY_NS."""
 
@@ -160,8 +168,7 @@ class CanaryOp:
     engine_hash: int
 
 
-@dataclass(frozen=True, slots=True)
-class ClearOp:
+class ClearOp(msgspec.Struct, frozen=True):
     ns: str
     mask: int
     value: int
@@ -172,8 +179,7 @@ CANARY_NS = "sarp-hashcheck"
 MAX_CANARIES = 4096  # distinct first blocks checked per bridge run
 
 
-@dataclass(frozen=True, slots=True)
-class Translated:
+class Translated(msgspec.Struct, frozen=True):
     """The ops of one event; `kind` is the event's counter name."""
 
     kind: str  # "stored", "removed", "cleared", "ignored"
@@ -318,7 +324,7 @@ class Translator:
             while len(self.ns_of) > self.max_map:  # oldest first (dict order)
                 self.ns_of.pop(next(iter(self.ns_of)))
                 self.trust_map = False
-        else:
+        elif self.ns_of:  # a block stored again in the plain namespace
             for h in ev.block_hashes:
                 self.ns_of.pop(h, None)
         return InsertOp(ns, ev.block_hashes, ev.parent, block_meta(self.worker, ev.medium))
@@ -332,7 +338,9 @@ class Translator:
         base = self.base_ns(ev.medium, ev.ownership)
         by_ns: dict[str, list[int]] = {}
         unknown: list[int] = []
-        for h in ev.block_hashes:
+        if not self.ns_of:  # nothing stored outside the plain namespace
+            unknown = list(ev.block_hashes)
+        for h in ev.block_hashes if self.ns_of else ():
             ns = self.ns_of.pop(h, None)
             if ns is not None:
                 by_ns.setdefault(ns, []).append(h)

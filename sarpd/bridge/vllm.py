@@ -34,20 +34,25 @@ advances only past batches whose every request was acknowledged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from msgspec.structs import replace as dc_replace
 
+from sarpd.bridge.coalesce import Mark as _Mark
+from sarpd.bridge.coalesce import Req as _Req
+from sarpd.bridge.coalesce import coalesce, split_all, split_first
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
 from sarpd.bridge.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
+from sarpd.bridge.pipe import PipeClient, request_of, result_of
 from sarpd.bridge.state import StateFile
 from sarpd.bridge.stats import BridgeStats, serve_metrics
 from sarpd.client import Client, SarpConnectionError
@@ -55,6 +60,7 @@ from sarpd.errors import (
     Busy,
     ConfigError,
     SarpError,
+    TooLarge,
     Unavailable,
     UnknownOp,
     UnknownParent,
@@ -87,22 +93,6 @@ class BridgeConfig:
     holders: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class _Req:
-    kind: str | None  # the event counter to bump on success (first op of an event)
-    op: Op
-    tried: tuple[str, ...] = ()  # namespaces an insert got unknown_parent in
-    alternatives: tuple[str, ...] = ()  # other namespaces to try then (Translated)
-
-
-@dataclass(frozen=True, slots=True)
-class _Mark:
-    """End of one batch: the position may advance past it once reached."""
-
-    seq: int
-    ts: float
-
-
 class Stopped(Exception):
     """The bridge was asked to stop while waiting for sarpd."""
 
@@ -120,7 +110,7 @@ class VllmBridge:
         self.last: int | None = pos.last_seq  # newest batch taken
         self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
         self._replayed: tuple[int, int] | None = None
-        self._client: Client | None = None
+        self._client: PipeClient | None = None
         self._connected_once = False
         self._stop = asyncio.Event()
         self._ctx: zmq.asyncio.Context | None = None
@@ -283,19 +273,25 @@ class VllmBridge:
     # ------------------------------------------------------------------ applying
 
     async def _apply(self, items: list[_Req | _Mark]) -> None:
-        """Send every request in order; re-send from the first retryable failure."""
+        """Send every request in order (chained stores coalesced, `coalesce`); re-send
+        from the first retryable failure."""
+        items = coalesce(items)
         i, backoff = 0, 0.02
         while i < len(items):
             end = self._window_end(items, i)
             self._resolve_guesses(items, i, end)
             chunk = items[i:end]
             client = await self._connected()
-            tasks = [
-                asyncio.ensure_future(self._send(client, it.op))
+            futs = [
+                asyncio.ensure_future(self._send(client, it.op)) if isinstance(it.op, CanaryOp)
+                else client.submit(*request_of(it.op))
                 for it in chunk
                 if isinstance(it, _Req)
-            ]
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            ]  # fmt: skip
+            with contextlib.suppress(*RETRYABLE):  # gone: every future carries its error
+                await client.flush()
+            results = [result_of(r) for r in
+                       await asyncio.gather(*futs, return_exceptions=True)]  # fmt: skip
             failed = self._settle(chunk, results)
             if failed is None:
                 i += len(chunk)
@@ -304,8 +300,8 @@ class VllmBridge:
             k, reroute = failed
             self.stats.retries += sum(isinstance(it, _Req) for it in chunk[k + 1 :])
             i += k
-            if reroute is not None:  # the same insert in another namespace, then the rest
-                items[i] = reroute
+            if reroute is not None:  # instead: the same insert in another namespace, the
+                items[i : i + 1] = reroute  # rest of a coalesced one, or its stores
                 continue
             self.stats.retries += 1
             error = next(r for r in results if isinstance(r, RETRYABLE))
@@ -339,6 +335,10 @@ class VllmBridge:
                 return j
             if isinstance(op, InsertOp) and op.parent is not None:
                 parents.add(op.parent)
+                at = 0  # a coalesced insert: its stores' parents inside it too
+                for n in it.parts[:-1]:
+                    at += n
+                    parents.add(op.hashes[at - 1])
         return end
 
     def _resolve_guesses(self, items: list[_Req | _Mark], i: int, end: int) -> None:
@@ -354,7 +354,7 @@ class VllmBridge:
 
     def _settle(
         self, chunk: list[_Req | _Mark], results: list[Any]
-    ) -> tuple[int, _Req | None] | None:
+    ) -> tuple[int, list[_Req] | None] | None:
         """Count results in order up to the first that must be re-sent: its index in
         `chunk`, with the request to send instead (None: the same, after a pause)."""
         it_results = iter(results)
@@ -369,9 +369,15 @@ class VllmBridge:
             if isinstance(r, RETRYABLE):
                 return k, None
             if isinstance(r, UnknownParent) and isinstance(it.op, InsertOp):
+                if len(it.parts) > 1:  # the first store's parent: drop it, re-send the rest
+                    _, rest = split_first(it)
+                    self._count(dc_replace(it, parts=()), r)
+                    return k, [rest]
                 alt = self._reroute(it, it.op)
                 if alt is not None:
-                    return k, alt
+                    return k, [alt]
+            if isinstance(r, TooLarge) and len(it.parts) > 1:  # past a limit of sarpd's
+                return k, split_all(it)  # that its stores may not be: send them one by one
             self._count(it, r)
             if isinstance(it.op, InsertOp) and it.tried and not isinstance(r, SarpError):
                 self.translator.learn(it.op.ns, it.op.hashes)
@@ -403,7 +409,7 @@ class VllmBridge:
             self._check_agreement(it.op, r)
             return
         if it.kind is not None:
-            self.stats.events[it.kind] += 1
+            self.stats.events[it.kind] += it.events
         if isinstance(it.op, InsertOp):
             self.stats.blocks_new += int(r.get("new_blocks", 0))
         else:
@@ -424,24 +430,16 @@ class VllmBridge:
                 others[0] if others else "?")
 
     @staticmethod
-    async def _send(client: Client, op: Op) -> dict[str, Any]:
-        if isinstance(op, InsertOp):
-            return await client.insert(
-                hashes=list(op.hashes), meta=op.meta, ns=op.ns, parent=op.parent
-            )
-        if isinstance(op, RemoveOp):
-            return await client.remove(ns=op.ns, ids=list(op.ids), meta=op.meta)
-        if isinstance(op, CanaryOp):  # one holder per engine hash of these tokens
-            await client.insert(tokens=list(op.tokens), meta=op.engine_hash, ns=op.ns)
-            return await client.match(tokens=list(op.tokens), ns=op.ns, holders=2)
-        assert isinstance(op, ClearOp)
-        return await client.clear(op.ns, op.mask, op.value)
+    async def _send(client: Client, op: CanaryOp) -> dict[str, Any]:
+        """The hash-agreement check: one holder per engine hash of these tokens."""
+        await client.insert(tokens=list(op.tokens), meta=op.engine_hash, ns=op.ns)
+        return await client.match(tokens=list(op.tokens), ns=op.ns, holders=2)
 
-    async def _connected(self) -> Client:
+    async def _connected(self) -> PipeClient:
         backoff = 0.02
         while self._client is None:
             try:
-                client = await Client.connect(self.cfg.socket, timeout=5.0)
+                client = await PipeClient.connect(self.cfg.socket, timeout=5.0)
             except SarpConnectionError as exc:
                 log.info("sarpd: %s; retrying in %.2f s", exc, backoff)
             else:

@@ -3,14 +3,16 @@ short run through the real bridge into a real sarpd."""
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import replace
 
 import msgpack
 from click.testing import CliRunner
+from msgspec.structs import replace
 
 from sarpd.bridge.events import BlockRemoved, BlockStored, decode_batch
 from tools.bench.bridge import main, make_batches
+from tools.bench.null_sarpd import answer
 
 
 def test_batches_store_chains_and_remove_old_blocks() -> None:
@@ -44,3 +46,26 @@ def test_a_short_run_through_a_real_sarpd() -> None:
                   r"store, sync none: .* events/s, .* blocks/s; unknown_parent (\d+)", res.output)
     assert m is not None, res.output
     assert int(m[1]) + int(m[2]) == 120 and int(m[3]) == 0
+
+
+def test_json_figures_on_stdout() -> None:
+    res = CliRunner().invoke(main, ["--batches", "10", "--events", "5", "--sync", "none",
+                                    "--json", "-"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["events"] == 50 and doc["unknown_parent"] == 0
+    assert doc["blocks_new"] == 4 * 40  # 40 stores of 4 new blocks, 10 removals
+    for key in ("events_per_s", "blocks_per_s", "bare_blocks_per_s",
+                "bridge_alone_events_per_s", "bridge_cpu_us_per_event", "sarpd_cpu_us_per_event"):
+        assert doc[key] > 0
+    assert doc["bare_write_batches"] == 10  # one per EventBatch
+
+
+def test_the_null_sarpd_answers_every_request() -> None:
+    assert answer({"id": 3, "op": "hello", "protocol": 2}) == {
+        "id": 3, "ok": True, "protocol": 2, "max_protocol": 2, "holders": True}
+    assert answer({"id": 4, "op": "insert", "hashes": [1, 2], "parent": 9})["new_blocks"] == 2
+    assert answer({"id": 5, "op": "insert", "tokens": [0] * 40})["blocks"] == 2
+    assert answer({"id": 6, "op": "remove", "ids": [1, 2, 3]})["removed"] == 3
+    assert answer({"id": 7, "op": "match", "tokens": []})["blocks"] == 0
+    assert answer({"id": 8, "op": "ping"}) == {"id": 8, "ok": True}
