@@ -1,7 +1,7 @@
-"""Only the optional C verifier lives here; pyproject.toml holds the metadata.
+"""Only the optional C extensions live here; pyproject.toml holds the metadata.
 
 `optional=True`: without a C compiler the install prints setuptools' warning and
-goes on, and sarpd.core.verify falls back to numpy.
+goes on, and sarpd.core.native falls back to each path's numpy/Python reference.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +13,12 @@ setup(
             ["sarpd/core/verify/_cverify.c"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "sarpd.core._cmatch",
+            ["sarpd/core/_cmatch.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

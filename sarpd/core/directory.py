@@ -33,7 +33,7 @@ class _Delta:
     key the rows that hold it. Folding it into the base is vectorised (no per-key work
     during a merge, which pauses every request queued behind it)."""
 
-    __slots__ = ("_sorted", "filts", "keys", "n", "rows", "segs")
+    __slots__ = ("_order", "_sorted", "filts", "keys", "n", "rows", "segs")
 
     def __init__(self, capacity: int = 64) -> None:
         self.keys = np.empty(capacity, dtype=np.uint64)
@@ -42,11 +42,19 @@ class _Delta:
         self.n = 0
         self.rows: dict[int, list[int]] = {}
         self._sorted: U64Array | None = None  # sorted distinct keys, for probes
+        self._order: tuple[int, npt.NDArray[np.int64]] | None = None  # (n, order), the kernel's
 
     def sorted_keys(self) -> U64Array:
         if self._sorted is None:
             self._sorted = np.unique(self.keys[: self.n])
         return self._sorted
+
+    def order(self) -> npt.NDArray[np.int64]:
+        """A stable argsort of the keys (one key's rows in insertion order), cached
+        while no row is appended (rows only ever append; keys never change)."""
+        if self._order is None or self._order[0] != self.n:
+            self._order = (self.n, np.argsort(self.keys[: self.n], kind="stable"))
+        return self._order[1]
 
     def append(self, key: int, seg: int, filt: int) -> None:
         self._sorted = None
@@ -92,6 +100,21 @@ class DirectoryArrays:
     keys: U64Array
     segs: U64Array
     filts: U64Array
+
+
+@dataclass(frozen=True, slots=True)
+class FlatDirectory:
+    """The base and the delta as flat arrays: a posting list is the base slice of its
+    key, then the delta rows of its key in insertion order (`dorder[lo:hi]` of the
+    delta's rows sorted by key, stably)."""
+
+    keys: U64Array
+    segs: U64Array
+    filts: U64Array
+    dkeys: U64Array
+    dsegs: U64Array
+    dfilts: U64Array
+    dorder: npt.NDArray[np.int64]
 
 
 _EMPTY = np.empty(0, dtype=np.uint64)
@@ -156,6 +179,13 @@ class Directory:
             return ds, df
         return (np.concatenate([self._segs[a:b], ds]),
                 np.concatenate([self._filts[a:b], df]))
+
+    def flat(self) -> FlatDirectory:
+        """The directory's flat arrays as they are now, read-only by contract (the match
+        kernel's input; valid until the next change)."""
+        d = self._delta
+        return FlatDirectory(self._keys, self._segs, self._filts, d.keys[: d.n],
+                             d.segs[: d.n], d.filts[: d.n], d.order())
 
     def count(self, key: int) -> int:
         a, b = self._range(key)

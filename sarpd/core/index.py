@@ -28,12 +28,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 from backends.base import Backend, WriteBatch
 from sarpd.config import IndexConfig
-from sarpd.core import verify
+from sarpd.core import kernel, native, verify
 from sarpd.core.directory import Directory
 from sarpd.core.fsck import run_check
 from sarpd.core.holders import match_holders
@@ -67,6 +68,7 @@ from sarpd.model import (
 log = logging.getLogger(__name__)
 
 WriteOp = Insert | Remove | Clear
+Run = tuple[int, int, int]  # a window's best candidate (0: none), its run, the window's blocks
 ProgressFn = Callable[[int, int], None]
 
 
@@ -200,14 +202,49 @@ class SarpIndex:
             except SarpError as exc:
                 errors[i] = exc
                 qs.append(np.empty((0, 2), np.uint64))
+        k = native.module("match")
+        runs = self._runs_native(qs, k) if k is not None else self._runs(qs)
+        out: list[MatchResult | SarpError] = []
+        for i, (r, q, (windows, segs)) in enumerate(zip(reqs, qs, runs, strict=True)):
+            out.append(errors[i] if i in errors else self._result(r, q, windows, segs))
+        return out
+
+    def _runs(self, qs: Sequence[IdArray]) -> list[tuple[list[Run], dict[int, Segment]]]:
+        """The reference: per query, its windows' (best candidate, run, length) from the
+        first, and the segments read (plans, a first round, bound-and-verify)."""
         plans = self.router.plan_many(qs)
         first = [(qi, p, p.first) for qi, windows in enumerate(plans) for p in windows]
         segs = self._verify_round(qs, first, {})
         if self.cfg.exact_match:
             self._exact_rounds(qs, plans, segs)
-        out: list[MatchResult | SarpError] = []
-        for i, (r, q, windows) in enumerate(zip(reqs, qs, plans, strict=True)):
-            out.append(errors[i] if i in errors else self._result(r, q, windows, segs))
+        return [([(p.best_sid, p.best, p.length) for p in windows], segs) for windows in plans]
+
+    def _runs_native(self, qs: Sequence[IdArray],
+                     k: ModuleType) -> list[tuple[list[Run], dict[int, Segment]]]:
+        """`_runs` with the match kernel (module `kernel`): one call routes the batch,
+        one multi-get reads every first round, one call verifies them; only the queries
+        whose window may still be beaten get plans and further rounds."""
+        routed = self.router.route(qs, k)
+        segs = self.store.read(list(dict.fromkeys(routed.first.tolist())))
+        best, sid = kernel.verify(k, routed, segs, self.router.geo.sb)
+        spans = routed.spans()
+        rows = routed.rows
+        out = [(list(zip(sid[lo:hi].tolist(), best[lo:hi].tolist(),
+                         rows[lo:hi, kernel.LEN].tolist(), strict=True)), segs)
+               for lo, hi in spans]
+        need = kernel.open_queries(routed, best, spans) if self.cfg.exact_match else []
+        if need:
+            plans = []
+            for qi in need:
+                lo, hi = spans[qi]
+                windows = self.router.plans(routed, lo, hi)
+                for p, b, s in zip(windows, best[lo:hi].tolist(), sid[lo:hi].tolist(),
+                                   strict=True):
+                    p.best, p.best_sid = b, s
+                plans.append(windows)
+            self._exact_rounds([qs[qi] for qi in need], plans, segs)
+            for qi, windows in zip(need, plans, strict=True):
+                out[qi] = ([(p.best_sid, p.best, p.length) for p in windows], segs)
         return out
 
     def _exact_rounds(self, qs: Sequence[IdArray], plans: list[list[WindowPlan]],
@@ -265,15 +302,15 @@ class SarpIndex:
             p.offer(sid, min(m, segs[sid].present_run(0)))
         return segs
 
-    def _result(self, r: Match, q: IdArray, windows: list[WindowPlan],
+    def _result(self, r: Match, q: IdArray, windows: list[Run],
                 segs: dict[int, Segment]) -> MatchResult:
         matched: list[tuple[Segment, int]] = []
         total = 0
-        for p in windows:
-            if p.best_sid:
-                matched.append((segs[p.best_sid], p.best))
-            total += p.best
-            if p.best < p.length:
+        for sid, best, length in windows:
+            if sid:
+                matched.append((segs[sid], best))
+            total += best
+            if best < length:
                 break
         act = self.store.activity
         act.matches += 1

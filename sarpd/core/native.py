@@ -13,6 +13,8 @@ slower one.
 
     path      extension                          reference
     verify    sarpd.core.verify._cverify         sarpd.core.verify._numpy
+    match     sarpd.core._cmatch                 sarpd.core.router (deepest, plan_at),
+                                                 sarpd.core.index (_verify_round)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
 # path -> the extension module that runs it natively
 EXTENSIONS: dict[str, str] = {
     "verify": "sarpd.core.verify._cverify",
+    "match": "sarpd.core._cmatch",
 }
 
 
