@@ -42,7 +42,8 @@ class _Delta:
         self.n = 0
         self.rows: dict[int, list[int]] = {}
         self._sorted: U64Array | None = None  # sorted distinct keys, for probes
-        self._order: tuple[int, npt.NDArray[np.int64]] | None = None  # (n, order), the kernel's
+        # (n, stable order of the first n keys, those keys in that order): the kernel's
+        self._order: tuple[int, npt.NDArray[np.int64], U64Array] | None = None
 
     def sorted_keys(self) -> U64Array:
         if self._sorted is None:
@@ -50,11 +51,26 @@ class _Delta:
         return self._sorted
 
     def order(self) -> npt.NDArray[np.int64]:
-        """A stable argsort of the keys (one key's rows in insertion order), cached
-        while no row is appended (rows only ever append; keys never change)."""
-        if self._order is None or self._order[0] != self.n:
-            self._order = (self.n, np.argsort(self.keys[: self.n], kind="stable"))
-        return self._order[1]
+        """A stable argsort of the keys (one key's rows in insertion order) for the
+        match kernel. Rows only ever append and keys never change, so the rows appended
+        since the last call are sorted alone and merged in (O(n) per batch, not a sort
+        of the whole delta)."""
+        n = self.n
+        if self._order is not None and self._order[0] == n:
+            return self._order[1]
+        n0, old, old_keys = self._order if self._order is not None else (0, _NO_ROWS, _EMPTY)
+        new = np.argsort(self.keys[n0:n], kind="stable") + n0
+        new_keys = self.keys[new]
+        # each new row goes after the old rows with keys <= its own (a stable merge)
+        dest = np.searchsorted(old_keys, new_keys, "right") + np.arange(new.size)
+        from_old = np.ones(n, dtype=bool)
+        from_old[dest] = False
+        order = np.empty(n, dtype=np.int64)
+        order[dest], order[from_old] = new, old
+        keys = np.empty(n, dtype=np.uint64)
+        keys[dest], keys[from_old] = new_keys, old_keys
+        self._order = (n, order, keys)
+        return order
 
     def append(self, key: int, seg: int, filt: int) -> None:
         self._sorted = None
@@ -118,6 +134,7 @@ class FlatDirectory:
 
 
 _EMPTY = np.empty(0, dtype=np.uint64)
+_NO_ROWS = np.empty(0, dtype=np.int64)
 
 
 class Directory:

@@ -232,7 +232,7 @@ class SarpIndex:
         out = [(list(zip(sid[lo:hi].tolist(), best[lo:hi].tolist(),
                          rows[lo:hi, kernel.LEN].tolist(), strict=True)), segs)
                for lo, hi in spans]
-        need = kernel.open_queries(routed, best, spans) if self.cfg.exact_match else []
+        need = kernel.open_queries(routed, best) if self.cfg.exact_match else []
         if need:
             plans = []
             for qi in need:

@@ -96,17 +96,15 @@ def verify(kernel: ModuleType, routed: Routed, segs: Mapping[int, Segment],
     return np.frombuffer(best, np.int64), np.frombuffer(sids, np.uint64)
 
 
-def open_queries(routed: Routed, best: I64Array, spans: Sequence[tuple[int, int]]) -> list[int]:
+def open_queries(routed: Routed, best: I64Array) -> list[int]:
     """The queries whose first window short of its length may still be beaten by an
     unread candidate (`WindowPlan.open` of a plan fresh from its first round): they
     need bound-and-verify rounds. Later windows only count if that one is full."""
     rows = routed.rows
-    short = best < rows[:, LEN]
-    more = (rows[:, BHI] - rows[:, BLO] + rows[:, DHI] - rows[:, DLO] > rows[:, FCOUNT]) & (
-        rows[:, FBOUND] > best)
-    out = []
-    for qi, (lo, hi) in enumerate(spans):
-        cut = lo + int(np.argmax(short[lo:hi])) if hi > lo else lo
-        if cut < hi and short[cut] and more[cut]:
-            out.append(qi)
+    short = np.flatnonzero(best < rows[:, LEN])
+    queries, at = np.unique(rows[short, Q], return_index=True)  # rows go by query
+    cut = short[at]
+    count = rows[cut, BHI] - rows[cut, BLO] + rows[cut, DHI] - rows[cut, DLO]
+    more = (count > rows[cut, FCOUNT]) & (rows[cut, FBOUND] > best[cut])
+    out: list[int] = queries[more].tolist()
     return out
