@@ -30,6 +30,16 @@
  *   run (ids equal AND present, from the window start) of the window's first round
  *   and the first candidate that has it (0: none).
  *
+ * assemble(rows, spans, best, sids, segs)
+ *   rows (R, ROW_FIELDS) int64; spans (Q, 2) int64: each query's rows [lo, hi);
+ *   best/sids per row (after any bound-and-verify rounds); segs as for verify.
+ *   -> (res: bytes, meta: bytearray): per query 4 int64: blocks matched (its windows
+ *   from 0 through the first short one), single (1: no matched segment has a holder
+ *   table), meta_start, first_run; for single queries their metas (each window's
+ *   best segment's first holders, concatenated) are meta[meta_start : + blocks] and
+ *   first_run the run of the first block's holder (holders.match_holders' answer for
+ *   one holder a block); other queries' holders are left to the caller.
+ *
  * Bit-for-bit the reference's answers: fingerprint (((lo ^ hi) * golden) >> 32) %
  * 15 + 1, 0 past the window's end; a filter's byte j holds the fingerprints of blocks
  * point + 2j + 1 (high nibble) and + 2j + 2; the ranking orders (agreement << 56 | seg)
@@ -523,11 +533,148 @@ done:
     return out;
 }
 
+/* -- assemble ------------------------------------------------------------------------ */
+
+static PyObject *S_META, *S_XMETA;
+
+/* A segment's first-holder metas (a view) and whether it has a holder table; -1 with
+ * an exception. */
+static int seg_meta(PyObject *segs, uint64_t sid, Py_buffer *meta, int *table) {
+    PyObject *key = PyLong_FromUnsignedLongLong(sid);
+    if (key == NULL) return -1;
+    PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
+    Py_DECREF(key);
+    if (seg == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_KeyError, "segment %llu was matched but is not in segs",
+                         (unsigned long long)sid);
+        return -1;
+    }
+    PyObject *x = PyObject_GetAttr(seg, S_XMETA);
+    if (x == NULL) return -1;
+    Py_ssize_t h = PyObject_Length(x);
+    Py_DECREF(x);
+    if (h < 0) return -1;
+    *table = h > 0;
+    PyObject *m = PyObject_GetAttr(seg, S_META);
+    if (m == NULL) return -1;
+    int bad = get_buf(m, "segment meta", 0, 1, 0, meta);
+    Py_DECREF(m);
+    return bad;
+}
+
+/* One query's answer from its rows [lo, hi): blocks, and, when no matched segment has
+ * a holder table, its metas appended to `out` and the first holder's run; -1 with an
+ * exception. */
+static int assemble_one(PyObject *segs, const int64_t *rows, const int64_t *best,
+                        const uint64_t *sids, Py_ssize_t lo, Py_ssize_t hi, Vec *out,
+                        int64_t *res) {
+    int64_t total = 0, single = 1, start = out->n;
+    for (Py_ssize_t r = lo; r < hi; r++) {
+        int64_t b = best[r], len = rows[ROW_FIELDS * r + R_LEN];
+        if (sids[r] && single) {
+            Py_buffer meta;
+            int table;
+            if (seg_meta(segs, sids[r], &meta, &table) < 0) return -1;
+            if (b < 0 || b > meta.shape[0]) {
+                PyErr_Format(PyExc_ValueError, "run %lld of segment %llu is past its %zd "
+                             "blocks", (long long)b, (unsigned long long)sids[r], meta.shape[0]);
+                PyBuffer_Release(&meta);
+                return -1;
+            }
+            single = !table;
+            if (single && vec_reserve(out, b) == 0) {
+                memcpy(out->v + out->n, meta.buf, (size_t)b * sizeof *out->v);
+                out->n += b;
+            } else if (single) {
+                PyBuffer_Release(&meta);
+                PyErr_NoMemory();
+                return -1;
+            }
+            PyBuffer_Release(&meta);
+        }
+        total += b;
+        if (b < len) break;
+    }
+    int64_t run = 0;  /* the first holder's run (single holder only) */
+    if (single) {
+        while (start + run < out->n && out->v[start + run] == out->v[start]) run++;
+    } else {
+        out->n = start;  /* the caller computes holders from the segments */
+    }
+    res[0] = total;
+    res[1] = single;
+    res[2] = start;
+    res[3] = run;
+    return 0;
+}
+
+static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "assemble takes 5 arguments (rows, spans, best, sids, "
+                     "segs), got %zd", nargs);
+        return NULL;
+    }
+    PyObject *segs = args[4];
+    if (!PyDict_Check(segs)) {
+        PyErr_Format(PyExc_TypeError, "segs must be a dict of seg id -> Segment, got %.100s",
+                     Py_TYPE(segs)->tp_name);
+        return NULL;
+    }
+    Py_buffer v[4];
+    static const char *const names[4] = {"rows", "spans", "best", "sids"};
+    static const int sign[4] = {1, 1, 1, 0}, ndim[4] = {2, 2, 1, 1};
+    static const Py_ssize_t width[4] = {ROW_FIELDS, 2, 0, 0};
+    for (int i = 0; i < 4; i++) {
+        if (get_buf(args[i], names[i], sign[i], ndim[i], width[i], &v[i]) < 0) {
+            release_all(v, i);
+            return NULL;
+        }
+    }
+    Py_ssize_t nr = v[0].shape[0], nq = v[1].shape[0];
+    const int64_t *rows = v[0].buf, *spans = v[1].buf, *best = v[2].buf;
+    const uint64_t *sids = v[3].buf;
+    PyObject *res = NULL, *out = NULL;
+    Vec meta = {NULL, 0, 0};
+    if (v[2].shape[0] != nr || v[3].shape[0] != nr) {
+        PyErr_Format(PyExc_ValueError, "best and sids must have one entry per row (%zd), got "
+                     "%zd and %zd", nr, v[2].shape[0], v[3].shape[0]);
+        goto done;
+    }
+    res = PyBytes_FromStringAndSize(NULL, nq * 4 * (Py_ssize_t)sizeof(int64_t));
+    if (res == NULL) goto done;
+    int64_t *rs = (int64_t *)PyBytes_AS_STRING(res);
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        Py_ssize_t lo = spans[2 * q], hi = spans[2 * q + 1];
+        if (lo < 0 || hi < lo || hi > nr) {
+            PyErr_Format(PyExc_ValueError, "spans[%zd] = (%zd, %zd) is not a slice of the %zd "
+                         "rows", q, lo, hi, nr);
+            goto done;
+        }
+        if (assemble_one(segs, rows, best, sids, lo, hi, &meta, rs + 4 * q) < 0) goto done;
+    }
+    {
+        PyObject *buf = PyByteArray_FromStringAndSize((const char *)meta.v,
+                                                      meta.n * (Py_ssize_t)sizeof *meta.v);
+        if (buf != NULL) {
+            out = PyTuple_Pack(2, res, buf);
+            Py_DECREF(buf);
+        }
+    }
+done:
+    Py_XDECREF(res);
+    free(meta.v);
+    release_all(v, 4);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"route", (PyCFunction)(void (*)(void))route, METH_FASTCALL,
      "Every routed window of a batch and its first round (module docstring)."},
     {"verify", (PyCFunction)(void (*)(void))verify, METH_FASTCALL,
      "The first round's verified run of every routed window (module docstring)."},
+    {"assemble", (PyCFunction)(void (*)(void))assemble, METH_FASTCALL,
+     "Every query's blocks and metas from its windows' runs (module docstring)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -539,7 +686,11 @@ PyMODINIT_FUNC PyInit__cmatch(void) {
     S_WINDOW = PyUnicode_InternFromString("window");
     S_PRESENCE = PyUnicode_InternFromString("presence");
     S_IDS = PyUnicode_InternFromString("ids");
-    if (S_WINDOW == NULL || S_PRESENCE == NULL || S_IDS == NULL) return NULL;
+    S_META = PyUnicode_InternFromString("meta");
+    S_XMETA = PyUnicode_InternFromString("xmeta");
+    if (S_WINDOW == NULL || S_PRESENCE == NULL || S_IDS == NULL || S_META == NULL
+            || S_XMETA == NULL)
+        return NULL;
     PyObject *mod = PyModule_Create(&module);
     if (mod == NULL) return NULL;
     if (PyModule_AddIntConstant(mod, "ROW_FIELDS", ROW_FIELDS) < 0) {

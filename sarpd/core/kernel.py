@@ -20,7 +20,9 @@ and the first rounds of every window in one flat uint64 array (strongest first;
 every candidate in posting order when there are at most `window_cap`). `verify`,
 after the batch's one multi-get, gives every row the longest verified run of its
 first round (ids equal AND present, from the window start) and the first candidate
-that has it (0: none).
+that has it (0: none). `assemble`, after any further rounds, gives every query its
+blocks and, when no segment it matched has a holder table (one holder a block), its
+metas and its first holder's run (`holders.match_holders`' answer in that case).
 """
 
 from __future__ import annotations
@@ -94,6 +96,17 @@ def verify(kernel: ModuleType, routed: Routed, segs: Mapping[int, Segment],
     best, sids = kernel.verify(routed.qids, routed.qstarts, routed.rows, routed.first,
                                segs, sb)
     return np.frombuffer(best, np.int64), np.frombuffer(sids, np.uint64)
+
+
+def assemble(kernel: ModuleType, routed: Routed, spans: Sequence[tuple[int, int]],
+             best: I64Array, sids: U64Array,
+             segs: Mapping[int, Segment]) -> tuple[I64Array, U64Array]:
+    """Every query's answer in one call: (res, meta), res (Q, 4) = blocks matched,
+    single (no matched segment has a holder table), meta_start, first_run; a single
+    query's metas are meta[meta_start : meta_start + blocks] (writable, its own slice)."""
+    span = np.array(spans, dtype=np.int64).reshape(-1, 2)
+    res, meta = kernel.assemble(routed.rows, span, best, sids, segs)
+    return np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64)
 
 
 def open_queries(routed: Routed, best: I64Array) -> list[int]:

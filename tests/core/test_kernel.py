@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
-from sarpd.core import kernel, native, verify
+from sarpd.core import holders, kernel, native, verify
 from sarpd.core.directory import DirectoryArrays
 from sarpd.core.index import SarpIndex
 from sarpd.core.plan import WindowPlan
@@ -301,3 +301,72 @@ def test_verify_refuses_bad_arguments_by_name() -> None:
     assert k.verify(qids, starts, rows, one, {5: Segment(5, 0, 0b111, 0, qids[:5].copy(),
                                                           np.zeros(5, np.uint64))}, 8) == (
         (3).to_bytes(8, "little"), (5).to_bytes(8, "little"))
+
+
+# -- assemble -------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_assemble_is_match_holders_for_one_holder_a_block(data: st.DataObject) -> None:
+    """Per query: blocks through the first short window, and, when no matched segment
+    has a holder table, match_holders' meta and first holder's run; else left to it."""
+    sb = 8
+    nq = data.draw(st.integers(0, 5))
+    rows, best, sids, spans = [], [], [], []
+    segs: dict[int, Segment] = {}
+    for q in range(nq):
+        lo = len(rows)
+        for w in range(data.draw(st.integers(0, 4))):
+            length = data.draw(st.integers(1, sb))
+            run = data.draw(st.integers(0, length))
+            row = [0] * kernel.ROW_FIELDS
+            row[kernel.Q], row[kernel.W], row[kernel.LEN] = q, w, length
+            sid = 0
+            if run:
+                sid = len(segs) + 1
+                meta = np.array(data.draw(st.lists(st.integers(1, 3), min_size=run,
+                                                   max_size=run)), np.uint64)
+                table = data.draw(st.booleans()) and data.draw(st.booleans())
+                xm = np.array([9], np.uint64) if table else np.empty(0, np.uint64)
+                xk = np.array([1], np.uint64) if table else np.empty(0, np.uint64)
+                segs[sid] = Segment(sid, w, (1 << run) - 1, 0, ids(run, sid), meta, xm, xk)
+            rows.append(row)
+            best.append(run)
+            sids.append(sid)
+        spans.append((lo, len(rows)))
+    routed = kernel.Routed(np.empty((0, 2), np.uint64), np.zeros(nq, np.int64),
+                           np.array(rows, np.int64).reshape(-1, kernel.ROW_FIELDS),
+                           np.empty(0, np.uint64), _router(SMALL, [], []).dir.flat())
+    res, meta = kernel.assemble(kern(), routed, spans, np.array(best, np.int64),
+                                np.array(sids, np.uint64), segs)
+    for (lo, hi), (total, single, start, run) in zip(spans, res.tolist(), strict=True):
+        matched, want = [], 0
+        for r in range(lo, hi):
+            if sids[r]:
+                matched.append((segs[sids[r]], best[r]))
+            want += best[r]
+            if best[r] < rows[r][kernel.LEN]:
+                break
+        assert total == want
+        assert single == holders.single_holder(matched)
+        if single:
+            m, top = holders.match_holders(matched, 1)
+            assert meta[start : start + total].tolist() == m.tolist()
+            assert ([(int(m[0]), run)] if total else []) == top
+
+
+def test_assemble_refuses_bad_arguments_by_name() -> None:
+    k = kern()
+    rows = np.zeros((1, kernel.ROW_FIELDS), np.int64)
+    rows[0, kernel.LEN] = 4
+    one, sid = np.array([2], np.int64), np.array([5], np.uint64)
+    with pytest.raises(TypeError, match="segs"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, [])
+    with pytest.raises(ValueError, match="spans\\[0\\]"):
+        k.assemble(rows, np.array([[0, 2]], np.int64), one, sid, {})
+    with pytest.raises(ValueError, match="one entry per row"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), np.zeros(2, np.int64), sid, {})
+    with pytest.raises(KeyError, match="segment 5"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {})
+    seg = Segment(5, 0, 1, 0, ids(1, 1), np.ones(1, np.uint64))
+    with pytest.raises(ValueError, match="run 2 of segment 5"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {5: seg})
