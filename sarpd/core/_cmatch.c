@@ -60,11 +60,12 @@ static const uint64_t GOLDEN = 0x9E3779B97F4A7C15ull;
 /* `obj` as a C-contiguous buffer of 8-byte integers ('Q'/'L' unsigned or 'q'/'l'
  * signed as `sign` asks) with `ndim` dimensions (the second of size `width` when 2);
  * on error an exception naming `name` and -1. */
-static int get_buf(PyObject *obj, const char *name, int sign, int ndim, Py_ssize_t width,
-                   Py_buffer *view) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+static int get_view(PyObject *obj, const char *name, int sign, int ndim, Py_ssize_t width,
+                    int flags, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous %s array, got %.100s", name,
+        PyErr_Format(PyExc_TypeError, "%s must be a%s %s array, got %.100s", name,
+                     flags == PyBUF_RECORDS_RO ? "" : " C-contiguous",
                      sign ? "int64" : "uint64", Py_TYPE(obj)->tp_name);
         return -1;
     }
@@ -88,6 +89,24 @@ static int get_buf(PyObject *obj, const char *name, int sign, int ndim, Py_ssize
         return -1;
     }
     return 0;
+}
+
+static int get_buf(PyObject *obj, const char *name, int sign, int ndim, Py_ssize_t width,
+                   Py_buffer *view) {
+    return get_view(obj, name, sign, ndim, width, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, view);
+}
+
+/* A segment's arrays: any strides (a working copy may be a view); read with at(). */
+static int get_strided(PyObject *obj, const char *name, int ndim, Py_ssize_t width,
+                       Py_buffer *view) {
+    return get_view(obj, name, 0, ndim, width, PyBUF_RECORDS_RO, view);
+}
+
+static inline uint64_t at(const Py_buffer *v, Py_ssize_t i, Py_ssize_t j) {
+    const char *p = (const char *)v->buf + i * v->strides[0] + (v->ndim > 1 ? j * v->strides[1] : 0);
+    uint64_t x;
+    memcpy(&x, p, 8);
+    return x;
 }
 
 static Py_ssize_t rows_of(const Py_buffer *v) { return v->ndim ? v->shape[0] : 0; }
@@ -446,13 +465,12 @@ static Py_ssize_t candidate_run(PyObject *segs, uint64_t sid, long long w, const
     PyObject *ids = PyObject_GetAttr(seg, S_IDS);
     if (ids == NULL) return -1;
     Py_buffer v;
-    int bad = get_buf(ids, "segment ids", 0, 2, 2, &v);
+    int bad = get_strided(ids, "segment ids", 2, 2, &v);
     Py_DECREF(ids);
     if (bad < 0) return -1;
     Py_ssize_t n = v.shape[0] < len ? v.shape[0] : len, m = 0;
-    const uint64_t *c = v.buf;
-    while (m < n && load_u64(c + 2 * m) == load_u64(qw + 2 * m)
-           && load_u64(c + 2 * m + 1) == load_u64(qw + 2 * m + 1)) m++;
+    while (m < n && at(&v, m, 0) == load_u64(qw + 2 * m) && at(&v, m, 1) == load_u64(qw + 2 * m + 1))
+        m++;
     Py_ssize_t nblocks = v.shape[0];
     PyBuffer_Release(&v);
     /* the run of present blocks from 0 (Segment.present_run) */
@@ -558,7 +576,7 @@ static int seg_meta(PyObject *segs, uint64_t sid, Py_buffer *meta, int *table) {
     *table = h > 0;
     PyObject *m = PyObject_GetAttr(seg, S_META);
     if (m == NULL) return -1;
-    int bad = get_buf(m, "segment meta", 0, 1, 0, meta);
+    int bad = get_strided(m, "segment meta", 1, 0, meta);
     Py_DECREF(m);
     return bad;
 }
@@ -584,8 +602,7 @@ static int assemble_one(PyObject *segs, const int64_t *rows, const int64_t *best
             }
             single = !table;
             if (single && vec_reserve(out, b) == 0) {
-                memcpy(out->v + out->n, meta.buf, (size_t)b * sizeof *out->v);
-                out->n += b;
+                for (int64_t i = 0; i < b; i++) out->v[out->n++] = at(&meta, i, 0);
             } else if (single) {
                 PyBuffer_Release(&meta);
                 PyErr_NoMemory();

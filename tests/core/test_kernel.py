@@ -370,3 +370,22 @@ def test_assemble_refuses_bad_arguments_by_name() -> None:
     seg = Segment(5, 0, 1, 0, ids(1, 1), np.ones(1, np.uint64))
     with pytest.raises(ValueError, match="run 2 of segment 5"):
         k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {5: seg})
+
+
+def test_verify_and_assemble_read_segments_whose_arrays_are_views() -> None:
+    """A working copy's arrays may be strided views: read as they are, not refused."""
+    k = kern()
+    qids = ids(8, 3)
+    rows = np.zeros((1, kernel.ROW_FIELDS), np.int64)
+    rows[0, kernel.LEN], rows[0, kernel.FCOUNT] = 8, 1
+    wide = np.repeat(qids, 2, axis=0)  # every row twice: [::2] is the query, strided
+    meta = np.arange(16, dtype=np.uint64)
+    seg = Segment(4, 0, 0xFF, 0, wide[::2], meta[::2])
+    assert not seg.ids.flags.c_contiguous
+    best, sid = k.verify(qids, np.zeros(1, np.int64), rows, np.array([4], np.uint64),
+                         {4: seg}, 8)
+    assert (best, sid) == ((8).to_bytes(8, "little"), (4).to_bytes(8, "little"))
+    res, out = k.assemble(rows, np.array([[0, 1]], np.int64), np.array([8], np.int64),
+                          np.array([4], np.uint64), {4: seg})
+    assert np.frombuffer(res, np.int64).tolist() == [8, 1, 0, 1]  # blocks, single, start, run
+    assert np.frombuffer(out, np.uint64).tolist() == meta[::2].tolist()
