@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 # Re-installs only when pyproject.toml, setup.py or the C extension change (the
 # install is editable, so Python changes need nothing).
-$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c
+$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c sarpd/core/_cmatch.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
@@ -53,11 +53,12 @@ imports: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# The suite runs on the C verifier when it is built; the verify-dependent tests run a
-# second time on the numpy reference.
+# The suite runs on the native paths when they are built; the exactness and holder
+# tests run a second time on the references (numpy verifier, Python match path).
 pytest: setup setup-wt
 	$(BIN)/pytest -q
-	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_verify.py tests/core/test_index.py -k "memory or verify"
+	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_verify.py tests/core/test_index.py \
+	    tests/core/test_branchy.py tests/core/test_holders_index.py -k "memory or verify or holder"
 
 test: lint imports typecheck pytest
 
