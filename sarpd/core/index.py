@@ -14,7 +14,11 @@ probed in one vectorised lookup) -> the `window_cap` strongest candidates by
 fingerprint agreement -> ONE backend multi-get for every candidate of the batch ->
 verify full ids and presence -> with exact matching, further rounds where an unread
 candidate's bound beats the best run (sarpd/core/plan.py) -> the longest gap-free
-run from position 0.
+run from position 0. With the match kernel built (native path "match",
+sarpd/core/kernel.py) the batch is routed in one native call, its first rounds
+verified in one after the multi-get and its answers assembled in one; plans and
+further rounds are made only for the queries that need them. The reference
+(`plan_many`, `_verify_round`, `_result`) gives the same answers.
 
 After a failed commit memory may differ from the disk: the index reloads (counters,
 segment cache, directory) before it answers again, and makes the backend writable
