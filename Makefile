@@ -14,7 +14,7 @@ setup: $(STAMP)
 # Re-installs only when pyproject.toml, setup.py or a C extension change (the
 # install is editable, so Python changes need nothing); then says which paths run
 # natively (pip hides setup.py's own output).
-$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c sarpd/core/_chash.c
+$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c sarpd/core/_chash.c sarpd/core/_cmatch.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	$(BIN)/python -c 'from sarpd.core import native; print(native.summary())'
@@ -55,11 +55,13 @@ imports: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# The suite runs on the native paths when they are built; the verify-dependent tests
-# and the block id tests run a second time on the references.
+# The suite runs on the native paths when they are built; the exactness, holder and
+# block id tests run a second time on the references (numpy verifier, Python match
+# path, Python hashing).
 pytest: setup setup-wt
 	$(BIN)/pytest -q
-	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_verify.py tests/core/test_index.py -k "memory or verify"
+	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_verify.py tests/core/test_index.py \
+	    tests/core/test_branchy.py tests/core/test_holders_index.py -k "memory or verify or holder"
 	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_ids.py tests/core/test_chash.py
 
 test: lint imports typecheck pytest

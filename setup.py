@@ -28,7 +28,13 @@ ext_modules = [
         ["sarpd/core/verify/_cverify.c"],
         extra_compile_args=["-O2"],
         optional=True,
-    )
+    ),
+    Extension(
+        "sarpd.core._cmatch",
+        ["sarpd/core/_cmatch.c"],
+        extra_compile_args=["-O2"],
+        optional=True,
+    ),
 ]
 if _native().xxhash_found():
     ext_modules.append(

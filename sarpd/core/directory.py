@@ -33,7 +33,7 @@ class _Delta:
     key the rows that hold it. Folding it into the base is vectorised (no per-key work
     during a merge, which pauses every request queued behind it)."""
 
-    __slots__ = ("_sorted", "filts", "keys", "n", "rows", "segs")
+    __slots__ = ("_order", "_sorted", "filts", "keys", "n", "rows", "segs")
 
     def __init__(self, capacity: int = 64) -> None:
         self.keys = np.empty(capacity, dtype=np.uint64)
@@ -42,11 +42,35 @@ class _Delta:
         self.n = 0
         self.rows: dict[int, list[int]] = {}
         self._sorted: U64Array | None = None  # sorted distinct keys, for probes
+        # (n, stable order of the first n keys, those keys in that order): the kernel's
+        self._order: tuple[int, npt.NDArray[np.int64], U64Array] | None = None
 
     def sorted_keys(self) -> U64Array:
         if self._sorted is None:
             self._sorted = np.unique(self.keys[: self.n])
         return self._sorted
+
+    def order(self) -> npt.NDArray[np.int64]:
+        """A stable argsort of the keys (one key's rows in insertion order) for the
+        match kernel. Rows only ever append and keys never change, so the rows appended
+        since the last call are sorted alone and merged in (O(n) per batch, not a sort
+        of the whole delta)."""
+        n = self.n
+        if self._order is not None and self._order[0] == n:
+            return self._order[1]
+        n0, old, old_keys = self._order if self._order is not None else (0, _NO_ROWS, _EMPTY)
+        new = np.argsort(self.keys[n0:n], kind="stable") + n0
+        new_keys = self.keys[new]
+        # each new row goes after the old rows with keys <= its own (a stable merge)
+        dest = np.searchsorted(old_keys, new_keys, "right") + np.arange(new.size)
+        from_old = np.ones(n, dtype=bool)
+        from_old[dest] = False
+        order = np.empty(n, dtype=np.int64)
+        order[dest], order[from_old] = new, old
+        keys = np.empty(n, dtype=np.uint64)
+        keys[dest], keys[from_old] = new_keys, old_keys
+        self._order = (n, order, keys)
+        return order
 
     def append(self, key: int, seg: int, filt: int) -> None:
         self._sorted = None
@@ -94,7 +118,23 @@ class DirectoryArrays:
     filts: U64Array
 
 
+@dataclass(frozen=True, slots=True)
+class FlatDirectory:
+    """The base and the delta as flat arrays: a posting list is the base slice of its
+    key, then the delta rows of its key in insertion order (`dorder[lo:hi]` of the
+    delta's rows sorted by key, stably)."""
+
+    keys: U64Array
+    segs: U64Array
+    filts: U64Array
+    dkeys: U64Array
+    dsegs: U64Array
+    dfilts: U64Array
+    dorder: npt.NDArray[np.int64]
+
+
 _EMPTY = np.empty(0, dtype=np.uint64)
+_NO_ROWS = np.empty(0, dtype=np.int64)
 
 
 class Directory:
@@ -156,6 +196,13 @@ class Directory:
             return ds, df
         return (np.concatenate([self._segs[a:b], ds]),
                 np.concatenate([self._filts[a:b], df]))
+
+    def flat(self) -> FlatDirectory:
+        """The directory's flat arrays as they are now, read-only by contract (the match
+        kernel's input; valid until the next change)."""
+        d = self._delta
+        return FlatDirectory(self._keys, self._segs, self._filts, d.keys[: d.n],
+                             d.segs[: d.n], d.filts[: d.n], d.order())
 
     def count(self, key: int) -> int:
         a, b = self._range(key)

@@ -14,7 +14,11 @@ probed in one vectorised lookup) -> the `window_cap` strongest candidates by
 fingerprint agreement -> ONE backend multi-get for every candidate of the batch ->
 verify full ids and presence -> with exact matching, further rounds where an unread
 candidate's bound beats the best run (sarpd/core/plan.py) -> the longest gap-free
-run from position 0.
+run from position 0. With the match kernel built (native path "match",
+sarpd/core/kernel.py) the batch is routed in one native call, its first rounds
+verified in one after the multi-get and its answers assembled in one; plans and
+further rounds are made only for the queries that need them. The reference
+(`plan_many`, `_verify_round`, `_result`) gives the same answers.
 
 After a failed commit memory may differ from the disk: the index reloads (counters,
 segment cache, directory) before it answers again, and makes the backend writable
@@ -28,12 +32,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 from backends.base import Backend, WriteBatch
 from sarpd.config import IndexConfig
-from sarpd.core import verify
+from sarpd.core import kernel, native, verify
 from sarpd.core.directory import Directory
 from sarpd.core.fsck import run_check
 from sarpd.core.holders import match_holders
@@ -62,11 +67,13 @@ from sarpd.model import (
     Remove,
     RemoveResult,
     SnapshotResult,
+    U64Array,
 )
 
 log = logging.getLogger(__name__)
 
 WriteOp = Insert | Remove | Clear
+Run = tuple[int, int, int]  # a window's best candidate (0: none), its run, the window's blocks
 ProgressFn = Callable[[int, int], None]
 
 
@@ -200,15 +207,70 @@ class SarpIndex:
             except SarpError as exc:
                 errors[i] = exc
                 qs.append(np.empty((0, 2), np.uint64))
+        k = native.module("match")
+        if k is not None:
+            return self._match_native(reqs, qs, errors, k)
         plans = self.router.plan_many(qs)
         first = [(qi, p, p.first) for qi, windows in enumerate(plans) for p in windows]
         segs = self._verify_round(qs, first, {})
         if self.cfg.exact_match:
             self._exact_rounds(qs, plans, segs)
+        return [errors[i] if i in errors else
+                self._result(r, q, [(p.best_sid, p.best, p.length) for p in windows], segs)
+                for i, (r, q, windows) in enumerate(zip(reqs, qs, plans, strict=True))]
+
+    def _match_native(self, reqs: Sequence[Match], qs: Sequence[IdArray],
+                      errors: dict[int, SarpError], k: ModuleType) -> list[MatchResult | SarpError]:
+        """`match_many` with the match kernel (module `kernel`): one call routes the
+        batch, one multi-get reads every first round, one call verifies them; only the
+        queries whose window may still be beaten get plans and further rounds; one call
+        assembles the answers (holders of segments with holder tables: `_result`)."""
+        routed = self.router.route(qs, k)
+        segs = self.store.read(list(dict.fromkeys(routed.first.tolist())))
+        best, sid = kernel.verify(k, routed, segs, self.router.geo.sb)
+        spans = routed.spans()
+        need = kernel.open_queries(routed, best) if self.cfg.exact_match else []
+        if need:
+            best, sid = self._rounds_native(routed, spans, need, qs, best, sid, segs)
+        res, meta = kernel.assemble(k, routed, spans, best, sid, segs)
         out: list[MatchResult | SarpError] = []
-        for i, (r, q, windows) in enumerate(zip(reqs, qs, plans, strict=True)):
-            out.append(errors[i] if i in errors else self._result(r, q, windows, segs))
+        lens = routed.rows[:, kernel.LEN]
+        for i, (r, q, (total, single, start, run)) in enumerate(
+                zip(reqs, qs, res.tolist(), strict=True)):
+            if i in errors:
+                out.append(errors[i])
+            elif not single:
+                lo, hi = spans[i]
+                out.append(self._result(r, q, list(zip(
+                    sid[lo:hi].tolist(), best[lo:hi].tolist(), lens[lo:hi].tolist(),
+                    strict=True)), segs))
+            else:
+                self._count(total, len(q))
+                m = meta[start : start + total]
+                top = ([(int(m[0]), run)] if total else []) if r.holders else None
+                ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
+                out.append(MatchResult(total, m, ids, top))
         return out
+
+    def _rounds_native(self, routed: kernel.Routed, spans: list[tuple[int, int]],
+                       need: list[int], qs: Sequence[IdArray], best: kernel.I64Array,
+                       sid: U64Array, segs: dict[int, Segment]
+                       ) -> tuple[kernel.I64Array, U64Array]:
+        """Bound-and-verify for the queries `need` (plans from the kernel's rows, seeded
+        with its first round): best and sid with their rows updated."""
+        best, sid = best.copy(), sid.copy()
+        plans = [self.router.plans(routed, *spans[qi]) for qi in need]
+        for qi, windows in zip(need, plans, strict=True):
+            lo, hi = spans[qi]
+            for p, b, s in zip(windows, best[lo:hi].tolist(), sid[lo:hi].tolist(),
+                               strict=True):
+                p.best, p.best_sid = b, s
+        self._exact_rounds([qs[qi] for qi in need], plans, segs)
+        for qi, windows in zip(need, plans, strict=True):
+            lo, hi = spans[qi]
+            best[lo:hi] = [p.best for p in windows]
+            sid[lo:hi] = [p.best_sid for p in windows]
+        return best, sid
 
     def _exact_rounds(self, qs: Sequence[IdArray], plans: list[list[WindowPlan]],
                       segs: dict[int, Segment]) -> None:
@@ -265,23 +327,26 @@ class SarpIndex:
             p.offer(sid, min(m, segs[sid].present_run(0)))
         return segs
 
-    def _result(self, r: Match, q: IdArray, windows: list[WindowPlan],
+    def _result(self, r: Match, q: IdArray, windows: list[Run],
                 segs: dict[int, Segment]) -> MatchResult:
         matched: list[tuple[Segment, int]] = []
         total = 0
-        for p in windows:
-            if p.best_sid:
-                matched.append((segs[p.best_sid], p.best))
-            total += p.best
-            if p.best < p.length:
+        for sid, best, length in windows:
+            if sid:
+                matched.append((segs[sid], best))
+            total += best
+            if best < length:
                 break
-        act = self.store.activity
-        act.matches += 1
-        act.matched_blocks += total
-        act.queried_blocks += len(q)
+        self._count(total, len(q))
         meta, top = match_holders(matched, r.holders)
         ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
         return MatchResult(total, meta, ids, top)
+
+    def _count(self, matched: int, queried: int) -> None:
+        act = self.store.activity
+        act.matches += 1
+        act.matched_blocks += matched
+        act.queried_blocks += queried
 
     def _reload_or_raise(self, resume: bool) -> None:
         try:

@@ -13,6 +13,8 @@ slower one.
 
     path      extension                          reference
     verify    sarpd.core.verify._cverify         sarpd.core.verify._numpy
+    match     sarpd.core._cmatch                 sarpd.core.router (deepest, plan_at),
+                                                 sarpd.core.index (_verify_round)
     hash      sarpd.core._chash (libxxhash)      sarpd.core.ids (Python + xxhash)
 
 Standard library only: setup.py loads this file to decide what to build (`xxhash_found`).
@@ -38,6 +40,7 @@ ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
 EXTENSIONS: dict[str, str] = {
     "verify": "sarpd.core.verify._cverify",
     "hash": "sarpd.core._chash",
+    "match": "sarpd.core._cmatch",
 }
 
 

@@ -10,9 +10,11 @@ reads another round: the strongest unread candidates whose bound exceeds that ru
 twice as many as the round before, until no bound exceeds it. The answer is then the
 exact index's: every candidate left unread provably matches no further.
 
-The first round is the router's cached ranking; the candidates after it and their
-bounds are computed only when a window needs another round, from the posting list
-the plan holds (a batch's own references; nothing is cached). Two cheap proofs come
+The first round is the router's ranking (cached, or the match kernel's); the
+candidates after it and their bounds are computed only when a window needs another
+round, from the posting list the plan holds (`posting`: the arrays themselves, or a
+view of the directory's flat arrays built on demand, for a batch's own use; nothing
+is cached). Two cheap proofs come
 first: the first round is the top by agreement, so a run that reaches the weakest
 first-round bound is settled (`first_bound`); and where the index keeps block
 locators, a window whose next block has no locator is settled by that one point read
@@ -23,6 +25,7 @@ a 4-bit fingerprint, that read replaces hundreds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,9 +42,9 @@ class WindowPlan:
     window: int
     length: int  # the query's blocks in this window
     offset: int  # the routing point the candidates are listed under
-    first: list[int]  # the first round, strongest first (the router's cached ranking)
-    segs: U64Array  # every candidate under the point ...
-    filts: U64Array  # ... and its filter
+    first: list[int]  # the first round, strongest first (the router's ranking)
+    count: int  # the candidates under the point
+    posting: Callable[[], tuple[U64Array, U64Array]]  # every one of them and its filter
     qw: IdArray  # the query's ids from the window start (its filter: only when needed)
     sb: int  # blocks per window
     chunk: int  # the size of the next extra round (doubles each round)
@@ -66,7 +69,7 @@ class WindowPlan:
         """Whether an unread candidate may still beat `floor` (cheap: no bound of the
         unread ones is computed)."""
         return (not self.settled and floor < self.length
-                and self.segs.size > len(self.first) and self.first_bound > floor)
+                and self.count > len(self.first) and self.first_bound > floor)
 
     def settle(self) -> None:
         """Proved elsewhere that no candidate beats `best` (e.g. the next block is not
@@ -79,10 +82,11 @@ class WindowPlan:
         if not self.open(floor):
             return []
         if self._rest is None:
-            keep = ~np.isin(self.segs, np.array(self.first, dtype=np.uint64))
-            self._rest = self.segs[keep]
+            segs, filts = self.posting()
+            keep = ~np.isin(segs, np.array(self.first, dtype=np.uint64))
+            self._rest = segs[keep]
             qfilt = filter_at(fingerprints(self.qw, self.sb), self.offset)
-            self._bounds = bounds(self.filts[keep], qfilt, self.offset, self.length)
+            self._bounds = bounds(filts[keep], qfilt, self.offset, self.length)
             self._taken = np.zeros(self._rest.size, dtype=bool)
         assert self._bounds is not None and self._taken is not None
         idx = np.flatnonzero((self._bounds > floor) & ~self._taken)
@@ -98,3 +102,8 @@ class WindowPlan:
         self.chunk *= 2
         self.rounds += 1
         return [int(s) for s in self._rest[idx]]
+
+
+def held(segs: U64Array, filts: U64Array) -> Callable[[], tuple[U64Array, U64Array]]:
+    """A plan's `posting` for arrays already in hand."""
+    return lambda: (segs, filts)

@@ -9,7 +9,9 @@ Routing (docs/DECISIONS.md): for each 64-block window of a query, the deepest
 routing point present in the directory (all lattice offsets of a batch probed in
 one vectorised lookup), then the `window_cap` strongest candidates under it by
 fingerprint agreement as the first round of the window's `WindowPlan` (further
-rounds: module `plan`).
+rounds: module `plan`). With the match kernel built (`sarpd.core.native` path
+"match", module `kernel`) one native call routes the whole batch; `deepest`,
+`plan_at` and `_first` are its reference.
 
 Routing invariant (kept by `register`): if a routing key k at offset o > 0 of window
 w is in the directory, every live segment whose block at o has that id is listed
@@ -22,13 +24,15 @@ list that reaches (T+1), 2(T+1), ... entries is refined at the next lattice midp
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
 
 from sarpd.config import IndexConfig
+from sarpd.core import kernel, native
 from sarpd.core.directory import Directory
-from sarpd.core.plan import WindowPlan
+from sarpd.core.plan import WindowPlan, held
 from sarpd.core.routing import (
     Geometry,
     agreement,
@@ -79,16 +83,47 @@ class Router:
 
     def plan_many(self, qs: Sequence[IdArray]) -> list[list[WindowPlan]]:
         """Per query, per window from 0 up to the first without a routing hit: how its
-        candidates are read (module `plan`: a first round, then bound-and-verify)."""
-        sb = self.geo.sb
-        return [[self.plan_at(q[w * sb : (w + 1) * sb], w, d) for w, d in enumerate(deepest)]
-                for q, deepest in zip(qs, self.deepest(qs), strict=True)]
+        candidates are read (module `plan`: a first round, then bound-and-verify).
+        Each plan holds its posting list as `Directory.posting` gives it now."""
+        k = native.module("match")
+        if k is None:
+            sb = self.geo.sb
+            return [[self.plan_at(q[w * sb : (w + 1) * sb], w, d) for w, d in enumerate(dp)]
+                    for q, dp in zip(qs, self.deepest(qs), strict=True)]
+        routed = self.route(qs, k)
+        return [self.plans(routed, lo, hi, held_now=True) for lo, hi in routed.spans()]
+
+    def route(self, qs: Sequence[IdArray], k: ModuleType) -> kernel.Routed:
+        """The match kernel's routing of a batch (module `kernel`): one native call."""
+        return kernel.route(k, qs, self.dir.flat(), self.geo.sb, self.geo.gap,
+                            self.cfg.window_cap)
+
+    def plans(self, routed: kernel.Routed, lo: int, hi: int,
+              held_now: bool = False) -> list[WindowPlan]:
+        """The plans of routed rows [lo, hi) (one query's). `held_now`: each holds its
+        posting list as the directory gives it now (a write batch keeps plans while it
+        changes the directory); else it is built from the routed arrays when a round
+        needs it (valid within one match batch, which changes nothing)."""
+        rows = routed.rows[lo:hi].tolist()
+        base = rows[0][kernel.FSTART] if rows else 0
+        end = rows[-1][kernel.FSTART] + rows[-1][kernel.FCOUNT] if rows else 0
+        first = routed.first[base:end].tolist()
+        sb, out = self.geo.sb, []
+        for r, (qi, w, off, n, fs, fc, _, fb, blo, bhi, dlo, dhi) in enumerate(rows, lo):
+            fs -= base
+            start = int(routed.qstarts[qi]) + w * sb
+            qw = routed.qids[start : start + n]
+            posting = (held(*self.dir.posting(int(qw[off, 0]))) if held_now
+                       else routed.posting(r))
+            out.append(WindowPlan(w, n, off, first[fs : fs + fc], bhi - blo + dhi - dlo,
+                                  posting, qw, sb, self.cfg.window_cap, fb))
+        return out
 
     def plan_window(self, qw: IdArray, w: int) -> WindowPlan | None:
         """The plan of one window of a query (`qw`: its ids from the window start, at
         most one window); None when no routing point of it is in the directory."""
-        deepest = self.deepest([qw[: self.geo.sb]])[0]
-        return self.plan_at(qw[: self.geo.sb], w, deepest[0]) if deepest else None
+        plans = self.plan_many([qw[: self.geo.sb]])[0]
+        return plans[0] if plans else None
 
     def route_window(self, qw: IdArray, w: int) -> list[int]:
         """First-round candidate segments for one window of a query."""
@@ -105,7 +140,7 @@ class Router:
         first_bound = 0  # every candidate is in the first round
         if segs.size > len(first):
             first_bound = n if weakest >= 16 else min(n, offset + 1 + weakest)
-        return WindowPlan(w, n, offset, first, segs, filts, qw, self.geo.sb,
+        return WindowPlan(w, n, offset, first, segs.size, held(segs, filts), qw, self.geo.sb,
                           self.cfg.window_cap, first_bound)
 
     def _first(self, qw: IdArray, offset: int, segs: U64Array,

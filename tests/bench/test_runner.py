@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sarpd.core import native
 from tools.bench.api import Ids, RecoveryResult, Turn
 from tools.bench.baselines import baseline_class
 from tools.bench.baselines._common import U64
@@ -148,7 +149,25 @@ def test_recovery_is_timed_recovery_runs_times_and_the_fastest_reported(
 
 def test_index_factories_put_sarp_first() -> None:
     names = list(index_factories())
-    assert names[:3] == ["sarp", "sarp-cap4", "sarp-no-locators"] and "segment-radix" in names
+    assert names[:4] == ["sarp", "sarp-py", "sarp-cap4", "sarp-no-locators"]
+    assert "segment-radix" in names
+
+
+def test_sarp_and_sarp_py_report_native_paths_and_kernel_efficiency(tmp_path: Path) -> None:
+    turns = list(get_workload("codeact").turns())[:48]
+    sarp, py = (run_index(name, index_factories()[name](), turns, tmp_path, "rocksdb", 1 << 20,
+                          8, recovery_runs=1) for name in ("sarp", "sarp-py"))
+    assert py.native == {"match": False, "hash": False, "write": False}
+    assert py.verifier == "numpy"
+    assert sarp.native is not None and set(sarp.native) == {"match", "hash", "write"}
+    assert sarp.native["match"] == native.status()["match"]
+    assert sarp.tokens_reused == py.tokens_reused > 0  # same answers both ways
+    assert sarp.kernel_efficiency > 0 and py.kernel_efficiency > 0
+    doc = BenchResult("w", "", 48, 0, 0, [sarp, py]).to_json()["results"]
+    assert doc[1]["native"] == py.native and doc[0]["kernel_efficiency"] == sarp.kernel_efficiency
+    dram = run_index("dram-blockhash", baseline_class("dram-blockhash")(), turns, tmp_path,
+                     "rocksdb", 1 << 20, 8, recovery_runs=1)
+    assert dram.native is None and dram.kernel_efficiency == 0.0
 
 
 def test_a_failing_index_costs_only_its_own_result(

@@ -14,6 +14,7 @@ from tools.bench.sarp_index import (
     SarpBench,
     as_hashes,
     no_locators,
+    reference,
     segment_bytes,
     split_budget,
 )
@@ -93,5 +94,39 @@ def test_memory_counts_the_engine_and_the_decoded_segments(tmp_path: Path) -> No
         before = index.backend_reads()
         assert index.match_many(seqs[:2], ["", ""])[0].tolist() == [1] * 640
         assert index.backend_reads() - before >= 20  # 10 segments per sequence
+    finally:
+        index.close()
+
+
+def test_sarp_py_runs_the_references_and_answers_what_sarp_answers(tmp_path: Path) -> None:
+    seqs = [np.arange(1, 300, dtype=U64), np.concatenate([np.arange(1, 150, dtype=U64),
+                                                          np.arange(5000, 5100, dtype=U64)])]
+    got = []
+    for index in (SarpBench(), reference()):
+        index.open(tmp_path / str(index.reference), "rocksdb", 1 << 20)
+        try:
+            index.insert_many(seqs, ["", ""], [np.full(len(s), i + 1, U64)
+                                               for i, s in enumerate(seqs)])
+            got.append([m.tolist() for m in index.match_many([*seqs, seqs[0][:70]], [""] * 3)])
+            if index.reference:
+                assert index.native() == {"match": False, "hash": False, "write": False}
+                assert index.stats()["verifier"] == "numpy"
+                assert index.recover().seconds > 0  # its recovery child runs the references
+        finally:
+            index.close()
+    assert got[0] == got[1] and got[0][2] == [1] * 70
+
+
+def test_bare_reread_reads_what_the_match_read(tmp_path: Path) -> None:
+    index = SarpBench()
+    index.open(tmp_path / "s", "rocksdb", 1 << 20)
+    try:
+        seq = np.arange(1, 200, dtype=U64)
+        index.insert_many([seq], [""], [np.ones(199, U64)])
+        index.match_many([seq], [""])
+        keys = index._read.keys()
+        assert len([k for k in keys if k[:1] == b"S"]) == 4  # 199 blocks: 4 segments
+        assert index.bare_reread() > 0
+        assert type(index.ix.store).fetch is index.ix.store.fetch.__func__  # type: ignore[union-attr]
     finally:
         index.close()

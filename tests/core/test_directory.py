@@ -79,3 +79,20 @@ def test_merge_is_timed_and_keeps_the_base_sorted() -> None:
     arr = d.to_arrays()
     assert arr.keys.tolist() == sorted(base.tolist() + extra)
     assert _posting(d, int(base[7])) == [(3, 0), (9, 1)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.lists(st.integers(0, 6), max_size=40), max_size=8))
+def test_flat_delta_order_is_a_stable_argsort_kept_across_appends(
+        steps: list[list[int]]) -> None:
+    d = Directory(delta_max_entries=1 << 20)
+    seg = 0
+    for keys in steps:  # appends between reads: the order is merged, not re-sorted
+        for k in keys:
+            seg += 1
+            d.add(k, seg, 0)
+        flat = d.flat()
+        assert flat.dorder.tolist() == np.argsort(flat.dkeys, kind="stable").tolist()
+        for k in set(keys):  # a key's rows in insertion order: its posting list's delta part
+            rows = flat.dorder[flat.dkeys[flat.dorder] == np.uint64(k)]
+            assert flat.dsegs[rows].tolist() == d.posting(k)[0].tolist()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sarpd.core.plan import WindowPlan
+from sarpd.core.plan import WindowPlan, held
 from sarpd.core.routing import filter_at, fingerprints
 from tests.core.test_routing import _differs_at, ids
 
@@ -19,8 +19,9 @@ def plan(agreements: list[int], first: list[int], length: int = 64, offset: int 
     first round's weakest bound defaults to the window (nothing settled by it)."""
     filts = [QF if a >= 16 else _differs_at(QF, a) for a in agreements]
     segs = np.arange(1, len(agreements) + 1, dtype=np.uint64)
-    return WindowPlan(0, length, offset, first, segs, np.array(filts, dtype=np.uint64),
-                      QW[:length], 64, chunk, length if first_bound is None else first_bound)
+    return WindowPlan(0, length, offset, first, segs.size,
+                      held(segs, np.array(filts, dtype=np.uint64)), QW[:length], 64, chunk,
+                      length if first_bound is None else first_bound)
 
 
 def test_no_round_when_the_first_round_read_everything() -> None:

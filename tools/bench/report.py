@@ -79,11 +79,26 @@ def text_table(res: BenchResult) -> str:
     verifier = f", sarp verifier: {sarp.verifier}" if sarp and sarp.verifier else ""
     head = (f"workload {res.workload}: {res.requests:,} requests, {res.blocks:,} unique blocks, "
             f"{conditions(res)}{verifier}\n{res.description}")
-    return "\n".join([head, line(COLUMNS), *(line(r) for r in body), *failures(res)]) + (
+    return "\n".join([head, line(COLUMNS), *(line(r) for r in body), *natives(res),
+                      *failures(res)]) + (
         "\n'x sarp': sarp's throughput / this index's; 'recover s': in-process (open, load, "
         "first match); 'spawn s': from a process spawn; 'rec x sarp': this index's recover s "
         "/ sarp's; memory: inside the budget; routing: in memory outside it; loss: tokens "
         "reused below the exact dram-blockhash")
+
+
+def natives(res: BenchResult) -> list[str]:
+    """Per sarp index: which paths ran natively and its kernel efficiency (match time /
+    a bare multi-get of its reads), when the run measured them."""
+    out = []
+    for r in res.completed():
+        if r.native is None:
+            continue
+        on = [p for p, yes in r.native.items() if yes]
+        eff = f", kernel efficiency {r.kernel_efficiency:.2f}" if r.kernel_efficiency else ""
+        out.append(f"{r.index}: native {', '.join(on) if on else 'none'} "
+                   f"(verifier {r.verifier or '?'}){eff}")
+    return out
 
 
 def markdown_table(res: BenchResult) -> str:

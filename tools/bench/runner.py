@@ -34,6 +34,11 @@ JSON (`BenchResult.to_json`), schema 2: `schema`, `workload`, `description`,
 `recovery_runs` (cold recoveries timed per index: `recovery_s` and `recovery_spawn_s`
 are each the fastest; files without it timed one), `results` (per index:
 `IndexResult`'s fields but the per-request latencies, or an `IndexFailure`).
+Per sarp index also `native` (`{"match", "hash", "write"}: bool`, which paths ran
+natively; `sarp-py` runs every reference) and `kernel_efficiency`: its match time
+over the time of ONE bare backend multi-get per batch of the keys the match read,
+re-read right after it (warm; untimed in the replay's own figures); null/0 for the
+baselines.
 Schema 1 (before recovery_s meant in-process time) had no `schema` field.
 """
 
@@ -82,6 +87,8 @@ class IndexResult:
     recovery_spawn_s: float = 0.0  # process spawn to the first answered match
     routing_bytes: int = 0  # routing structures in memory, outside the budget
     reads_per_match: float = 0.0  # backend point reads per match request (mean)
+    native: dict[str, bool] | None = None  # sarp: which paths ran natively
+    kernel_efficiency: float = 0.0  # sarp: match time / bare multi-get time of its reads
     match_us: list[float] = field(default_factory=list, repr=False)
 
     def public(self) -> dict[str, Any]:
@@ -145,9 +152,10 @@ class BenchResult:
 
 def index_factories() -> dict[str, Callable[[], BenchIndex]]:
     """Every index the harness knows: sarp first, then the baselines."""
-    from tools.bench.sarp_index import SarpBench, capped, no_locators
+    from tools.bench.sarp_index import SarpBench, capped, no_locators, reference
 
     out: dict[str, Callable[[], BenchIndex]] = {"sarp": SarpBench,
+                                                "sarp-py": reference,
                                                 "sarp-cap4": capped,
                                                 "sarp-no-locators": no_locators}
     try:
@@ -193,6 +201,8 @@ class Replayed:
     reused: int = 0  # blocks
     queried: int = 0  # blocks
     match_reads: int = 0  # backend point reads during the match calls
+    match_s: float = 0.0
+    bare_s: float = 0.0  # bare multi-gets of what the match calls read (bare_reread)
 
 
 def replay(index: BenchIndex, turns: Sequence[Turn], batch: int,
@@ -213,6 +223,7 @@ def replay_counted(index: BenchIndex, turns: Sequence[Turn], batch: int,
     match_us = out.match_us
     total = inserting = 0.0
     reused = queried = reads = 0
+    bare: Callable[[], float] | None = getattr(index, "bare_reread", None)
     for b, chunk in batches(turns, batch):
         ns = [t.ns for t in chunk]
         r0 = index.backend_reads()
@@ -220,13 +231,17 @@ def replay_counted(index: BenchIndex, turns: Sequence[Turn], batch: int,
         metas = index.match_many([t.prompt for t in chunk], ns)
         t1 = time.perf_counter()
         reads += index.backend_reads() - r0
+        if bare is not None:  # untimed here: the kernel-efficiency baseline
+            out.bare_s += bare()
+        t1b = time.perf_counter()
         index.insert_many([t.sequence for t in chunk], ns,
                           [np.full(len(t.sequence), b + i + 1, dtype=np.uint64)
                            for i, t in enumerate(chunk)])
         t2 = time.perf_counter()
         match_us.extend([(t1 - t0) * 1e6 / len(chunk)] * len(chunk))
-        total += t2 - t0
-        inserting += t2 - t1
+        out.match_s += t1 - t0
+        total += (t1 - t0) + (t2 - t1b)
+        inserting += t2 - t1b
         reused += sum(len(m) for m in metas)
         queried += sum(len(t.prompt) for t in chunk)
         if progress is not None:
@@ -254,6 +269,8 @@ def run_index(name: str, index: BenchIndex, turns: Sequence[Turn], data_dir: Pat
         index.flush()
         stats = getattr(index, "stats", None)
         verifier = str(stats().get("verifier", "")) if callable(stats) else ""
+        paths = getattr(index, "native", None)
+        native = paths() if callable(paths) else None
         disk = index.disk_bytes()
         rec = fastest([index.recover() for _ in range(recovery_runs)])
         memory = max(memory, index.memory_bytes())
@@ -270,7 +287,8 @@ def run_index(name: str, index: BenchIndex, turns: Sequence[Turn], data_dir: Pat
         recovery_s=rec.seconds, memory_bytes=memory, disk_bytes=disk,
         insert_us_mean=r.insert_s * 1e6 / n if n else 0.0, recovery_detail=rec.detail,
         verifier=verifier, recovery_spawn_s=rec.spawn_s, routing_bytes=routing,
-        reads_per_match=r.match_reads / n if n else 0.0, match_us=r.match_us,
+        reads_per_match=r.match_reads / n if n else 0.0, native=native,
+        kernel_efficiency=r.match_s / r.bare_s if r.bare_s else 0.0, match_us=r.match_us,
     )
 
 

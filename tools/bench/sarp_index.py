@@ -13,6 +13,15 @@ block cache, memtables, index and filter partitions; backends/rocksdb.py), also 
 the bulk build's backend. memory_bytes = the engine's memory (backends.base stats)
 + the decoded segments held (measured); routing_bytes = the directory;
 backend_reads = `activity.segment_reads` (segments fetched from the backend).
+
+`sarp-py` (`reference()`) is sarp with every native path replaced by its reference
+(`sarpd.core.native.references()` around everything it runs, its recovery child
+too): same build, same run. `native()` says which paths ran natively (match, hash,
+write; a path the install does not know reads False). Kernel efficiency: every
+match call records the keys it read (segments asked of the store, cached or not,
+and locators looked up); `bare_reread()` re-reads them with ONE bare backend
+multi-get right after (warm), timed: sarp's match time over that time is the CPU it
+spends beyond its reads.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +41,16 @@ import numpy.typing as npt
 
 from backends.base import Backend
 from sarpd.config import IndexConfig
+from sarpd.core import native as native_paths
 from sarpd.core.bulk import BulkBuilder
 from sarpd.core.index import SarpIndex
-from sarpd.core.store import open_backend
-from sarpd.model import Insert, Match, MatchResult, SeqSpec
+from sarpd.core.segment import Segment, block_keys, seg_key
+from sarpd.core.store import Store, open_backend
+from sarpd.model import IdArray, Insert, Match, MatchResult, SeqSpec
 from tools.bench.api import Ids, RecoveryResult
 
 U64 = npt.NDArray[np.uint64]
+NATIVE_PATHS = ("match", "hash", "write")  # what the bench's `native` field reports
 OWN_CACHE_SHARE = 0.5  # of the budget, for the decoded-segment cache; the engine gets the rest
 _ARRAY = sys.getsizeof(np.zeros(0))  # a numpy array's header
 # one full decoded segment: the object, its ids (64 x 16 B) and metas (64 x 8 B)
@@ -67,9 +81,12 @@ class SarpBench:
 
     name = "sarp"
 
-    def __init__(self, config: IndexConfig | None = None, sync: bool = False) -> None:
+    def __init__(self, config: IndexConfig | None = None, sync: bool = False,
+                 reference: bool = False) -> None:
         self.config = config or IndexConfig()
         self.sync = sync
+        self.reference = reference  # every native path replaced by its reference (sarp-py)
+        self._read = Reads()  # what the last match call read
         self.ix: SarpIndex | None = None
         self.backend: Backend | None = None
         self.data_dir = Path()
@@ -82,8 +99,19 @@ class SarpBench:
              direct_io: bool = False) -> None:
         self.data_dir, self.backend_name, self.cache_bytes = data_dir, backend, cache_bytes
         self.direct_io = direct_io
-        self.ix = _open(data_dir, backend, cache_bytes, self.config, self.sync, direct_io)
-        self.ix.recover()
+        with self._paths():
+            self.ix = _open(data_dir, backend, cache_bytes, self.config, self.sync, direct_io)
+            self.ix.recover()
+
+    def _paths(self) -> AbstractContextManager[None]:
+        """The context everything of this index runs in (sarp-py: the references)."""
+        return native_paths.references() if self.reference else nullcontext()
+
+    def native(self) -> dict[str, bool]:
+        """Per path (match, hash, write): whether it runs natively for this index."""
+        with self._paths():
+            status = native_paths.status()
+        return {p: bool(status.get(p, False)) for p in NATIVE_PATHS}
 
     def bulk_open(self, data_dir: Path, backend: str, cache_bytes: int,
                   batches: Iterable[tuple[Sequence[Ids], Sequence[str], Sequence[U64]]],
@@ -92,6 +120,13 @@ class SarpBench:
         """`open` on a directory built by sarp's bulk path (sarpd/core/bulk.py: the
         write path into staging, one sorted ingest, a snapshot) from `batches` of
         `insert_many` arguments."""
+        with self._paths():
+            self._bulk(data_dir, backend, cache_bytes, batches, progress)
+        self.open(data_dir, backend, cache_bytes, direct_io)
+
+    def _bulk(self, data_dir: Path, backend: str, cache_bytes: int,
+              batches: Iterable[tuple[Sequence[Ids], Sequence[str], Sequence[U64]]],
+              progress: Callable[[int], None] | None) -> None:
         builder = BulkBuilder(self.config, data_dir / "bulk.tmp")
         try:
             for seqs, ns, metas in batches:
@@ -108,7 +143,6 @@ class SarpBench:
         finally:
             self.ix = None
             builder.close()
-        self.open(data_dir, backend, cache_bytes, direct_io)
 
     def _index(self) -> SarpIndex:
         assert self.ix is not None, "open() first"
@@ -118,20 +152,34 @@ class SarpBench:
         reqs = [Match(i, SeqSpec(n, hashes=as_hashes(p))) for i, (p, n) in
                 enumerate(zip(prompts, ns, strict=True))]
         out: list[U64] = []
-        for r in self._index().match_many(reqs):
+        self._read.clear()
+        with self._paths(), Recording(self._index().store, self._read):
+            results = self._index().match_many(reqs)
+        for r in results:
             assert isinstance(r, MatchResult), r
             out.append(r.meta)
         return out
 
+    def bare_reread(self) -> float:
+        """Seconds of ONE bare backend multi-get of the keys the last match call read."""
+        keys = self._read.keys()
+        be = self._index().backend
+        t0 = time.perf_counter()
+        be.get_many(keys)
+        return time.perf_counter() - t0
+
     def insert_many(self, seqs: Sequence[Ids], ns: Sequence[str], metas: Sequence[U64]) -> None:
         reqs = [Insert(i, SeqSpec(n, hashes=as_hashes(s)), meta=m) for i, (s, n, m) in
                 enumerate(zip(seqs, ns, metas, strict=True))]
-        for r in self._index().write_many(reqs):
+        with self._paths():
+            results = self._index().write_many(reqs)
+        for r in results:
             assert not isinstance(r, Exception), r
 
     def flush(self) -> None:
         ix = self._index()
-        ix.snapshot()
+        with self._paths():
+            ix.snapshot()
         ix.backend.flush_buffers()
 
     def recover(self) -> RecoveryResult:
@@ -144,6 +192,8 @@ class SarpBench:
             cmd.append("--no-block-locators")
         if self.direct_io:
             cmd.append("--direct-io")
+        if self.reference:
+            cmd.append("--references")
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None
@@ -175,7 +225,8 @@ class SarpBench:
         return int(self._index().backend.stats().get("disk_bytes", 0)) + snaps
 
     def stats(self) -> dict[str, int | float | str]:
-        return self._index().stats()
+        with self._paths():
+            return self._index().stats()
 
     def close(self) -> None:
         if self.ix is not None:
@@ -196,6 +247,56 @@ def capped(sync: bool = False) -> SarpBench:
     return SarpBench(IndexConfig(exact_match=False), sync=sync)
 
 
+def reference(sync: bool = False) -> SarpBench:
+    """sarp-py: sarp with every native path replaced by its reference, same build."""
+    return SarpBench(sync=sync, reference=True)
+
+
+@dataclass(slots=True)
+class Reads:
+    """What a match call read: segments asked of the store and locators looked up."""
+
+    sids: list[int] = field(default_factory=list)
+    ids: list[IdArray] = field(default_factory=list)
+
+    def keys(self) -> list[bytes]:
+        """Their backend keys, each once (built after the timed call)."""
+        keys = dict.fromkeys(seg_key(s) for s in self.sids)
+        for ids in self.ids:
+            keys.update(dict.fromkeys(block_keys(ids)))
+        return list(keys)
+
+    def clear(self) -> None:
+        self.sids.clear()
+        self.ids.clear()
+
+
+class Recording:
+    """While inside: every segment the store is asked for and every locator it looks
+    up is recorded in `reads` (a list append per call: the timed match stays sarp's)."""
+
+    def __init__(self, store: Store, reads: Reads) -> None:
+        self.store, self.reads = store, reads
+
+    def __enter__(self) -> None:
+        store, reads = self.store, self.reads
+        fetch, indexed = store.fetch, store.indexed
+
+        def fetch_rec(sids: list[int]) -> dict[int, Segment | None]:
+            reads.sids.extend(sids)
+            return fetch(sids)
+
+        def indexed_rec(ids: IdArray) -> list[bool]:
+            reads.ids.append(ids)
+            return indexed(ids)
+
+        store.fetch = fetch_rec  # type: ignore[method-assign]
+        store.indexed = indexed_rec  # type: ignore[method-assign]
+
+    def __exit__(self, *exc: object) -> None:
+        del self.store.fetch, self.store.indexed  # the class's methods again
+
+
 def _open(data_dir: Path, backend: str, cache_bytes: int, config: IndexConfig,
           sync: bool, direct_io: bool) -> SarpIndex:
     engine, segments = split_budget(cache_bytes)
@@ -213,7 +314,16 @@ def _cold_recovery() -> None:
     p.add_argument("--cache-bytes", type=int, default=8 << 20)
     p.add_argument("--no-block-locators", action="store_true")
     p.add_argument("--direct-io", action="store_true")
+    p.add_argument("--references", action="store_true")
     a = p.parse_args()
+    if a.references:
+        with native_paths.references():
+            _recover_once(a)
+    else:
+        _recover_once(a)
+
+
+def _recover_once(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     config = IndexConfig(block_locators=not a.no_block_locators)
     ix = _open(a.data_dir, a.backend, a.cache_bytes, config, False, a.direct_io)

@@ -1,0 +1,718 @@
+/* The match kernel: the C twin of the router's query half (sarpd/core/router.py:
+ * deepest, plan_at, _first; sarpd/core/routing.py: fingerprints, filters, agreement,
+ * strongest) and of the first verification round (sarpd/core/index.py:
+ * _verify_round), one call per batch each.
+ *
+ * route(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap)
+ *   qids    (N, 2) uint64: every query of the batch, concatenated
+ *   qlens   (Q,) int64: their lengths (summing to N)
+ *   b*      (nb,) uint64: the directory's base (keys sorted ascending)
+ *   d*      (nd,) uint64: its delta in insertion order; dorder (nd,) int64 a stable
+ *           argsort of dkeys (rows of one key ascending: insertion order)
+ *   -> (rows: bytes, first: bytes)
+ *   rows: ROW_FIELDS int64 per routed window, queries in order, windows from 0 up to
+ *     the first without a routing hit:
+ *       q, w, offset (the deepest routing point present), length (the query's
+ *       blocks in the window), first_start, first_count (its slice of `first`),
+ *       weakest (agreement of the weakest first-round candidate; 16 when every
+ *       candidate is in it), first_bound (plan.WindowPlan.first_bound),
+ *       base_lo, base_hi (the posting list's base slice), delta_lo, delta_hi (its
+ *       slice of dorder)
+ *   first: uint64 segment ids, each window's first round strongest first (every
+ *     candidate in posting order when there are at most `cap`).
+ *
+ * verify(qids, qstarts, rows, first, segs, sb)
+ *   rows/first as route gave them (rows as an (R, ROW_FIELDS) int64 array); qstarts
+ *   (Q,) int64: where each query starts in qids; segs: dict seg id -> decoded
+ *   Segment (`window`, `presence`, `ids` attributes), the batch's reads; sb: blocks
+ *   per window.
+ *   -> (best: bytes, best_sid: bytes), int64 / uint64 per row: the longest verified
+ *   run (ids equal AND present, from the window start) of the window's first round
+ *   and the first candidate that has it (0: none).
+ *
+ * assemble(rows, spans, best, sids, segs)
+ *   rows (R, ROW_FIELDS) int64; spans (Q, 2) int64: each query's rows [lo, hi);
+ *   best/sids per row (after any bound-and-verify rounds); segs as for verify.
+ *   -> (res: bytes, meta: bytearray): per query 4 int64: blocks matched (its windows
+ *   from 0 through the first short one), single (1: no matched segment has a holder
+ *   table), meta_start, first_run; for single queries their metas (each window's
+ *   best segment's first holders, concatenated) are meta[meta_start : + blocks] and
+ *   first_run the run of the first block's holder (holders.match_holders' answer for
+ *   one holder a block); other queries' holders are left to the caller.
+ *
+ * Bit-for-bit the reference's answers: fingerprint (((lo ^ hi) * golden) >> 32) %
+ * 15 + 1, 0 past the window's end; a filter's byte j holds the fingerprints of blocks
+ * point + 2j + 1 (high nibble) and + 2j + 2; the ranking orders (agreement << 56 | seg)
+ * descending. The GIL is released around route's loop. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROW_FIELDS 12
+enum { R_Q, R_W, R_OFF, R_LEN, R_FSTART, R_FCOUNT, R_WEAK, R_FBOUND, R_BLO, R_BHI, R_DLO, R_DHI };
+
+static const uint64_t GOLDEN = 0x9E3779B97F4A7C15ull;
+
+/* -- buffers -------------------------------------------------------------------- */
+
+/* `obj` as a C-contiguous buffer of 8-byte integers ('Q'/'L' unsigned or 'q'/'l'
+ * signed as `sign` asks) with `ndim` dimensions (the second of size `width` when 2);
+ * on error an exception naming `name` and -1. */
+static int get_view(PyObject *obj, const char *name, int sign, int ndim, Py_ssize_t width,
+                    int flags, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a%s %s array, got %.100s", name,
+                     flags == PyBUF_RECORDS_RO ? "" : " C-contiguous",
+                     sign ? "int64" : "uint64", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || (PY_LITTLE_ENDIAN && *f == '<')) f++;
+    int ok_fmt = sign ? (f[0] == 'q' || f[0] == 'l') : (f[0] == 'Q' || f[0] == 'L');
+    if (view->itemsize != 8 || !ok_fmt || f[1] != '\0') {
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %s, got buffer format '%s'", name,
+                     sign ? "int64" : "uint64", view->format ? view->format : "B");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (view->ndim != ndim || (ndim == 2 && view->shape[1] != width)) {
+        if (ndim == 2)
+            PyErr_Format(PyExc_ValueError, "%s must have shape (n, %zd), got ndim %d", name,
+                         width, view->ndim);
+        else
+            PyErr_Format(PyExc_ValueError, "%s must be 1-dimensional, got ndim %d", name,
+                         view->ndim);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static int get_buf(PyObject *obj, const char *name, int sign, int ndim, Py_ssize_t width,
+                   Py_buffer *view) {
+    return get_view(obj, name, sign, ndim, width, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, view);
+}
+
+/* A segment's arrays: any strides (a working copy may be a view); read with at(). */
+static int get_strided(PyObject *obj, const char *name, int ndim, Py_ssize_t width,
+                       Py_buffer *view) {
+    return get_view(obj, name, 0, ndim, width, PyBUF_RECORDS_RO, view);
+}
+
+static inline uint64_t at(const Py_buffer *v, Py_ssize_t i, Py_ssize_t j) {
+    const char *p = (const char *)v->buf + i * v->strides[0] + (v->ndim > 1 ? j * v->strides[1] : 0);
+    uint64_t x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+static Py_ssize_t rows_of(const Py_buffer *v) { return v->ndim ? v->shape[0] : 0; }
+
+/* -- routing arithmetic (routing.py) ------------------------------------------------ */
+
+static inline uint64_t load_u64(const uint64_t *p) { uint64_t x; memcpy(&x, p, 8); return x; }
+
+static inline unsigned fingerprint(const uint64_t *id) {
+    uint64_t mixed = (load_u64(id) ^ load_u64(id + 1)) * GOLDEN;
+    return (unsigned)((mixed >> 32) % 15u) + 1u;
+}
+
+/* The filter of the point at `offset` of a window of `len` blocks at `qw`. */
+static uint64_t filter_at(const uint64_t *qw, Py_ssize_t len, Py_ssize_t offset) {
+    uint64_t out = 0;
+    for (int j = 0; j < 8; j++) {
+        Py_ssize_t a = offset + 2 * j + 1, b = a + 1;
+        unsigned hi = a < len ? fingerprint(qw + 2 * a) : 0;
+        unsigned lo = b < len ? fingerprint(qw + 2 * b) : 0;
+        out |= (uint64_t)((hi << 4) | lo) << (8 * j);
+    }
+    return out;
+}
+
+static inline int agreement(uint64_t filt, uint64_t qfilt) {
+    uint64_t x = filt ^ qfilt;
+    for (int j = 0; j < 8; j++) {
+        unsigned byte = (unsigned)(x >> (8 * j)) & 0xFFu;
+        if (byte >> 4) return 2 * j;
+        if (byte & 0xFu) return 2 * j + 1;
+    }
+    return 16;
+}
+
+/* -- the directory (directory.py) ------------------------------------------------- */
+
+typedef struct {
+    const uint64_t *bkeys, *bsegs, *bfilts, *dkeys, *dsegs, *dfilts;
+    const int64_t *dorder;
+    Py_ssize_t nb, nd;
+} Dir;
+
+static Py_ssize_t base_lower(const Dir *d, uint64_t key) {
+    Py_ssize_t lo = 0, hi = d->nb;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (d->bkeys[mid] < key) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static Py_ssize_t base_upper(const Dir *d, uint64_t key, Py_ssize_t lo) {
+    Py_ssize_t hi = d->nb;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (d->bkeys[mid] <= key) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static Py_ssize_t delta_lower(const Dir *d, uint64_t key) {
+    Py_ssize_t lo = 0, hi = d->nd;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (d->dkeys[d->dorder[mid]] < key) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static Py_ssize_t delta_upper(const Dir *d, uint64_t key, Py_ssize_t lo) {
+    Py_ssize_t hi = d->nd;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (d->dkeys[d->dorder[mid]] <= key) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static int has_key(const Dir *d, uint64_t key) {
+    Py_ssize_t b = base_lower(d, key);
+    if (b < d->nb && d->bkeys[b] == key) return 1;
+    Py_ssize_t r = delta_lower(d, key);
+    return r < d->nd && d->dkeys[d->dorder[r]] == key;
+}
+
+/* -- growable output --------------------------------------------------------------- */
+
+typedef struct { uint64_t *v; Py_ssize_t n, cap; } Vec;
+
+static int vec_reserve(Vec *a, Py_ssize_t extra) {
+    if (a->n + extra <= a->cap) return 0;
+    Py_ssize_t cap = a->cap ? a->cap : 64;
+    while (cap < a->n + extra) cap *= 2;
+    uint64_t *v = realloc(a->v, (size_t)cap * sizeof *v);
+    if (v == NULL) return -1;
+    a->v = v;
+    a->cap = cap;
+    return 0;
+}
+
+/* -- route ---------------------------------------------------------------------------- */
+
+typedef struct { uint64_t score; Py_ssize_t at; } Ranked;
+typedef struct { Ranked *v; Py_ssize_t cap; } Scratch;
+
+static int desc(const void *a, const void *b) {
+    uint64_t x = ((const Ranked *)a)->score, y = ((const Ranked *)b)->score;
+    return x < y ? 1 : (x > y ? -1 : 0);
+}
+
+static inline uint64_t seg_at(const Dir *d, const int64_t *row, Py_ssize_t i) {
+    Py_ssize_t nbase = row[R_BHI] - row[R_BLO];
+    return i < nbase ? d->bsegs[row[R_BLO] + i] : d->dsegs[d->dorder[row[R_DLO] + i - nbase]];
+}
+
+static inline uint64_t filt_at(const Dir *d, const int64_t *row, Py_ssize_t i) {
+    Py_ssize_t nbase = row[R_BHI] - row[R_BLO];
+    return i < nbase ? d->bfilts[row[R_BLO] + i] : d->dfilts[d->dorder[row[R_DLO] + i - nbase]];
+}
+
+/* The first round of one routed window (its row filled but for the first-round
+ * fields): every candidate in posting order, or past `cap` the top `cap` by score
+ * (agreement << 56 | seg, as routing.strongest), strongest first. Equal scores are
+ * the same seg id (ids below 2**56), so the order is the reference's. -1: no memory. */
+static int first_round(const Dir *d, const uint64_t *qw, int64_t *row, Py_ssize_t cap,
+                       Vec *first, Scratch *s) {
+    Py_ssize_t count = (row[R_BHI] - row[R_BLO]) + (row[R_DHI] - row[R_DLO]);
+    Py_ssize_t take = count <= cap ? count : cap;
+    row[R_FSTART] = first->n;
+    row[R_FCOUNT] = take;
+    row[R_WEAK] = 16;
+    row[R_FBOUND] = 0;
+    if (vec_reserve(first, take) < 0) return -1;
+    if (count <= cap) {  /* every candidate is read: posting order, no ranking */
+        for (Py_ssize_t i = 0; i < count; i++) first->v[first->n++] = seg_at(d, row, i);
+        return 0;
+    }
+    Py_ssize_t need = cap <= 32 ? cap : count;
+    if (need > s->cap) {
+        Ranked *v = realloc(s->v, (size_t)need * sizeof *v);
+        if (v == NULL) return -1;
+        s->v = v;
+        s->cap = need;
+    }
+    uint64_t qfilt = filter_at(qw, row[R_LEN], row[R_OFF]);
+    Ranked *top = s->v;
+    if (cap <= 32) {  /* the top `cap` by insertion */
+        Py_ssize_t n = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            uint64_t x = ((uint64_t)agreement(filt_at(d, row, i), qfilt) << 56) | seg_at(d, row, i);
+            if (n == cap && x <= top[n - 1].score) continue;
+            Py_ssize_t j = n < cap ? n++ : cap - 1;
+            while (j > 0 && top[j - 1].score < x) { top[j] = top[j - 1]; j--; }
+            top[j] = (Ranked){x, i};
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < count; i++)
+            top[i] = (Ranked){((uint64_t)agreement(filt_at(d, row, i), qfilt) << 56)
+                              | seg_at(d, row, i), i};
+        qsort(top, (size_t)count, sizeof *top, desc);
+    }
+    for (Py_ssize_t i = 0; i < take; i++) first->v[first->n++] = seg_at(d, row, top[i].at);
+    int weakest = agreement(filt_at(d, row, top[take - 1].at), qfilt);
+    Py_ssize_t reach = row[R_OFF] + 1 + weakest;
+    row[R_WEAK] = weakest;
+    row[R_FBOUND] = weakest >= 16 || reach > row[R_LEN] ? row[R_LEN] : reach;
+    return 0;
+}
+
+typedef struct {
+    const uint64_t *qids;
+    const int64_t *qlens;
+    Py_ssize_t nq, sb, gap, cap;
+} Batch;
+
+/* Every routed window of the batch; -1 when out of memory. */
+static int route_all(const Dir *d, const Batch *b, int64_t *rows, Py_ssize_t *nrows,
+                     Vec *first) {
+    Scratch s = {NULL, 0};
+    Py_ssize_t start = 0, r = 0;
+    int rc = 0;
+    for (Py_ssize_t q = 0; q < b->nq && rc == 0; q++) {
+        Py_ssize_t len = b->qlens[q];
+        const uint64_t *qi = b->qids + 2 * start;
+        for (Py_ssize_t w = 0; w * b->sb < len; w++) {
+            Py_ssize_t ws = w * b->sb, we = ws + b->sb < len ? ws + b->sb : len;
+            Py_ssize_t p = ((we - 1) / b->gap) * b->gap, hit = -1;  /* lattice positions */
+            for (; p >= ws; p -= b->gap) {
+                if (has_key(d, load_u64(qi + 2 * p))) { hit = p; break; }
+            }
+            if (hit < 0) break;  /* windows are contiguous from 0 */
+            int64_t *row = rows + ROW_FIELDS * r;
+            uint64_t key = load_u64(qi + 2 * hit);
+            row[R_Q] = q;
+            row[R_W] = w;
+            row[R_OFF] = hit - ws;
+            row[R_LEN] = we - ws;
+            row[R_BLO] = base_lower(d, key);
+            row[R_BHI] = base_upper(d, key, row[R_BLO]);
+            row[R_DLO] = delta_lower(d, key);
+            row[R_DHI] = delta_upper(d, key, row[R_DLO]);
+            if (first_round(d, qi + 2 * ws, row, b->cap, first, &s) < 0) { rc = -1; break; }
+            r++;
+        }
+        start += len;
+    }
+    free(s.v);
+    *nrows = r;
+    return rc;
+}
+
+enum { A_QIDS, A_QLENS, A_BKEYS, A_BSEGS, A_BFILTS, A_DKEYS, A_DSEGS, A_DFILTS, A_DORDER, NBUF };
+static const char *const ROUTE_NAMES[NBUF] = {"qids", "qlens", "bkeys", "bsegs", "bfilts",
+                                              "dkeys", "dsegs", "dfilts", "dorder"};
+
+static void release_all(Py_buffer *v, int n) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&v[i]);
+}
+
+/* Checks every argument of route; on error an exception and -1 (buffers released). */
+static int route_args(PyObject *const *args, Py_buffer *v, Dir *d, Batch *b) {
+    int i;
+    for (i = 0; i < NBUF; i++) {
+        int sign = i == A_QLENS || i == A_DORDER;
+        if (get_buf(args[i], ROUTE_NAMES[i], sign, i == A_QIDS ? 2 : 1, 2, &v[i]) < 0) {
+            release_all(v, i);
+            return -1;
+        }
+    }
+    Py_ssize_t sb = PyLong_AsSsize_t(args[NBUF]), gap = PyLong_AsSsize_t(args[NBUF + 1]);
+    Py_ssize_t cap = PyLong_AsSsize_t(args[NBUF + 2]);
+    if (PyErr_Occurred()) goto fail;
+    if (sb < 1 || sb > 64 || gap < 1 || cap < 1) {
+        PyErr_Format(PyExc_ValueError, "sb must be in 1..64, gap and cap >= 1; got sb %zd, "
+                     "gap %zd, cap %zd", sb, gap, cap);
+        goto fail;
+    }
+    Py_ssize_t nb = rows_of(&v[A_BKEYS]), nd = rows_of(&v[A_DKEYS]);
+    if (rows_of(&v[A_BSEGS]) != nb || rows_of(&v[A_BFILTS]) != nb) {
+        PyErr_Format(PyExc_ValueError, "bkeys, bsegs and bfilts must have one length, got "
+                     "%zd, %zd, %zd", nb, rows_of(&v[A_BSEGS]), rows_of(&v[A_BFILTS]));
+        goto fail;
+    }
+    if (rows_of(&v[A_DSEGS]) != nd || rows_of(&v[A_DFILTS]) != nd
+            || rows_of(&v[A_DORDER]) != nd) {
+        PyErr_Format(PyExc_ValueError, "dkeys, dsegs, dfilts and dorder must have one length, "
+                     "got %zd, %zd, %zd, %zd", nd, rows_of(&v[A_DSEGS]),
+                     rows_of(&v[A_DFILTS]), rows_of(&v[A_DORDER]));
+        goto fail;
+    }
+    const int64_t *order = v[A_DORDER].buf, *lens = v[A_QLENS].buf;
+    for (Py_ssize_t k = 0; k < nd; k++) {
+        if (order[k] < 0 || order[k] >= nd) {
+            PyErr_Format(PyExc_ValueError, "dorder[%zd] = %lld is not a row of the delta "
+                         "(0..%zd)", k, (long long)order[k], nd - 1);
+            goto fail;
+        }
+    }
+    Py_ssize_t nq = rows_of(&v[A_QLENS]), total = 0;
+    for (Py_ssize_t k = 0; k < nq; k++) {
+        if (lens[k] < 0 || lens[k] > PY_SSIZE_T_MAX / 4 - total) {
+            PyErr_Format(PyExc_ValueError, "qlens[%zd] = %lld is negative or too large", k,
+                         (long long)lens[k]);
+            goto fail;
+        }
+        total += lens[k];
+    }
+    if (total != rows_of(&v[A_QIDS])) {
+        PyErr_Format(PyExc_ValueError, "qlens sum to %zd, qids has %zd rows", total,
+                     rows_of(&v[A_QIDS]));
+        goto fail;
+    }
+    *d = (Dir){v[A_BKEYS].buf, v[A_BSEGS].buf, v[A_BFILTS].buf, v[A_DKEYS].buf,
+               v[A_DSEGS].buf, v[A_DFILTS].buf, order, nb, nd};
+    *b = (Batch){v[A_QIDS].buf, lens, nq, sb, gap, cap};
+    return 0;
+fail:
+    release_all(v, NBUF);
+    return -1;
+}
+
+static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != NBUF + 3) {
+        PyErr_Format(PyExc_TypeError, "route takes %d arguments (qids, qlens, bkeys, bsegs, "
+                     "bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap), got %zd",
+                     NBUF + 3, nargs);
+        return NULL;
+    }
+    Py_buffer v[NBUF];
+    Dir d;
+    Batch b;
+    if (route_args(args, v, &d, &b) < 0) return NULL;
+    Py_ssize_t maxrows = 0;
+    for (Py_ssize_t q = 0; q < b.nq; q++) maxrows += (b.qlens[q] + b.sb - 1) / b.sb;
+    int64_t *rows = malloc((size_t)(maxrows ? maxrows : 1) * ROW_FIELDS * sizeof *rows);
+    Vec first = {NULL, 0, 0};
+    Py_ssize_t nrows = 0;
+    PyObject *out = NULL;
+    int rc = -1;
+    if (rows != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = route_all(&d, &b, rows, &nrows, &first);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc < 0) {
+        PyErr_NoMemory();
+    } else {
+        out = Py_BuildValue("(y#y#)", (const char *)rows,
+                            (Py_ssize_t)(nrows * ROW_FIELDS * sizeof *rows),
+                            (const char *)(first.v ? first.v : (uint64_t *)rows),
+                            (Py_ssize_t)(first.n * sizeof *first.v));
+    }
+    free(rows);
+    free(first.v);
+    release_all(v, NBUF);
+    return out;
+}
+
+/* -- verify --------------------------------------------------------------------------- */
+
+static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS;
+
+/* A segment's window and presence, or -1 with an exception naming the segment. */
+static int seg_ints(PyObject *seg, uint64_t sid, long long *window, uint64_t *presence) {
+    PyObject *w = PyObject_GetAttr(seg, S_WINDOW);
+    if (w == NULL) return -1;
+    *window = PyLong_AsLongLong(w);
+    Py_DECREF(w);
+    if (*window == -1 && PyErr_Occurred()) return -1;
+    PyObject *p = PyObject_GetAttr(seg, S_PRESENCE);
+    if (p == NULL) return -1;
+    *presence = PyLong_AsUnsignedLongLongMask(p);
+    Py_DECREF(p);
+    if (PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "segment %llu: presence must be an int",
+                     (unsigned long long)sid);
+        return -1;
+    }
+    return 0;
+}
+
+/* The verified run of one candidate against a window (`qw`, `len` blocks), or -1
+ * with an exception; -2 when the candidate does not count (missing, other window). */
+static Py_ssize_t candidate_run(PyObject *segs, uint64_t sid, long long w, const uint64_t *qw,
+                                Py_ssize_t len) {
+    PyObject *key = PyLong_FromUnsignedLongLong(sid);
+    if (key == NULL) return -1;
+    PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
+    Py_DECREF(key);
+    if (seg == NULL) return PyErr_Occurred() ? -1 : -2;
+    long long window;
+    uint64_t presence;
+    if (seg_ints(seg, sid, &window, &presence) < 0) return -1;
+    if (window != w) return -2;
+    PyObject *ids = PyObject_GetAttr(seg, S_IDS);
+    if (ids == NULL) return -1;
+    Py_buffer v;
+    int bad = get_strided(ids, "segment ids", 2, 2, &v);
+    Py_DECREF(ids);
+    if (bad < 0) return -1;
+    Py_ssize_t n = v.shape[0] < len ? v.shape[0] : len, m = 0;
+    while (m < n && at(&v, m, 0) == load_u64(qw + 2 * m) && at(&v, m, 1) == load_u64(qw + 2 * m + 1))
+        m++;
+    Py_ssize_t nblocks = v.shape[0];
+    PyBuffer_Release(&v);
+    /* the run of present blocks from 0 (Segment.present_run) */
+    Py_ssize_t present = 0;
+    while (present < nblocks && present < 64 && ((presence >> present) & 1u)) present++;
+    return m < present ? m : present;
+}
+
+/* Checks a row of verify against the batch; 0 when it fits. */
+static int row_fits(const int64_t *row, const int64_t *starts, Py_ssize_t nq, Py_ssize_t nid,
+                    Py_ssize_t nf, Py_ssize_t sb) {
+    int64_t q = row[R_Q], w = row[R_W], len = row[R_LEN];
+    int64_t fs = row[R_FSTART], fc = row[R_FCOUNT];
+    if (q < 0 || q >= nq || w < 0 || len < 0 || len > sb || fs < 0 || fc < 0 || fs > nf - fc)
+        return -1;
+    if (starts[q] < 0 || starts[q] > nid || w > (nid - starts[q]) / sb) return -1;
+    return starts[q] + w * sb + len <= nid ? 0 : -1;
+}
+
+static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "verify takes 6 arguments (qids, qstarts, rows, first, "
+                     "segs, sb), got %zd", nargs);
+        return NULL;
+    }
+    PyObject *segs = args[4];
+    if (!PyDict_Check(segs)) {
+        PyErr_Format(PyExc_TypeError, "segs must be a dict of seg id -> Segment, got %.100s",
+                     Py_TYPE(segs)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t sb = PyLong_AsSsize_t(args[5]);
+    if (sb == -1 && PyErr_Occurred()) return NULL;
+    if (sb < 1 || sb > 64) {
+        PyErr_Format(PyExc_ValueError, "sb must be in 1..64, got %zd", sb);
+        return NULL;
+    }
+    Py_buffer v[4];
+    static const char *const names[4] = {"qids", "qstarts", "rows", "first"};
+    static const int sign[4] = {0, 1, 1, 0}, ndim[4] = {2, 1, 2, 1};
+    static const Py_ssize_t width[4] = {2, 0, ROW_FIELDS, 0};
+    for (int i = 0; i < 4; i++) {
+        if (get_buf(args[i], names[i], sign[i], ndim[i], width[i], &v[i]) < 0) {
+            release_all(v, i);
+            return NULL;
+        }
+    }
+    Py_ssize_t nid = v[0].shape[0], nq = v[1].shape[0], nr = v[2].shape[0], nf = v[3].shape[0];
+    const uint64_t *qids = v[0].buf, *first = v[3].buf;
+    const int64_t *starts = v[1].buf, *rows = v[2].buf;
+    PyObject *best = PyBytes_FromStringAndSize(NULL, nr * (Py_ssize_t)sizeof(int64_t));
+    PyObject *sids = PyBytes_FromStringAndSize(NULL, nr * (Py_ssize_t)sizeof(uint64_t));
+    PyObject *out = NULL;
+    if (best == NULL || sids == NULL) goto done;
+    int64_t *b = (int64_t *)PyBytes_AS_STRING(best);
+    uint64_t *bs = (uint64_t *)PyBytes_AS_STRING(sids);
+    for (Py_ssize_t r = 0; r < nr; r++) {
+        const int64_t *row = rows + ROW_FIELDS * r;
+        if (row_fits(row, starts, nq, nid, nf, sb) < 0) {
+            PyErr_Format(PyExc_ValueError, "rows[%zd] does not fit qids (%zd ids), qstarts (%zd "
+                         "queries) and first (%zd ids) with sb %zd", r, nid, nq, nf, sb);
+            goto done;
+        }
+        const uint64_t *qw = qids + 2 * (starts[row[R_Q]] + row[R_W] * sb);
+        b[r] = 0;
+        bs[r] = 0;
+        for (int64_t k = row[R_FSTART]; k < row[R_FSTART] + row[R_FCOUNT]; k++) {
+            Py_ssize_t run = candidate_run(segs, first[k], row[R_W], qw, row[R_LEN]);
+            if (run == -1) goto done;
+            if (run > b[r]) { b[r] = run; bs[r] = first[k]; }  /* the first of equal runs */
+        }
+    }
+    out = PyTuple_Pack(2, best, sids);
+done:
+    Py_XDECREF(best);
+    Py_XDECREF(sids);
+    release_all(v, 4);
+    return out;
+}
+
+/* -- assemble ------------------------------------------------------------------------ */
+
+static PyObject *S_META, *S_XMETA;
+
+/* A segment's first-holder metas (a view) and whether it has a holder table; -1 with
+ * an exception. */
+static int seg_meta(PyObject *segs, uint64_t sid, Py_buffer *meta, int *table) {
+    PyObject *key = PyLong_FromUnsignedLongLong(sid);
+    if (key == NULL) return -1;
+    PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
+    Py_DECREF(key);
+    if (seg == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_KeyError, "segment %llu was matched but is not in segs",
+                         (unsigned long long)sid);
+        return -1;
+    }
+    PyObject *x = PyObject_GetAttr(seg, S_XMETA);
+    if (x == NULL) return -1;
+    Py_ssize_t h = PyObject_Length(x);
+    Py_DECREF(x);
+    if (h < 0) return -1;
+    *table = h > 0;
+    PyObject *m = PyObject_GetAttr(seg, S_META);
+    if (m == NULL) return -1;
+    int bad = get_strided(m, "segment meta", 1, 0, meta);
+    Py_DECREF(m);
+    return bad;
+}
+
+/* One query's answer from its rows [lo, hi): blocks, and, when no matched segment has
+ * a holder table, its metas appended to `out` and the first holder's run; -1 with an
+ * exception. */
+static int assemble_one(PyObject *segs, const int64_t *rows, const int64_t *best,
+                        const uint64_t *sids, Py_ssize_t lo, Py_ssize_t hi, Vec *out,
+                        int64_t *res) {
+    int64_t total = 0, single = 1, start = out->n;
+    for (Py_ssize_t r = lo; r < hi; r++) {
+        int64_t b = best[r], len = rows[ROW_FIELDS * r + R_LEN];
+        if (sids[r] && single) {
+            Py_buffer meta;
+            int table;
+            if (seg_meta(segs, sids[r], &meta, &table) < 0) return -1;
+            if (b < 0 || b > meta.shape[0]) {
+                PyErr_Format(PyExc_ValueError, "run %lld of segment %llu is past its %zd "
+                             "blocks", (long long)b, (unsigned long long)sids[r], meta.shape[0]);
+                PyBuffer_Release(&meta);
+                return -1;
+            }
+            single = !table;
+            if (single && vec_reserve(out, b) == 0) {
+                for (int64_t i = 0; i < b; i++) out->v[out->n++] = at(&meta, i, 0);
+            } else if (single) {
+                PyBuffer_Release(&meta);
+                PyErr_NoMemory();
+                return -1;
+            }
+            PyBuffer_Release(&meta);
+        }
+        total += b;
+        if (b < len) break;
+    }
+    int64_t run = 0;  /* the first holder's run (single holder only) */
+    if (single) {
+        while (start + run < out->n && out->v[start + run] == out->v[start]) run++;
+    } else {
+        out->n = start;  /* the caller computes holders from the segments */
+    }
+    res[0] = total;
+    res[1] = single;
+    res[2] = start;
+    res[3] = run;
+    return 0;
+}
+
+static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "assemble takes 5 arguments (rows, spans, best, sids, "
+                     "segs), got %zd", nargs);
+        return NULL;
+    }
+    PyObject *segs = args[4];
+    if (!PyDict_Check(segs)) {
+        PyErr_Format(PyExc_TypeError, "segs must be a dict of seg id -> Segment, got %.100s",
+                     Py_TYPE(segs)->tp_name);
+        return NULL;
+    }
+    Py_buffer v[4];
+    static const char *const names[4] = {"rows", "spans", "best", "sids"};
+    static const int sign[4] = {1, 1, 1, 0}, ndim[4] = {2, 2, 1, 1};
+    static const Py_ssize_t width[4] = {ROW_FIELDS, 2, 0, 0};
+    for (int i = 0; i < 4; i++) {
+        if (get_buf(args[i], names[i], sign[i], ndim[i], width[i], &v[i]) < 0) {
+            release_all(v, i);
+            return NULL;
+        }
+    }
+    Py_ssize_t nr = v[0].shape[0], nq = v[1].shape[0];
+    const int64_t *rows = v[0].buf, *spans = v[1].buf, *best = v[2].buf;
+    const uint64_t *sids = v[3].buf;
+    PyObject *res = NULL, *out = NULL;
+    Vec meta = {NULL, 0, 0};
+    if (v[2].shape[0] != nr || v[3].shape[0] != nr) {
+        PyErr_Format(PyExc_ValueError, "best and sids must have one entry per row (%zd), got "
+                     "%zd and %zd", nr, v[2].shape[0], v[3].shape[0]);
+        goto done;
+    }
+    res = PyBytes_FromStringAndSize(NULL, nq * 4 * (Py_ssize_t)sizeof(int64_t));
+    if (res == NULL) goto done;
+    int64_t *rs = (int64_t *)PyBytes_AS_STRING(res);
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        Py_ssize_t lo = spans[2 * q], hi = spans[2 * q + 1];
+        if (lo < 0 || hi < lo || hi > nr) {
+            PyErr_Format(PyExc_ValueError, "spans[%zd] = (%zd, %zd) is not a slice of the %zd "
+                         "rows", q, lo, hi, nr);
+            goto done;
+        }
+        if (assemble_one(segs, rows, best, sids, lo, hi, &meta, rs + 4 * q) < 0) goto done;
+    }
+    {
+        PyObject *buf = PyByteArray_FromStringAndSize((const char *)meta.v,
+                                                      meta.n * (Py_ssize_t)sizeof *meta.v);
+        if (buf != NULL) {
+            out = PyTuple_Pack(2, res, buf);
+            Py_DECREF(buf);
+        }
+    }
+done:
+    Py_XDECREF(res);
+    free(meta.v);
+    release_all(v, 4);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"route", (PyCFunction)(void (*)(void))route, METH_FASTCALL,
+     "Every routed window of a batch and its first round (module docstring)."},
+    {"verify", (PyCFunction)(void (*)(void))verify, METH_FASTCALL,
+     "The first round's verified run of every routed window (module docstring)."},
+    {"assemble", (PyCFunction)(void (*)(void))assemble, METH_FASTCALL,
+     "Every query's blocks and metas from its windows' runs (module docstring)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sarpd.core._cmatch",
+                                    "The match kernel: routing and verification of a batch.",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__cmatch(void) {
+    S_WINDOW = PyUnicode_InternFromString("window");
+    S_PRESENCE = PyUnicode_InternFromString("presence");
+    S_IDS = PyUnicode_InternFromString("ids");
+    S_META = PyUnicode_InternFromString("meta");
+    S_XMETA = PyUnicode_InternFromString("xmeta");
+    if (S_WINDOW == NULL || S_PRESENCE == NULL || S_IDS == NULL || S_META == NULL
+            || S_XMETA == NULL)
+        return NULL;
+    PyObject *mod = PyModule_Create(&module);
+    if (mod == NULL) return NULL;
+    if (PyModule_AddIntConstant(mod, "ROW_FIELDS", ROW_FIELDS) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

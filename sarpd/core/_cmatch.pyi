@@ -1,0 +1,15 @@
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from sarpd.core.segment import Segment
+from sarpd.model import IdArray, U64Array
+
+ROW_FIELDS: int
+
+def route(qids: IdArray, qlens: npt.NDArray[np.int64], bkeys: U64Array, bsegs: U64Array,
+          bfilts: U64Array, dkeys: U64Array, dsegs: U64Array, dfilts: U64Array,
+          dorder: npt.NDArray[np.int64], sb: int, gap: int, cap: int, /) -> tuple[bytes, bytes]: ...
+def verify(qids: IdArray, qstarts: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
+           first: U64Array, segs: Mapping[int, Segment], sb: int, /) -> tuple[bytes, bytes]: ...

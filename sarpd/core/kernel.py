@@ -1,0 +1,123 @@
+"""The match kernel's side of a batch (sarpd/core/_cmatch.c, picked by
+`sarpd.core.native` as path "match"): the layout it takes and gives.
+
+Its reference is the router's query half (`Router.deepest`, `plan_at`, `_first`)
+and the index's first verification round (`SarpIndex._verify_round`); answers are
+bit-for-bit theirs (tests/core/test_kernel.py). A batch's queries go in as one
+(N, 2) id array with their lengths, and the directory as its flat arrays
+(`Directory.flat`). `route` gives one row per routed window (per query, windows
+from 0 up to the first without a routing hit), ROW_FIELDS int64 each:
+
+    Q, W        the query (its index in the batch) and the window
+    OFF, LEN    the deepest routing point present; the query's blocks in the window
+    FSTART, FCOUNT  the window's first round: first[FSTART : FSTART + FCOUNT]
+    WEAK        agreement of the weakest first-round candidate (16: all are in it)
+    FBOUND      the first round's weakest bound (plan.WindowPlan.first_bound)
+    BLO, BHI    the posting list's base slice
+    DLO, DHI    its delta rows: dorder[DLO:DHI] (insertion order)
+
+and the first rounds of every window in one flat uint64 array (strongest first;
+every candidate in posting order when there are at most `window_cap`). `verify`,
+after the batch's one multi-get, gives every row the longest verified run of its
+first round (ids equal AND present, from the window start) and the first candidate
+that has it (0: none). `assemble`, after any further rounds, gives every query its
+blocks and, when no segment it matched has a holder table (one holder a block), its
+metas and its first holder's run (`holders.match_holders`' answer in that case).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from types import ModuleType
+
+import numpy as np
+import numpy.typing as npt
+
+from sarpd.core.directory import FlatDirectory
+from sarpd.core.segment import Segment
+from sarpd.model import IdArray, U64Array
+
+I64Array = npt.NDArray[np.int64]
+
+ROW_FIELDS = 12
+Q, W, OFF, LEN, FSTART, FCOUNT, WEAK, FBOUND, BLO, BHI, DLO, DHI = range(ROW_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One batch as the kernel routed it."""
+
+    qids: IdArray  # every query of the batch, concatenated
+    qstarts: I64Array  # where each query starts in qids
+    rows: I64Array  # (R, ROW_FIELDS), by query then window
+    first: U64Array  # every window's first round
+    flat: FlatDirectory  # the directory the rows point into
+
+    def spans(self) -> list[tuple[int, int]]:
+        """Per query, its rows [lo, hi)."""
+        at = np.searchsorted(self.rows[:, Q], np.arange(len(self.qstarts) + 1)).tolist()
+        return list(pairwise(at))
+
+    def posting(self, r: int) -> Callable[[], tuple[U64Array, U64Array]]:
+        """Row r's posting list (segs, filts) as `Directory.posting` gives it, built
+        when called: valid while the directory is unchanged (within one match batch)."""
+        blo, bhi, dlo, dhi = self.rows[r, BLO:].tolist()
+        flat = self.flat
+
+        def build() -> tuple[U64Array, U64Array]:
+            if dlo == dhi:
+                return flat.segs[blo:bhi], flat.filts[blo:bhi]
+            rows = flat.dorder[dlo:dhi]
+            return (np.concatenate([flat.segs[blo:bhi], flat.dsegs[rows]]),
+                    np.concatenate([flat.filts[blo:bhi], flat.dfilts[rows]]))
+
+        return build
+
+
+def route(kernel: ModuleType, qs: Sequence[IdArray], flat: FlatDirectory, sb: int, gap: int,
+          cap: int) -> Routed:
+    """Every routed window of the batch and its first round, in one kernel call."""
+    lens = np.fromiter((len(q) for q in qs), dtype=np.int64, count=len(qs))
+    qids = (np.ascontiguousarray(np.concatenate(qs), dtype=np.uint64) if len(qs)
+            else np.empty((0, 2), np.uint64))
+    rows, first = kernel.route(qids, lens, flat.keys, flat.segs, flat.filts, flat.dkeys,
+                               flat.dsegs, flat.dfilts, flat.dorder, sb, gap, cap)
+    starts = np.zeros(len(qs), dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    return Routed(qids, starts, np.frombuffer(rows, np.int64).reshape(-1, ROW_FIELDS),
+                  np.frombuffer(first, np.uint64), flat)
+
+
+def verify(kernel: ModuleType, routed: Routed, segs: Mapping[int, Segment],
+           sb: int) -> tuple[I64Array, U64Array]:
+    """(best run, the candidate that has it) of every row's first round, in one call."""
+    best, sids = kernel.verify(routed.qids, routed.qstarts, routed.rows, routed.first,
+                               segs, sb)
+    return np.frombuffer(best, np.int64), np.frombuffer(sids, np.uint64)
+
+
+def assemble(kernel: ModuleType, routed: Routed, spans: Sequence[tuple[int, int]],
+             best: I64Array, sids: U64Array,
+             segs: Mapping[int, Segment]) -> tuple[I64Array, U64Array]:
+    """Every query's answer in one call: (res, meta), res (Q, 4) = blocks matched,
+    single (no matched segment has a holder table), meta_start, first_run; a single
+    query's metas are meta[meta_start : meta_start + blocks] (writable, its own slice)."""
+    span = np.array(spans, dtype=np.int64).reshape(-1, 2)
+    res, meta = kernel.assemble(routed.rows, span, best, sids, segs)
+    return np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64)
+
+
+def open_queries(routed: Routed, best: I64Array) -> list[int]:
+    """The queries whose first window short of its length may still be beaten by an
+    unread candidate (`WindowPlan.open` of a plan fresh from its first round): they
+    need bound-and-verify rounds. Later windows only count if that one is full."""
+    rows = routed.rows
+    short = np.flatnonzero(best < rows[:, LEN])
+    queries, at = np.unique(rows[short, Q], return_index=True)  # rows go by query
+    cut = short[at]
+    count = rows[cut, BHI] - rows[cut, BLO] + rows[cut, DHI] - rows[cut, DLO]
+    more = (count > rows[cut, FCOUNT]) & (rows[cut, FBOUND] > best[cut])
+    out: list[int] = queries[more].tolist()
+    return out

@@ -1,0 +1,391 @@
+"""The match kernel (sarpd/core/kernel.py, sarpd/core/_cmatch.c) against its reference
+(the router's deepest/plan_at/_first, the index's first verification round), on
+random and adversarial directories: empty, one key, duplicate keys across base and
+delta, hot posting lists of thousands of segments with tied fingerprints, queries
+shorter than a window, exactly a window, many windows. Skipped where the kernel is
+not built (SARPD_NO_EXTENSIONS=1: the reference is what runs)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.memory import MemoryBackend
+from sarpd.config import IndexConfig
+from sarpd.core import holders, kernel, native, verify
+from sarpd.core.directory import DirectoryArrays
+from sarpd.core.index import SarpIndex
+from sarpd.core.plan import WindowPlan
+from sarpd.core.router import Router
+from sarpd.core.routing import filter_at, fingerprints
+from sarpd.core.segment import Segment
+from sarpd.model import IdArray, Insert, Match, MatchResult, SeqSpec
+
+K = native.module("match")
+pytestmark = pytest.mark.skipif(K is None, reason="the match kernel is not built")
+
+SMALL = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, window_cap=2)
+CONFIGS = {
+    "small-cap2": SMALL,
+    "small-cap40": IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1,
+                               window_cap=40),
+    "default": IndexConfig(),
+    "default-cap1": IndexConfig(window_cap=1),
+}
+
+
+def kern() -> ModuleType:
+    assert K is not None
+    return K
+
+
+def plan_fields(p: WindowPlan) -> tuple[Any, ...]:
+    segs, filts = p.posting()
+    return (p.window, p.length, p.offset, p.first, p.count, p.first_bound, segs.tolist(),
+            filts.tolist(), p.qw.tolist())
+
+
+def reference_plans(router: Router, qs: list[IdArray]) -> list[list[tuple[Any, ...]]]:
+    with native.references():
+        return [[plan_fields(p) for p in plans] for plans in router.plan_many(qs)]
+
+
+def kernel_plans(router: Router, qs: list[IdArray]) -> list[list[tuple[Any, ...]]]:
+    routed = router.route(qs, kern())
+    return [[plan_fields(p) for p in router.plans(routed, lo, hi)] for lo, hi in routed.spans()]
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[IndexConfig, Router, list[IdArray]]:
+    """A directory (base and an unmerged delta) over a small pool of ids, with filters
+    drawn so that agreements tie, and queries walking the pool."""
+    cfg = CONFIGS[draw(st.sampled_from(sorted(CONFIGS)))]
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    pool = rng.integers(0, 2**64, size=(draw(st.integers(1, 12)), 2), dtype=np.uint64)
+    qs = [pool[rng.integers(0, len(pool), size=draw(st.integers(0, 3 * cfg.segment_blocks)))]
+          for _ in range(draw(st.integers(0, 6)))]
+    qfilts = [filter_at(fingerprints(q[: cfg.segment_blocks], cfg.segment_blocks), o)
+              for q in qs if len(q) for o in range(min(len(q), cfg.segment_blocks))] or [0]
+
+    def entries(n: int) -> list[tuple[int, int, int]]:
+        out = []
+        for _ in range(n):
+            f = int(qfilts[int(rng.integers(len(qfilts)))])
+            if rng.random() < 0.5:  # differs from a query's at one nibble: a given agreement
+                f ^= 1 << int(rng.integers(64))
+            out.append((int(pool[int(rng.integers(len(pool))), 0]),
+                        int(rng.integers(1, draw(st.sampled_from([3, 50, 1 << 40])))), f))
+        return out
+
+    router = Router(cfg)
+    base = sorted(entries(draw(st.integers(0, 60))), key=lambda e: e[0])
+    arr = np.array(base, dtype=np.uint64).reshape(-1, 3)
+    router.dir.load_arrays(DirectoryArrays(arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy()))
+    for key, seg, f in entries(draw(st.integers(0, 40))):
+        router.dir.add(key, seg, f)
+    return cfg, router, qs
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world=worlds())
+def test_routing_is_the_references_on_random_directories(
+        world: tuple[IndexConfig, Router, list[IdArray]]) -> None:
+    _, router, qs = world
+    want = reference_plans(router, qs)
+    assert kernel_plans(router, qs) == want
+    assert [[plan_fields(p) for p in plans] for plans in router.plan_many(qs)] == want
+    for q, plans in zip(qs, want, strict=True):  # one window at a time (the write path)
+        sb = router.geo.sb
+        one = router.plan_window(q[:sb], 0)
+        assert (plan_fields(one) if one is not None else None) == (plans[0] if plans else None)
+
+
+def _router(cfg: IndexConfig, base: list[tuple[int, int, int]],
+            delta: list[tuple[int, int, int]]) -> Router:
+    router = Router(cfg)
+    arr = np.array(sorted(base, key=lambda e: e[0]), dtype=np.uint64).reshape(-1, 3)
+    router.dir.load_arrays(DirectoryArrays(arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy()))
+    for e in delta:
+        router.dir.add(*e)
+    return router
+
+
+def ids(n: int, seed: int) -> IdArray:
+    return np.random.default_rng(seed).integers(0, 2**64, size=(n, 2), dtype=np.uint64)
+
+
+def test_empty_directory_empty_batch_and_empty_queries() -> None:
+    router = _router(IndexConfig(), [], [])
+    for qs in ([], [ids(0, 1)], [ids(5, 1), ids(0, 2), ids(200, 3)]):
+        assert kernel_plans(router, qs) == reference_plans(router, qs) == [[] for _ in qs]
+
+
+def test_one_key_and_duplicates_across_base_and_delta() -> None:
+    q = ids(64, 4)
+    key = int(q[0, 0])
+    qf = filter_at(fingerprints(q, 64), 0)
+    one = _router(IndexConfig(), [(key, 7, qf)], [])
+    assert kernel_plans(one, [q]) == reference_plans(one, [q])
+    assert kernel_plans(one, [q])[0][0][3] == [7]
+    # the same key (and the same segment) in the base and the delta, past the cap
+    dup = _router(IndexConfig(window_cap=2), [(key, 3, qf), (key, 9, qf ^ 1), (key, 5, qf)],
+                  [(key, 9, qf), (key, 3, qf), (key, 11, qf ^ (1 << 63))])
+    assert kernel_plans(dup, [q]) == reference_plans(dup, [q])
+    assert kernel_plans(dup, [q])[0][0][3] == [9, 5]  # full agreement, newest first
+
+
+@pytest.mark.parametrize("cap", [4, 40])
+def test_a_hot_posting_list_of_thousands_with_tied_fingerprints(cap: int) -> None:
+    q = ids(64 * 3, 5)
+    head = int(q[0, 0])
+    rng = np.random.default_rng(6)
+    qf = filter_at(fingerprints(q[:64], 64), 0)
+    ties = [qf, qf ^ (1 << 60), qf ^ 1, qf ^ (1 << 30)]  # agreements 16, 15 (tied), 0, 8
+    base = [(head, int(s), ties[int(rng.integers(4))]) for s in rng.permutation(5000) + 1]
+    delta = [(head, int(s), ties[int(rng.integers(4))]) for s in range(6000, 6500)]
+    delta += [(int(q[64, 0]), 77, 0), (int(q[64 + 32, 0]), 78, 0)]  # window 1: deeper point
+    router = _router(IndexConfig(window_cap=cap), base, delta)
+    got = kernel_plans(router, [q, q[:64], q[:10]])
+    assert got == reference_plans(router, [q, q[:64], q[:10]])
+    assert [len(p) for p in got] == [2, 1, 1] and got[0][1][2] == 32
+
+
+def test_queries_shorter_than_a_window_exactly_one_and_many() -> None:
+    cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, window_cap=1)
+    q = ids(8 * 40, 7)
+    base = [(int(q[w * 8 + o, 0]), 100 + w * 8 + o, 0) for w in range(40) for o in (0, 3, 5)]
+    router = _router(cfg, base, [(int(q[8 * 39 + 7, 0]), 9999, 0)])
+    qs = [q[:1], q[:7], q[:8], q[:9], q, q[8:], ids(20, 99)]
+    assert kernel_plans(router, qs) == reference_plans(router, qs)
+    assert [len(p) for p in kernel_plans(router, qs)] == [1, 1, 1, 2, 40, 39, 0]
+
+
+# -- verify --------------------------------------------------------------------------------
+def reference_verify(routed: kernel.Routed, segs: dict[int, Segment],
+                     sb: int) -> list[tuple[int, int]]:
+    out = []
+    for row in routed.rows.tolist():
+        start = int(routed.qstarts[row[kernel.Q]]) + row[kernel.W] * sb
+        qw = routed.qids[start : start + row[kernel.LEN]]
+        best, sid = 0, 0
+        for s in routed.first[row[kernel.FSTART] : row[kernel.FSTART] + row[kernel.FCOUNT]]:
+            c = segs.get(int(s))
+            if c is not None and c.window == row[kernel.W]:
+                with native.references():
+                    run = min(verify.first_mismatch(c.ids, qw), c.present_run(0))
+                if run > best:
+                    best, sid = run, int(s)
+        out.append((best, sid))
+    return out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world=worlds(), seed=st.integers(0, 2**32 - 1))
+def test_verify_is_the_references_first_round(
+        world: tuple[IndexConfig, Router, list[IdArray]], seed: int) -> None:
+    cfg, router, qs = world
+    sb = cfg.segment_blocks
+    routed = router.route(qs, kern())
+    rng = np.random.default_rng(seed)
+    segs: dict[int, Segment] = {}
+    for row in routed.rows.tolist():  # candidates: copies of the query, cut, holed, moved
+        start = int(routed.qstarts[row[kernel.Q]]) + row[kernel.W] * sb
+        qw = routed.qids[start : start + row[kernel.LEN]]
+        for s in routed.first[row[kernel.FSTART] : row[kernel.FSTART] + row[kernel.FCOUNT]]:
+            if int(s) in segs or rng.random() < 0.15:
+                continue  # missing (or corrupt): not offered
+            n = int(rng.integers(1, sb + 1))
+            cand = np.resize(qw, (n, 2)).copy() if len(qw) else ids(n, 1)
+            if rng.random() < 0.4:
+                cand[int(rng.integers(n)), int(rng.integers(2))] ^= np.uint64(1)
+            window = row[kernel.W] + (1 if rng.random() < 0.1 else 0)
+            holes = sum(1 << i for i in range(n) if rng.random() < 0.2)
+            presence = ((1 << n) - 1) & ~(holes if rng.random() < 0.3 else 0)
+            segs[int(s)] = Segment(int(s), window, presence, 0, cand, np.zeros(n, np.uint64))
+    best, sid = kernel.verify(kern(), routed, segs, sb)
+    assert list(zip(best.tolist(), sid.tolist(), strict=True)) == reference_verify(routed, segs, sb)
+
+
+# -- the index: the kernel's answers are the reference's -------------------------------------
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), exact=st.booleans())
+def test_match_many_answers_what_the_reference_answers(seed: int, exact: bool) -> None:
+    rng = np.random.default_rng(seed)
+    cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, refine_threshold=2,
+                      window_cap=2, exact_match=exact)
+    ix = SarpIndex(MemoryBackend(), cfg)
+    ix.recover()
+    trunk = ids(40, seed % 1000)
+    seqs = []
+    for i in range(30):  # siblings of shared prefixes: ties past the cap, holders
+        cut = int(rng.integers(0, 40))
+        seq = np.concatenate([trunk[:cut], ids(int(rng.integers(1, 12)), seed + i)])
+        seqs.append(seq)
+        ix.write_many([_insert(i, seq, int(rng.integers(1, 4)))])
+    queries = [Match(i, SeqSpec("", hashes=s[: int(rng.integers(0, len(s) + 1))]),
+                     holders=int(rng.integers(0, 3)), with_ids=bool(i % 2))
+               for i, s in enumerate(seqs)]
+    got = _answers(ix.match_many(queries))
+    with native.references():
+        assert _answers(ix.match_many(queries)) == got
+
+
+def _insert(i: int, seq: IdArray, meta: int) -> Insert:
+    return Insert(i, SeqSpec("", hashes=seq), meta=meta, add_holder=bool(i % 3))
+
+
+def _answers(results: list[Any]) -> list[tuple[Any, ...]]:
+    out = []
+    for r in results:
+        assert isinstance(r, MatchResult), r
+        out.append((r.blocks, r.meta.tolist(), None if r.ids is None else r.ids.tolist(),
+                    r.holders))
+    return out
+
+
+# -- bad arguments: clear errors, no crash -----------------------------------------------------
+def test_route_refuses_bad_arguments_by_name() -> None:
+    k = kern()
+    u = np.zeros(3, np.uint64)
+    good = [np.ones((3, 2), np.uint64), np.array([3], np.int64), u, u, u, u, u, u,
+            np.arange(3, dtype=np.int64), 8, 1, 2]
+    assert k.route(*good) == (b"", b"")  # the query's key (1) is not in the directory
+    cases: list[tuple[int, Any, type[Exception], str]] = [
+        (0, np.zeros((3, 3), np.uint64), ValueError, "qids"),
+        (1, np.array([2], np.int64), ValueError, "qlens sum"),
+        (1, np.array([-1], np.int64), ValueError, "qlens"),
+        (2, np.zeros(3, np.int64), TypeError, "bkeys"),
+        (3, np.zeros(2, np.uint64), ValueError, "bsegs"),
+        (8, np.array([0, 1, 5], np.int64), ValueError, "dorder"),
+        (8, [0, 1, 2], TypeError, "dorder"),
+        (9, 65, ValueError, "sb"),
+        (11, 0, ValueError, "cap"),
+    ]
+    for at, value, exc, word in cases:
+        args = list(good)
+        args[at] = value
+        with pytest.raises(exc, match=word):
+            k.route(*args)
+    with pytest.raises(TypeError, match="12 arguments"):
+        k.route(*good[:5])
+
+
+def test_verify_refuses_bad_arguments_by_name() -> None:
+    k = kern()
+    qids = np.zeros((8, 2), np.uint64)
+    rows = np.zeros((1, kernel.ROW_FIELDS), np.int64)
+    rows[0, kernel.LEN] = 8
+    starts, first = np.zeros(1, np.int64), np.zeros(0, np.uint64)
+    assert k.verify(qids, starts, rows, first, {}, 8) == (bytes(8), bytes(8))
+    with pytest.raises(TypeError, match="segs"):
+        k.verify(qids, starts, rows, first, [], 8)
+    with pytest.raises(ValueError, match="sb"):
+        k.verify(qids, starts, rows, first, {}, 0)
+    bad = rows.copy()
+    bad[0, kernel.FCOUNT] = 1  # past `first`
+    with pytest.raises(ValueError, match="rows\\[0\\]"):
+        k.verify(qids, starts, bad, first, {}, 8)
+    bad = rows.copy()
+    bad[0, kernel.W] = 1  # past qids
+    with pytest.raises(ValueError, match="rows\\[0\\]"):
+        k.verify(qids, starts, bad, first, {}, 8)
+    rows[0, kernel.FCOUNT] = 1
+    one = np.array([5], np.uint64)
+    with pytest.raises(AttributeError):
+        k.verify(qids, starts, rows, one, {5: object()}, 8)
+    assert k.verify(qids, starts, rows, one, {5: Segment(5, 0, 0b111, 0, qids[:5].copy(),
+                                                          np.zeros(5, np.uint64))}, 8) == (
+        (3).to_bytes(8, "little"), (5).to_bytes(8, "little"))
+
+
+# -- assemble -------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_assemble_is_match_holders_for_one_holder_a_block(data: st.DataObject) -> None:
+    """Per query: blocks through the first short window, and, when no matched segment
+    has a holder table, match_holders' meta and first holder's run; else left to it."""
+    sb = 8
+    nq = data.draw(st.integers(0, 5))
+    rows, best, sids, spans = [], [], [], []
+    segs: dict[int, Segment] = {}
+    for q in range(nq):
+        lo = len(rows)
+        for w in range(data.draw(st.integers(0, 4))):
+            length = data.draw(st.integers(1, sb))
+            run = data.draw(st.integers(0, length))
+            row = [0] * kernel.ROW_FIELDS
+            row[kernel.Q], row[kernel.W], row[kernel.LEN] = q, w, length
+            sid = 0
+            if run:
+                sid = len(segs) + 1
+                meta = np.array(data.draw(st.lists(st.integers(1, 3), min_size=run,
+                                                   max_size=run)), np.uint64)
+                table = data.draw(st.booleans()) and data.draw(st.booleans())
+                xm = np.array([9], np.uint64) if table else np.empty(0, np.uint64)
+                xk = np.array([1], np.uint64) if table else np.empty(0, np.uint64)
+                segs[sid] = Segment(sid, w, (1 << run) - 1, 0, ids(run, sid), meta, xm, xk)
+            rows.append(row)
+            best.append(run)
+            sids.append(sid)
+        spans.append((lo, len(rows)))
+    routed = kernel.Routed(np.empty((0, 2), np.uint64), np.zeros(nq, np.int64),
+                           np.array(rows, np.int64).reshape(-1, kernel.ROW_FIELDS),
+                           np.empty(0, np.uint64), _router(SMALL, [], []).dir.flat())
+    res, meta = kernel.assemble(kern(), routed, spans, np.array(best, np.int64),
+                                np.array(sids, np.uint64), segs)
+    for (lo, hi), (total, single, start, run) in zip(spans, res.tolist(), strict=True):
+        matched, want = [], 0
+        for r in range(lo, hi):
+            if sids[r]:
+                matched.append((segs[sids[r]], best[r]))
+            want += best[r]
+            if best[r] < rows[r][kernel.LEN]:
+                break
+        assert total == want
+        assert single == holders.single_holder(matched)
+        if single:
+            m, top = holders.match_holders(matched, 1)
+            assert meta[start : start + total].tolist() == m.tolist()
+            assert ([(int(m[0]), run)] if total else []) == top
+
+
+def test_assemble_refuses_bad_arguments_by_name() -> None:
+    k = kern()
+    rows = np.zeros((1, kernel.ROW_FIELDS), np.int64)
+    rows[0, kernel.LEN] = 4
+    one, sid = np.array([2], np.int64), np.array([5], np.uint64)
+    with pytest.raises(TypeError, match="segs"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, [])
+    with pytest.raises(ValueError, match="spans\\[0\\]"):
+        k.assemble(rows, np.array([[0, 2]], np.int64), one, sid, {})
+    with pytest.raises(ValueError, match="one entry per row"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), np.zeros(2, np.int64), sid, {})
+    with pytest.raises(KeyError, match="segment 5"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {})
+    seg = Segment(5, 0, 1, 0, ids(1, 1), np.ones(1, np.uint64))
+    with pytest.raises(ValueError, match="run 2 of segment 5"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {5: seg})
+
+
+def test_verify_and_assemble_read_segments_whose_arrays_are_views() -> None:
+    """A working copy's arrays may be strided views: read as they are, not refused."""
+    k = kern()
+    qids = ids(8, 3)
+    rows = np.zeros((1, kernel.ROW_FIELDS), np.int64)
+    rows[0, kernel.LEN], rows[0, kernel.FCOUNT] = 8, 1
+    wide = np.repeat(qids, 2, axis=0)  # every row twice: [::2] is the query, strided
+    meta = np.arange(16, dtype=np.uint64)
+    seg = Segment(4, 0, 0xFF, 0, wide[::2], meta[::2])
+    assert not seg.ids.flags.c_contiguous
+    best, sid = k.verify(qids, np.zeros(1, np.int64), rows, np.array([4], np.uint64),
+                         {4: seg}, 8)
+    assert (best, sid) == ((8).to_bytes(8, "little"), (4).to_bytes(8, "little"))
+    res, out = k.assemble(rows, np.array([[0, 1]], np.int64), np.array([8], np.int64),
+                          np.array([4], np.uint64), {4: seg})
+    assert np.frombuffer(res, np.int64).tolist() == [8, 1, 0, 1]  # blocks, single, start, run
+    assert np.frombuffer(out, np.uint64).tolist() == meta[::2].tolist()
