@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 # Re-installs only when pyproject.toml, setup.py or the C extension change (the
 # install is editable, so Python changes need nothing).
-$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c
+$(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c sarpd/core/_cwrite.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)

@@ -13,6 +13,7 @@ slower one.
 
     path      extension                          reference
     verify    sarpd.core.verify._cverify         sarpd.core.verify._numpy
+    write     sarpd.core._cwrite                 sarpd.core.segment (codecs, locators)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
 # path -> the extension module that runs it natively
 EXTENSIONS: dict[str, str] = {
     "verify": "sarpd.core.verify._cverify",
+    "write": "sarpd.core._cwrite",
 }
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import WriteBatch
+from sarpd.core import native
 from sarpd.core.ids import id_bytes, ns_tag, salt_ids
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
@@ -27,6 +28,7 @@ from sarpd.core.segment import (
     SEG_PREFIX,
     Counters,
     Segment,
+    as_u64,
     block_key,
     block_keys,
     decode_segment,
@@ -133,6 +135,10 @@ class WriteTxn:
         key is `head_key` (built in bulk when `locators` is first read)."""
         n = len(ids)
         if not n or not self.cfg.block_locators:
+            return
+        c = native.module("write")
+        if c is not None:  # every record at once, into the txn's (flushed) records
+            c.put_locators(self.locators, as_u64(ids), head_key, first_pos)
             return
         if n > 8:
             self._pending_locators.append((ids, head_key, first_pos))
@@ -400,12 +406,12 @@ class WriteTxn:
         """Add each target's meta as a holder of its block in EVERY segment of window w
         that holds the block (branch copies included). Returns the holdings added."""
         added: set[int] = set()
+        wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
         for sid in self._window_segments(w, head_key):
             c = self.cache[sid]
             assert c is not None
-            for o, idv, m in targets:
-                if (o < c.nblocks and c.is_present(o) and not c.holds(o, m)
-                        and bool((c.ids[o] == idv).all())):
+            for o, want, m in wanted:
+                if c.is_present(o) and not c.holds(o, m) and c.has_at(o, want):
                     self.mutable(sid).add_holder(o, m)
                     c = self.cache[sid]
                     assert c is not None
@@ -414,7 +420,7 @@ class WriteTxn:
 
     def _window_segments(self, w: int, head_key: int) -> list[int]:
         """The segments of window w under routing key `head_key`, read."""
-        segs = [int(s) for s in self.router.dir.posting(head_key)[0]]
+        segs: list[int] = self.router.dir.posting(head_key)[0].tolist()
         self.load(segs)
         return [sid for sid in segs
                 if (c := self.cache.get(sid)) is not None and c.window == w]
@@ -424,11 +430,12 @@ class WriteTxn:
         segment of window w that holds them (branch copies included). Returns how many
         of the targets were absent somewhere."""
         changed: set[int] = set()
+        wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
         for sid in self._window_segments(w, head_key):
             c = self.cache[sid]
             assert c is not None
-            for o, idv, m in targets:
-                if o < c.nblocks and not c.is_present(o) and bool((c.ids[o] == idv).all()):
+            for o, want, m in wanted:
+                if not c.is_present(o) and c.has_at(o, want):
                     c = self.mutable(sid)
                     c.presence |= 1 << o
                     c.meta[o] = m
@@ -442,11 +449,12 @@ class WriteTxn:
         off), each block counted once however many copies hold it."""
         gone: set[int] = set()
         taken: dict[int, int] = {}
+        wanted = [(o, idv.tolist()) for o, idv, _ in targets]
         for sid in self._window_segments(w, head_key):
             c = self.cache[sid]
             assert c is not None
-            for o, idv, _ in targets:
-                if not (o < c.nblocks and c.is_present(o) and bool((c.ids[o] == idv).all())):
+            for o, want in wanted:
+                if not (c.is_present(o) and c.has_at(o, want)):
                     continue
                 hs = c.holders_of(o)
                 if holder is not None and holder not in hs:
@@ -481,12 +489,12 @@ class WriteTxn:
         head_key, pos = loc
         sb = self.geo.sb
         w, o = divmod(pos, sb)
-        segs = [int(s) for s in self.router.dir.posting(head_key)[0]]
+        segs: list[int] = self.router.dir.posting(head_key)[0].tolist()
         self.load(segs)
+        want = idv.tolist()
         for sid in segs:
             c = self.cache.get(sid)
-            if (c is not None and c.window == w and o < c.nblocks and c.is_present(o)
-                    and bool((c.ids[o] == idv).all())):
+            if c is not None and c.window == w and c.is_present(o) and c.has_at(o, want):
                 return c, pos
         return None
 
