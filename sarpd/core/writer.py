@@ -11,7 +11,7 @@ namespace counts and counters. It reads the backend only through the store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,6 +88,10 @@ class WriteTxn:
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
         # (id(SeqSpec), window) -> its prefetched route, for the batch's inserts
         self.routes: dict[tuple[int, int], Prefetched] = {}
+        # (id(Insert after a parent), window) -> the window's ids as prefetched, its route
+        self.parent_routes: dict[tuple[int, int], tuple[IdArray, Prefetched]] = {}
+        self.parent_ids: dict[int, IdArray] = {}  # id(Insert after a parent) -> its ids
+        self._read: dict[bytes, bytes | None] = {}  # locator values read from the backend
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -223,7 +227,37 @@ class WriteTxn:
                 self.routes[(id(seq), w)] = Prefetched(plan)
                 if plan is not None:
                     wanted.update(dict.fromkeys(plan.first))
+        after = [op for op in ops if isinstance(op, Insert) and op.parent is not None]
+        if after and self.cfg.block_locators:
+            wanted.update(self._prefetch_after_parents(after))
         self.load(wanted)
+
+    def _prefetch_after_parents(self, ops: list[Insert]) -> dict[int, None]:
+        """Route the windows of the batch's inserts after a parent at once: the parents'
+        locators in one multi-get, the segments under their window heads in one more,
+        every window in one directory probe. The candidates to read are returned; an
+        insert uses its route only if its window's ids are still the ones routed here
+        (an earlier operation of the batch may have moved its parent)."""
+        pids = np.concatenate([salt_ids(op.seq.ns, op.parent)
+                               for op in ops if op.parent is not None])
+        heads = {loc[0]: None for loc in self.locate(pids, "parent") if loc is not None}
+        self.load(s for h in heads for s in self.router.dir.posting(h)[0].tolist())
+        keys, qws = [], []
+        for op in ops:
+            try:
+                _, start, q, full = self._after_parent(op)
+            except (UnknownParent, TooLarge, BadRequest):
+                continue  # refused when it is applied, with its error
+            for w, qw, _, _ in self._windows(full, start, len(q)):
+                keys.append((id(op), w))
+                qws.append(qw)
+        wanted: dict[int, None] = {}
+        for key, qw, deepest in zip(keys, qws, self.router.deepest(qws), strict=True):
+            plan = self.router.plan_at(qw, key[1], deepest[0]) if deepest else None
+            self.parent_routes[key] = (qw, Prefetched(plan))
+            if plan is not None:
+                wanted.update(dict.fromkeys(plan.first))
+        return wanted
 
     def _seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
         """The store's ids of a sequence, computed once per batch (prefetch did most)."""
@@ -253,21 +287,50 @@ class WriteTxn:
                 raise QuotaExceeded(f"namespace {ns!r} holds {held:,} blocks, its quota is "
                                     f"{quota:,}: insert refused (remove or clear blocks first)")
 
+    def _after_parent(self, op: Insert) -> tuple[Segment, int, IdArray, IdArray]:
+        """(a segment holding the parent, the insert's first position, its ids, the ids
+        from its first window's start) of an insert after a parent."""
+        assert op.parent is not None
+        pid = salt_ids(op.seq.ns, op.parent)[0]
+        found = self.find_present(pid)
+        if found is None:
+            raise UnknownParent(f"parent {id_bytes(op.parent[0]).hex()} is not indexed "
+                                f"in namespace {op.seq.ns!r}")
+        hint, ppos = found
+        q = self.parent_ids.get(id(op))
+        if q is None:
+            q = self.parent_ids[id(op)] = self._seq_ids(op.seq, id_bytes(pid))
+        start, sb = ppos + 1, self.geo.sb
+        head = hint.ids[: start % sb] if hint.window == start // sb else hint.ids[:0]
+        return hint, start, q, np.concatenate([head, q]) if len(head) else q
+
+    def _windows(self, full: IdArray, start: int, n: int
+                 ) -> Iterator[tuple[int, IdArray, int, int]]:
+        """Per window of an insert of n blocks from `start` (`full`: its ids from the first
+        window's start): (window, its ids from the window start, lo, hi) with [lo, hi)
+        the insert's positions in it."""
+        sb = self.geo.sb
+        base, end = start - start % sb, start + n
+        for w in range(start // sb, (end - 1) // sb + 1):
+            ws = w * sb
+            lo, hi = max(start, ws), min(end, ws + sb)
+            yield w, full[ws - base : hi - base], lo, hi
+
+    def _route(self, op: Insert, w: int, qw: IdArray) -> Prefetched | None:
+        """The window's route from the batch's prefetch, if it still applies."""
+        if op.parent is None:
+            return self.routes.get((id(op.seq), w))
+        got = self.parent_routes.get((id(op), w))
+        if got is None or got[0].shape != qw.shape or not np.array_equal(got[0], qw):
+            return None
+        return got[1]
+
     def insert(self, op: Insert) -> InsertResult:
         sb = self.geo.sb
         self._check_quota(op.seq.ns)
         hint: Segment | None = None
         if op.parent is not None:
-            pid = salt_ids(op.seq.ns, op.parent)[0]
-            found = self.find_present(pid)
-            if found is None:
-                raise UnknownParent(f"parent {id_bytes(op.parent[0]).hex()} is not indexed "
-                                    f"in namespace {op.seq.ns!r}")
-            hint, ppos = found
-            q = self._seq_ids(op.seq, id_bytes(pid))
-            start = ppos + 1
-            head = hint.ids[: start % sb] if hint.window == start // sb else hint.ids[:0]
-            full = np.concatenate([head, q]) if len(head) else q
+            hint, start, q, full = self._after_parent(op)
         else:
             q = self._seq_ids(op.seq)
             start, full = 0, q
@@ -275,16 +338,12 @@ class WriteTxn:
         meta = self._meta(op, n)
         if n == 0:
             return InsertResult(0, 0, 0)
-        base, end, tag = start - start % sb, start + n, ns_tag(op.seq.ns)
+        tag = ns_tag(op.seq.ns)
         windows = []  # (w, its ids from the window start, meta, from, best, run)
-        for w in range(start // sb, (end - 1) // sb + 1):
-            ws = w * sb
-            lo, hi = max(start, ws), min(end, ws + sb)
-            qw = full[ws - base : hi - base]
+        for w, qw, lo, hi in self._windows(full, start, n):
             h = hint if hint is not None and hint.window == w else None
-            routed = self.routes.get((id(op.seq), w)) if op.parent is None else None
-            windows.append((w, qw, meta[lo - start : hi - start], lo - ws,
-                            *self._best(w, qw, h, routed)))
+            windows.append((w, qw, meta[lo - start : hi - start], lo - w * sb,
+                            *self._best(w, qw, h, self._route(op, w, qw))))
         if op.add_holder:  # refused whole, before anything changes
             for _, qw, mw, frm, best, run in windows:
                 self._check_holders(best, min(run, len(qw)), frm, mw)
@@ -467,17 +526,19 @@ class WriteTxn:
         return len(gone), sum(taken.values())
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
-        """Block locators (head key, position) for internal ids; one multi-get."""
+        """Block locators (head key, position) for internal ids: the txn's own records,
+        then what it read before, the rest in one multi-get."""
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
         keys = block_keys(ids)
-        locs = self.locators
-        values = self.store.get_many([k for k in keys if k not in locs])
-        it = iter(values)
+        locs, read = self.locators, self._read  # the backend does not change in a txn
+        missing = [k for k in keys if k not in locs and k not in read]
+        if missing:
+            read.update(zip(missing, self.store.get_many(missing), strict=True))
         out: list[tuple[int, int] | None] = []
         for k in keys:
-            v = locs.get(k) or next(it)
+            v = locs.get(k) or read[k]
             out.append(None if v is None else LOCATOR.unpack(v))
         return out
 
