@@ -88,8 +88,9 @@ class WriteTxn:
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
         # (id(SeqSpec), window) -> its prefetched route, for the batch's inserts
         self.routes: dict[tuple[int, int], Prefetched] = {}
-        # (id(Insert after a parent), window) -> the window's ids as prefetched, its route
-        self.parent_routes: dict[tuple[int, int], tuple[IdArray, Prefetched]] = {}
+        # (id(Insert after a parent), window) -> the window's ids as prefetched (bytes),
+        # its route
+        self.parent_routes: dict[tuple[int, int], tuple[bytes, Prefetched]] = {}
         self.parent_ids: dict[int, IdArray] = {}  # id(Insert after a parent) -> its ids
         self._read: dict[bytes, bytes | None] = {}  # locator values read from the backend
         # segments created or grown in this txn, by (window, head key): the only
@@ -254,7 +255,7 @@ class WriteTxn:
         wanted: dict[int, None] = {}
         for key, qw, deepest in zip(keys, qws, self.router.deepest(qws), strict=True):
             plan = self.router.plan_at(qw, key[1], deepest[0]) if deepest else None
-            self.parent_routes[key] = (qw, Prefetched(plan))
+            self.parent_routes[key] = (qw.tobytes(), Prefetched(plan))
             if plan is not None:
                 wanted.update(dict.fromkeys(plan.first))
         return wanted
@@ -321,7 +322,7 @@ class WriteTxn:
         if op.parent is None:
             return self.routes.get((id(op.seq), w))
         got = self.parent_routes.get((id(op), w))
-        if got is None or got[0].shape != qw.shape or not np.array_equal(got[0], qw):
+        if got is None or got[0] != qw.tobytes():  # (n, 2) uint64 both: same bytes, same ids
             return None
         return got[1]
 
