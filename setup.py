@@ -35,6 +35,12 @@ ext_modules = [
         extra_compile_args=["-O2"],
         optional=True,
     ),
+    Extension(
+        "sarpd.core._cwrite",
+        ["sarpd/core/_cwrite.c"],
+        extra_compile_args=["-O2"],
+        optional=True,
+    ),
 ]
 if _native().xxhash_found():
     ext_modules.append(

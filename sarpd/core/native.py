@@ -16,6 +16,7 @@ slower one.
     match     sarpd.core._cmatch                 sarpd.core.router (deepest, plan_at),
                                                  sarpd.core.index (_verify_round)
     hash      sarpd.core._chash (libxxhash)      sarpd.core.ids (Python + xxhash)
+    write     sarpd.core._cwrite                 sarpd.core.segment (codecs, locators)
 
 Standard library only: setup.py loads this file to decide what to build (`xxhash_found`).
 """
@@ -41,6 +42,7 @@ EXTENSIONS: dict[str, str] = {
     "verify": "sarpd.core.verify._cverify",
     "hash": "sarpd.core._chash",
     "match": "sarpd.core._cmatch",
+    "write": "sarpd.core._cwrite",
 }
 
 

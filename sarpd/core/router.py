@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from types import ModuleType
 
 import numpy as np
-import numpy.typing as npt
 
 from sarpd.config import IndexConfig
 from sarpd.core import kernel, native
@@ -41,7 +40,7 @@ from sarpd.core.routing import (
     fingerprints,
     strongest,
 )
-from sarpd.core.segment import Loader, Segment
+from sarpd.core.segment import Loader, Segment, as_u64
 from sarpd.model import IdArray, U64Array
 
 RANKED_MAX = 65_536  # candidate rankings kept between writes (a bound for read-only runs)
@@ -176,7 +175,7 @@ class Router:
         if old_n == 0 and fresh_from == 0 and self.cfg.prune_max_pred >= 1:
             # all new content: only the head is listed (every later base point has a
             # predecessor listed once at most: pruned; refinement needs a long list)
-            d.add(int(seg.ids[0, 0]), sid, filter_at(fingerprints(seg.ids[:17], 0), 0))
+            d.add(int(seg.ids[0, 0]), sid, segment_filters(seg.ids, [0], geo.sb)[0])
             return
         offs = [o for o in geo.offsets if o < seg.nblocks]
         if old_n is not None:  # points whose filter cannot have changed are left alone
@@ -184,14 +183,13 @@ class Router:
         if not offs:
             return
         fresh = seg.nblocks if fresh_from is None else fresh_from
-        fp = fingerprints(seg.ids, geo.sb)
-        filts = filters_at(fp, np.array(offs, dtype=np.int64)).tolist()
+        filts = segment_filters(seg.ids, offs, geo.sb)
         refine: list[tuple[int, int, int]] = []
         t = self.cfg.refine_threshold + 1
         for o, key, f in zip(offs, seg.ids[offs, 0].tolist(), filts, strict=True):
             if (old_n is None or o < old_n) and d.set_filter(key, sid, f):
                 continue
-            count = self._enter(seg, o, key, f, fp, fresh, load)
+            count = self._enter(seg, o, key, f, fresh, load)
             if count >= t and count % t == 0 and (count // t) & (count // t - 1) == 0:
                 refine.append((o, key, (count // t).bit_length()))
         for o, key, level in refine:
@@ -199,8 +197,7 @@ class Router:
             if level <= len(steps) and self._splits(key, steps[level - 1] - o):
                 self._add_point(key, steps[level - 1], load)
 
-    def _enter(self, seg: Segment, o: int, key: int, f: int, fp: npt.NDArray[np.uint8],
-               fresh: int, load: Loader) -> int:
+    def _enter(self, seg: Segment, o: int, key: int, f: int, fresh: int, load: Loader) -> int:
         """List `seg` under its key at offset `o` where the invariant needs it; the
         posting list's length after (0: not listed, no refinement to consider)."""
         geo, d = self.geo, self.dir
@@ -219,7 +216,8 @@ class Router:
             return 0  # pruned: the predecessor's few candidates are read instead
         d.add(key, seg.seg_id, f)
         if o < fresh:
-            self._list_siblings(pred_key, filter_at(fp, o - geo.spacing), o, seg, load)
+            pred_filt = segment_filters(seg.ids, [o - geo.spacing], geo.sb)[0]
+            self._list_siblings(pred_key, pred_filt, o, seg, load)
         return d.count(key)
 
     def _list_siblings(self, pred_key: int, pred_filt: int, o: int, seg: Segment,
@@ -235,18 +233,17 @@ class Router:
         same = segs[keep]
         if not same.size:
             return
-        sids = [int(s) for s in same]
+        sids: list[int] = same.tolist()
         loaded = load(sids)
-        want = seg.ids[o]
+        want = seg.ids[o].tolist()
         for sid in sids:
             c = loaded.get(sid)
-            if (c is not None and c.window == seg.window and o < c.nblocks
-                    and bool((c.ids[o] == want).all())):
-                self.dir.add(int(want[0]), sid, filter_at(fingerprints(c.ids, self.geo.sb), o))
+            if c is not None and c.window == seg.window and c.has_at(o, want):
+                self.dir.add(want[0], sid, segment_filters(c.ids, [o], self.geo.sb)[0])
 
     def _add_point(self, from_key: int, offset: int, load: Loader) -> None:
         """Refinement: list every segment under `from_key` at its own key at `offset`."""
-        sids = [int(s) for s in self.dir.posting(from_key)[0]]
+        sids: list[int] = self.dir.posting(from_key)[0].tolist()
         loaded = load(sids)
         for sid in sids:
             c = loaded.get(sid)
@@ -254,7 +251,7 @@ class Router:
                 continue
             key = int(c.ids[offset, 0])
             if not self.dir.has(key, sid):
-                self.dir.add(key, sid, filter_at(fingerprints(c.ids, self.geo.sb), offset))
+                self.dir.add(key, sid, segment_filters(c.ids, [offset], self.geo.sb)[0])
 
     def _splits(self, key: int, step: int) -> bool:
         """Would a point `step` blocks deeper split this posting list? Not when every
@@ -263,3 +260,15 @@ class Router:
             return True
         filts = self.dir.posting(key)[1]
         return bool(filts.size) and bool((agreement(filts, int(filts[0])) < step).any())
+
+
+def segment_filters(ids: IdArray, offsets: list[int], sb: int) -> list[int]:
+    """The filters of routing points at `offsets` of a segment with these ids (at most
+    `sb` of them): routing's fingerprint arithmetic, or its C twin (native path
+    "write", sarpd/core/_cwrite.c)."""
+    c = native.module("write")
+    if c is not None:
+        out: list[int] = c.filters(as_u64(ids), offsets)
+        return out
+    got: list[int] = filters_at(fingerprints(ids, sb), np.array(offsets, dtype=np.int64)).tolist()
+    return got

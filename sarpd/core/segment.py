@@ -48,6 +48,11 @@ extension rewrites the value in place and appends a change-log record); every
 block of a segment shares the prefix of the block at its window start; absent
 blocks (presence bit 0) keep their ids, so a later insert can refill them.
 A value that fails any check is CorruptData and is never served.
+
+The codecs (`encode_segment`, `decode_segment`'s checks, `block_keys`) have a C twin,
+sarpd/core/_cwrite.c (native path "write"), picked at each call by sarpd.core.native;
+the functions here are its reference, and a value the C refuses is decoded by the
+reference, which raises its own error.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sarpd.core import native
 from sarpd.errors import CorruptData, FormatVersionError
 from sarpd.model import IdArray, U64Array
 
@@ -108,14 +114,30 @@ def block_key(id16: bytes) -> bytes:
     return BLOCK_PREFIX + id16
 
 
+def as_u64(a: U64Array) -> U64Array:
+    """`a` as a C-contiguous uint64 array (itself when it already is): what the C
+    codecs take."""
+    if a.dtype == np.uint64 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=np.uint64)
+
+
 def block_keys(ids: IdArray) -> list[bytes]:
     """The locator keys of blocks `ids` ((n, 2) uint64), built as packed BLOCK_KEY
     records in one pass: no per-block Python work."""
+    c = native.module("write")
+    if c is not None:
+        out: list[bytes] = c.block_keys(as_u64(ids))
+        return out
+    return _block_keys(ids)
+
+
+def _block_keys(ids: IdArray) -> list[bytes]:
     keys = np.empty(len(ids), dtype=BLOCK_KEY)
     keys["prefix"] = BLOCK_PREFIX
     keys["id"] = ids
-    out: list[bytes] = keys.view(_BLOCK_KEY_RAW).tolist()
-    return out
+    raw: list[bytes] = keys.view(_BLOCK_KEY_RAW).tolist()
+    return raw
 
 
 _NO_HOLDERS = np.empty(0, dtype=np.uint64)
@@ -149,6 +171,10 @@ class Segment:
     def is_present(self, i: int) -> bool:
         return bool((self.presence >> i) & 1)
 
+    def has_at(self, i: int, want: list[int]) -> bool:
+        """Whether block i exists and has id `want` ([low, high], as `tolist` gives it)."""
+        return i < self.ids.shape[0] and bool(self.ids[i].tolist() == want)
+
     def writable(self) -> Segment:
         """A copy whose arrays may be modified."""
         return Segment(
@@ -161,6 +187,8 @@ class Segment:
         """The holders of block i (first holder first); [] when it is absent."""
         if not self.is_present(i):
             return []
+        if not len(self.xmeta):  # one holder a block: no table to look in
+            return [int(self.meta[i])]
         bit = np.uint64(1 << i)
         return [int(self.meta[i]), *self.xmeta[(self.xmask & bit) != 0].tolist()]
 
@@ -184,6 +212,11 @@ class Segment:
         when no holder is left; returns True when it did."""
         if not self.is_present(i):
             return False
+        if not len(self.xmeta):  # one holder a block: no table to edit
+            if holder is not None and int(self.meta[i]) != holder:
+                return False
+            self.presence &= ~(1 << i)
+            return True
         bit = np.uint64(1 << i)
         held = (self.xmask & bit) != 0
         if holder is None or (int(self.meta[i]) == holder and not held.any()):
@@ -221,9 +254,21 @@ Loader = Callable[[Iterable[int]], Mapping[int, "Segment | None"]]
 
 
 def encode_segment(seg: Segment) -> bytes:
-    n, h = seg.nblocks, len(seg.xmeta)
+    n = seg.nblocks
     if not 1 <= n <= 64:
         raise CorruptData(f"segment {seg.seg_id}: nblocks {n} not in 1..64")
+    c = native.module("write")
+    if c is None:
+        return _encode_segment(seg)
+    out: bytes = c.encode_segment(
+        seg.seg_id, seg.window, seg.presence & ((1 << n) - 1), seg.ns_tag,
+        as_u64(seg.ids), as_u64(seg.meta), as_u64(seg.xmeta), as_u64(seg.xmask))
+    return out
+
+
+def _encode_segment(seg: Segment) -> bytes:
+    """The reference of `encode_segment` (nblocks already checked)."""
+    n, h = seg.nblocks, len(seg.xmeta)
     parts = [seg.ids, seg.meta, seg.xmeta, seg.xmask] if h else [seg.ids, seg.meta]
     body = b"".join(np.ascontiguousarray(a, dtype="<u8").tobytes() for a in parts)
     head = HEADER.pack(
@@ -236,6 +281,38 @@ def encode_segment(seg: Segment) -> bytes:
 
 def decode_segment(value: bytes, expect_id: int | None = None) -> Segment:
     """Parse and check a segment value. Arrays are read-only views of `value`."""
+    c = native.module("write")
+    if c is None:
+        return _decode_segment(value, expect_id)
+    got = c.parse_segment(value)
+    if isinstance(got, int):  # a check failed: the reference raises its own error
+        _decode_segment(value, expect_id)
+        raise CorruptData(f"segment value of {len(value)} B fails check {got}")
+    _fmt, n, seg_id, window, presence, tag, h = got
+    _check_id(seg_id, expect_id)
+    return _segment_of(value, n, seg_id, window, presence, tag, h)
+
+
+def _check_id(seg_id: int, expect_id: int | None) -> None:
+    if expect_id is not None and seg_id != expect_id:
+        raise CorruptData(f"segment under key {expect_id} says it is {seg_id}")
+
+
+def _segment_of(value: bytes, n: int, seg_id: int, window: int, presence: int, tag: int,
+                h: int) -> Segment:
+    """The Segment of a checked value: read-only views of its arrays."""
+    ids = np.frombuffer(value, dtype="<u8", count=2 * n, offset=HEADER.size).reshape(n, 2)
+    meta = np.frombuffer(value, dtype="<u8", count=n, offset=HEADER.size + 16 * n)
+    if not h:
+        return Segment(seg_id, window, presence, tag, ids, meta)
+    off = HEADER.size + 24 * n
+    xmeta = np.frombuffer(value, dtype="<u8", count=h, offset=off)
+    xmask = np.frombuffer(value, dtype="<u8", count=h, offset=off + 8 * h)
+    return Segment(seg_id, window, presence, tag, ids, meta, xmeta, xmask)
+
+
+def _decode_segment(value: bytes, expect_id: int | None = None) -> Segment:
+    """The reference of `decode_segment`: every check, in order."""
     if len(value) < HEADER.size:
         raise CorruptData(f"segment value of {len(value)} bytes is shorter than its header (48)")
     magic, fmt, n, _r, seg_id, window, presence, tag, crc, h = HEADER.unpack_from(value)
@@ -254,20 +331,14 @@ def decode_segment(value: bytes, expect_id: int | None = None) -> Segment:
     mv = memoryview(value)
     if zlib.crc32(mv[44:], zlib.crc32(mv[:40])) != crc:
         raise CorruptData(f"segment {seg_id}: checksum mismatch")
-    if expect_id is not None and seg_id != expect_id:
-        raise CorruptData(f"segment under key {expect_id} says it is {seg_id}")
-    ids = np.frombuffer(value, dtype="<u8", count=2 * n, offset=HEADER.size).reshape(n, 2)
-    meta = np.frombuffer(value, dtype="<u8", count=n, offset=HEADER.size + 16 * n)
-    if not h:
-        return Segment(seg_id, window, presence, tag, ids, meta)
-    off = HEADER.size + 24 * n
-    xmeta = np.frombuffer(value, dtype="<u8", count=h, offset=off)
-    xmask = np.frombuffer(value, dtype="<u8", count=h, offset=off + 8 * h)
-    if (bool((xmask == 0).any()) or bool((xmask & ~np.uint64(presence)).any())
-            or (h > 1 and bool((xmeta[1:] <= xmeta[:-1]).any()))):
+    _check_id(seg_id, expect_id)
+    seg = _segment_of(value, n, seg_id, window, presence, tag, h)
+    xmeta, xmask = seg.xmeta, seg.xmask
+    if h and (bool((xmask == 0).any()) or bool((xmask & ~np.uint64(presence)).any())
+              or (h > 1 and bool((xmeta[1:] <= xmeta[:-1]).any()))):
         raise CorruptData(f"segment {seg_id}: holder table is not ascending, has an empty "
                           "entry or holds an absent block")
-    return Segment(seg_id, window, presence, tag, ids, meta, xmeta, xmask)
+    return seg
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,13 @@ namespace counts and counters. It reads the backend only through the store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from backends.base import WriteBatch
+from sarpd.core import native
 from sarpd.core.ids import id_bytes, ns_tag, salt_ids
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
@@ -27,6 +28,7 @@ from sarpd.core.segment import (
     SEG_PREFIX,
     Counters,
     Segment,
+    as_u64,
     block_key,
     block_keys,
     decode_segment,
@@ -86,6 +88,11 @@ class WriteTxn:
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
         # (id(SeqSpec), window) -> its prefetched route, for the batch's inserts
         self.routes: dict[tuple[int, int], Prefetched] = {}
+        # (id(Insert after a parent), window) -> the window's ids as prefetched (bytes),
+        # its route
+        self.parent_routes: dict[tuple[int, int], tuple[bytes, Prefetched]] = {}
+        self.parent_ids: dict[int, IdArray] = {}  # id(Insert after a parent) -> its ids
+        self._read: dict[bytes, bytes | None] = {}  # locator values read from the backend
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -133,6 +140,10 @@ class WriteTxn:
         key is `head_key` (built in bulk when `locators` is first read)."""
         n = len(ids)
         if not n or not self.cfg.block_locators:
+            return
+        c = native.module("write")
+        if c is not None:  # every record at once, into the txn's (flushed) records
+            c.put_locators(self.locators, as_u64(ids), head_key, first_pos)
             return
         if n > 8:
             self._pending_locators.append((ids, head_key, first_pos))
@@ -217,7 +228,37 @@ class WriteTxn:
                 self.routes[(id(seq), w)] = Prefetched(plan)
                 if plan is not None:
                     wanted.update(dict.fromkeys(plan.first))
+        after = [op for op in ops if isinstance(op, Insert) and op.parent is not None]
+        if after and self.cfg.block_locators:
+            wanted.update(self._prefetch_after_parents(after))
         self.load(wanted)
+
+    def _prefetch_after_parents(self, ops: list[Insert]) -> dict[int, None]:
+        """Route the windows of the batch's inserts after a parent at once: the parents'
+        locators in one multi-get, the segments under their window heads in one more,
+        every window in one directory probe. The candidates to read are returned; an
+        insert uses its route only if its window's ids are still the ones routed here
+        (an earlier operation of the batch may have moved its parent)."""
+        pids = np.concatenate([salt_ids(op.seq.ns, op.parent)
+                               for op in ops if op.parent is not None])
+        heads = {loc[0]: None for loc in self.locate(pids, "parent") if loc is not None}
+        self.load(s for h in heads for s in self.router.dir.posting(h)[0].tolist())
+        keys, qws = [], []
+        for op in ops:
+            try:
+                _, start, q, full = self._after_parent(op)
+            except (UnknownParent, TooLarge, BadRequest):
+                continue  # refused when it is applied, with its error
+            for w, qw, _, _ in self._windows(full, start, len(q)):
+                keys.append((id(op), w))
+                qws.append(qw)
+        wanted: dict[int, None] = {}
+        for key, qw, deepest in zip(keys, qws, self.router.deepest(qws), strict=True):
+            plan = self.router.plan_at(qw, key[1], deepest[0]) if deepest else None
+            self.parent_routes[key] = (qw.tobytes(), Prefetched(plan))
+            if plan is not None:
+                wanted.update(dict.fromkeys(plan.first))
+        return wanted
 
     def _seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
         """The store's ids of a sequence, computed once per batch (prefetch did most)."""
@@ -247,21 +288,50 @@ class WriteTxn:
                 raise QuotaExceeded(f"namespace {ns!r} holds {held:,} blocks, its quota is "
                                     f"{quota:,}: insert refused (remove or clear blocks first)")
 
+    def _after_parent(self, op: Insert) -> tuple[Segment, int, IdArray, IdArray]:
+        """(a segment holding the parent, the insert's first position, its ids, the ids
+        from its first window's start) of an insert after a parent."""
+        assert op.parent is not None
+        pid = salt_ids(op.seq.ns, op.parent)[0]
+        found = self.find_present(pid)
+        if found is None:
+            raise UnknownParent(f"parent {id_bytes(op.parent[0]).hex()} is not indexed "
+                                f"in namespace {op.seq.ns!r}")
+        hint, ppos = found
+        q = self.parent_ids.get(id(op))
+        if q is None:
+            q = self.parent_ids[id(op)] = self._seq_ids(op.seq, id_bytes(pid))
+        start, sb = ppos + 1, self.geo.sb
+        head = hint.ids[: start % sb] if hint.window == start // sb else hint.ids[:0]
+        return hint, start, q, np.concatenate([head, q]) if len(head) else q
+
+    def _windows(self, full: IdArray, start: int, n: int
+                 ) -> Iterator[tuple[int, IdArray, int, int]]:
+        """Per window of an insert of n blocks from `start` (`full`: its ids from the first
+        window's start): (window, its ids from the window start, lo, hi) with [lo, hi)
+        the insert's positions in it."""
+        sb = self.geo.sb
+        base, end = start - start % sb, start + n
+        for w in range(start // sb, (end - 1) // sb + 1):
+            ws = w * sb
+            lo, hi = max(start, ws), min(end, ws + sb)
+            yield w, full[ws - base : hi - base], lo, hi
+
+    def _route(self, op: Insert, w: int, qw: IdArray) -> Prefetched | None:
+        """The window's route from the batch's prefetch, if it still applies."""
+        if op.parent is None:
+            return self.routes.get((id(op.seq), w))
+        got = self.parent_routes.get((id(op), w))
+        if got is None or got[0] != qw.tobytes():  # (n, 2) uint64 both: same bytes, same ids
+            return None
+        return got[1]
+
     def insert(self, op: Insert) -> InsertResult:
         sb = self.geo.sb
         self._check_quota(op.seq.ns)
         hint: Segment | None = None
         if op.parent is not None:
-            pid = salt_ids(op.seq.ns, op.parent)[0]
-            found = self.find_present(pid)
-            if found is None:
-                raise UnknownParent(f"parent {id_bytes(op.parent[0]).hex()} is not indexed "
-                                    f"in namespace {op.seq.ns!r}")
-            hint, ppos = found
-            q = self._seq_ids(op.seq, id_bytes(pid))
-            start = ppos + 1
-            head = hint.ids[: start % sb] if hint.window == start // sb else hint.ids[:0]
-            full = np.concatenate([head, q]) if len(head) else q
+            hint, start, q, full = self._after_parent(op)
         else:
             q = self._seq_ids(op.seq)
             start, full = 0, q
@@ -269,16 +339,12 @@ class WriteTxn:
         meta = self._meta(op, n)
         if n == 0:
             return InsertResult(0, 0, 0)
-        base, end, tag = start - start % sb, start + n, ns_tag(op.seq.ns)
+        tag = ns_tag(op.seq.ns)
         windows = []  # (w, its ids from the window start, meta, from, best, run)
-        for w in range(start // sb, (end - 1) // sb + 1):
-            ws = w * sb
-            lo, hi = max(start, ws), min(end, ws + sb)
-            qw = full[ws - base : hi - base]
+        for w, qw, lo, hi in self._windows(full, start, n):
             h = hint if hint is not None and hint.window == w else None
-            routed = self.routes.get((id(op.seq), w)) if op.parent is None else None
-            windows.append((w, qw, meta[lo - start : hi - start], lo - ws,
-                            *self._best(w, qw, h, routed)))
+            windows.append((w, qw, meta[lo - start : hi - start], lo - w * sb,
+                            *self._best(w, qw, h, self._route(op, w, qw))))
         if op.add_holder:  # refused whole, before anything changes
             for _, qw, mw, frm, best, run in windows:
                 self._check_holders(best, min(run, len(qw)), frm, mw)
@@ -400,12 +466,12 @@ class WriteTxn:
         """Add each target's meta as a holder of its block in EVERY segment of window w
         that holds the block (branch copies included). Returns the holdings added."""
         added: set[int] = set()
+        wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
         for sid in self._window_segments(w, head_key):
             c = self.cache[sid]
             assert c is not None
-            for o, idv, m in targets:
-                if (o < c.nblocks and c.is_present(o) and not c.holds(o, m)
-                        and bool((c.ids[o] == idv).all())):
+            for o, want, m in wanted:
+                if c.is_present(o) and not c.holds(o, m) and c.has_at(o, want):
                     self.mutable(sid).add_holder(o, m)
                     c = self.cache[sid]
                     assert c is not None
@@ -414,7 +480,7 @@ class WriteTxn:
 
     def _window_segments(self, w: int, head_key: int) -> list[int]:
         """The segments of window w under routing key `head_key`, read."""
-        segs = [int(s) for s in self.router.dir.posting(head_key)[0]]
+        segs: list[int] = self.router.dir.posting(head_key)[0].tolist()
         self.load(segs)
         return [sid for sid in segs
                 if (c := self.cache.get(sid)) is not None and c.window == w]
@@ -424,11 +490,12 @@ class WriteTxn:
         segment of window w that holds them (branch copies included). Returns how many
         of the targets were absent somewhere."""
         changed: set[int] = set()
+        wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
         for sid in self._window_segments(w, head_key):
             c = self.cache[sid]
             assert c is not None
-            for o, idv, m in targets:
-                if o < c.nblocks and not c.is_present(o) and bool((c.ids[o] == idv).all()):
+            for o, want, m in wanted:
+                if not c.is_present(o) and c.has_at(o, want):
                     c = self.mutable(sid)
                     c.presence |= 1 << o
                     c.meta[o] = m
@@ -442,11 +509,12 @@ class WriteTxn:
         off), each block counted once however many copies hold it."""
         gone: set[int] = set()
         taken: dict[int, int] = {}
+        wanted = [(o, idv.tolist()) for o, idv, _ in targets]
         for sid in self._window_segments(w, head_key):
             c = self.cache[sid]
             assert c is not None
-            for o, idv, _ in targets:
-                if not (o < c.nblocks and c.is_present(o) and bool((c.ids[o] == idv).all())):
+            for o, want in wanted:
+                if not (c.is_present(o) and c.has_at(o, want)):
                     continue
                 hs = c.holders_of(o)
                 if holder is not None and holder not in hs:
@@ -459,17 +527,19 @@ class WriteTxn:
         return len(gone), sum(taken.values())
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
-        """Block locators (head key, position) for internal ids; one multi-get."""
+        """Block locators (head key, position) for internal ids: the txn's own records,
+        then what it read before, the rest in one multi-get."""
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
         keys = block_keys(ids)
-        locs = self.locators
-        values = self.store.get_many([k for k in keys if k not in locs])
-        it = iter(values)
+        locs, read = self.locators, self._read  # the backend does not change in a txn
+        missing = [k for k in keys if k not in locs and k not in read]
+        if missing:
+            read.update(zip(missing, self.store.get_many(missing), strict=True))
         out: list[tuple[int, int] | None] = []
         for k in keys:
-            v = locs.get(k) or next(it)
+            v = locs.get(k) or read[k]
             out.append(None if v is None else LOCATOR.unpack(v))
         return out
 
@@ -481,12 +551,12 @@ class WriteTxn:
         head_key, pos = loc
         sb = self.geo.sb
         w, o = divmod(pos, sb)
-        segs = [int(s) for s in self.router.dir.posting(head_key)[0]]
+        segs: list[int] = self.router.dir.posting(head_key)[0].tolist()
         self.load(segs)
+        want = idv.tolist()
         for sid in segs:
             c = self.cache.get(sid)
-            if (c is not None and c.window == w and o < c.nblocks and c.is_present(o)
-                    and bool((c.ids[o] == idv).all())):
+            if c is not None and c.window == w and c.is_present(o) and c.has_at(o, want):
                 return c, pos
         return None
 
