@@ -30,14 +30,13 @@ block, that the stores alone may not pass) re-sends its stores one by one
 (`split_all`). Namespaces are distinct id spaces (sarpd salts ids with them), so runs
 of different namespaces never interact.
 
-With ``removals=True``, removals coalesce the same way: a removal joins the open
-removal of its namespace and holder (one ``remove`` with both id lists, at the first
-one's place) when no request since the first named one of its ids; a run whose
-block it removes ends. The index then answers every match alike, but it is off by
-default: sarpd's ``remove`` counts the blocks it takes off by their offset in a
-window, so two blocks of sibling branches at one position removed by ONE request
-count once (``removed``, and the index's ``blocks`` counter keeps one too many),
-and coalescing would make that happen where separate requests count right.
+With ``removals=True`` (the default), removals coalesce the same way: a removal joins
+the open removal of its namespace and holder (one ``remove`` with both id lists, at
+the first one's place) when no request since the first named one of its ids; a run
+whose block it removes ends. sarpd counts a removal's blocks by (offset, id), so two
+blocks of sibling branches at one position removed by ONE request count twice, as
+two requests would (it counted them once by offset until it was fixed; the property
+test below compares the counts too).
 
 The rule behind both: `touched` keeps, per block, the latest place (in the coalesced
 order) of a request naming it, and a request moves to an earlier place only if every
@@ -293,9 +292,9 @@ class _Coalescer:
         return out
 
 
-def coalesce(items: Sequence[Req | Mark], removals: bool = False) -> list[Req | Mark]:
-    """`items` with chained stores folded into earlier inserts (and with `removals`,
-    removals into earlier ones: off by default, module doc)."""
+def coalesce(items: Sequence[Req | Mark], removals: bool = True) -> list[Req | Mark]:
+    """`items` with chained stores folded into earlier inserts and, with `removals`
+    (the default), removals into earlier ones (module doc)."""
     c = _Coalescer(removals)
     for it in items:
         c.add(it)

@@ -507,21 +507,24 @@ class WriteTxn:
         """Take `holder` (None: every holder) off the target blocks in EVERY segment of
         window w that holds them. Returns (blocks left with no holder, holdings taken
         off), each block counted once however many copies hold it."""
-        gone: set[int] = set()
-        taken: dict[int, int] = {}
-        wanted = [(o, idv.tolist()) for o, idv, _ in targets]
+        # a block is its (offset, id): siblings of a branch share an offset, not an id
+        gone: set[tuple[int, int, int]] = set()
+        taken: dict[tuple[int, int, int], int] = {}
+        wanted = {(o, int(idv[0]), int(idv[1])): [int(idv[0]), int(idv[1])]
+                  for o, idv, _ in targets}
         for sid in self._window_segments(w, head_key):
             c = self.cache[sid]
             assert c is not None
-            for o, want in wanted:
+            for block, want in wanted.items():
+                o = block[0]
                 if not (c.is_present(o) and c.has_at(o, want)):
                     continue
                 hs = c.holders_of(o)
                 if holder is not None and holder not in hs:
                     continue
-                taken.setdefault(o, len(hs) if holder is None else 1)
+                taken.setdefault(block, len(hs) if holder is None else 1)
                 if self.mutable(sid).drop_holder(o, holder):
-                    gone.add(o)
+                    gone.add(block)
                 c = self.cache[sid]
                 assert c is not None
         return len(gone), sum(taken.values())

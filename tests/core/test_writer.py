@@ -136,6 +136,25 @@ def test_a_parent_insert_continues_after_its_parent() -> None:
     assert branch.nblocks == 4 and (branch.ids[:2] == token_ids("", t, BT)[:2]).all()
 
 
+def test_removing_two_siblings_at_one_offset_counts_both() -> None:
+    """Blocks 2 (after 1) and 3 (a branch after 1) share window 0's offset 1; one
+    remove of both takes both off, and the counters say so (found by the bridge's
+    coalescing tests: the count was keyed by offset)."""
+    box = Box()
+    t = toks(2, 21)
+    box.write(insert(t, 1))
+    ids = token_ids("", t, BT)
+    branch = Insert(0, SeqSpec("", tokens=toks(1, 22)), meta=1,
+                    parent=salt_ids("", ids[:1]))
+    assert box.write(branch) == [InsertResult(1, 1, 0)]
+    sibling = box.segments()[1].ids[1:2]
+    assert box.store.counters.blocks == 3
+    both = np.concatenate([salt_ids("", ids[1:2]), salt_ids("", sibling)])
+    both = np.concatenate([both, both[:1]])  # a block named twice counts once
+    assert box.write(Remove(0, ids=both)) == [RemoveResult(2)]
+    assert box.store.counters.blocks == 1
+
+
 def test_the_inputs_are_checked() -> None:
     box = Box()
     txn = WriteTxn(box.store, box.router)
