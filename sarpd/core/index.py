@@ -201,12 +201,11 @@ class SarpIndex:
             self._reload_or_raise(resume=False)
         qs: list[IdArray] = []
         errors: dict[int, SarpError] = {}
-        for i, r in enumerate(reqs):
-            try:
-                qs.append(self.store.seq_ids(r.seq))
-            except SarpError as exc:
-                errors[i] = exc
-                qs.append(np.empty((0, 2), np.uint64))
+        for i, q in enumerate(self.store.seq_ids_many([r.seq for r in reqs])):
+            if isinstance(q, SarpError):
+                errors[i] = q
+                q = np.empty((0, 2), np.uint64)
+            qs.append(q)
         k = native.module("match")
         if k is not None:
             return self._match_native(reqs, qs, errors, k)

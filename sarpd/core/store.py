@@ -34,7 +34,7 @@ from backends.errors import (
     BackendIOError,
 )
 from sarpd.config import IndexConfig
-from sarpd.core.ids import chain_ids, check_sequence_tokens, ns_root, salt_ids
+from sarpd.core.ids import chain_ids, chain_ids_many, check_sequence_tokens, ns_root, salt_ids
 from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
 from sarpd.core.segment import (
     COUNTERS_KEY,
@@ -48,7 +48,14 @@ from sarpd.core.segment import (
     ns_count_key,
     seg_key,
 )
-from sarpd.errors import ConfigError, CorruptData, FormatVersionError, SarpError, StorageError
+from sarpd.errors import (
+    ConfigError,
+    CorruptData,
+    FormatVersionError,
+    SarpError,
+    StorageError,
+    TooLarge,
+)
 from sarpd.model import IdArray, SeqSpec
 
 log = logging.getLogger(__name__)
@@ -216,6 +223,28 @@ class Store:
             return chain_ids(parent or ns_root(seq.ns), seq.tokens, self.cfg.block_tokens)
         assert seq.hashes is not None
         return salt_ids(seq.ns, seq.hashes)
+
+    def seq_ids_many(self, seqs: Sequence[SeqSpec]) -> list[IdArray | TooLarge]:
+        """`seq_ids` of a batch (no parents): every token sequence of it hashed in ONE
+        call (native hashing: one C call per batch); a sequence `seq_ids` refuses gets
+        its error in its place."""
+        out: dict[int, IdArray | TooLarge] = {}
+        todo: list[int] = []
+        for i, seq in enumerate(seqs):
+            if seq.tokens is None:
+                out[i] = self.seq_ids(seq)
+                continue
+            try:
+                check_sequence_tokens(len(seq.tokens), self.cfg.max_sequence_tokens)
+                todo.append(i)
+            except TooLarge as exc:
+                out[i] = exc
+        if todo:
+            tokens = [t for t in (seqs[i].tokens for i in todo) if t is not None]
+            ids = chain_ids_many([ns_root(seqs[i].ns) for i in todo], tokens,
+                                 self.cfg.block_tokens)
+            out.update(zip(todo, ids, strict=True))
+        return [out[i] for i in range(len(seqs))]
 
     # -- segments ------------------------------------------------------------------------
     def decode_or_none(self, sid: int, value: bytes | None) -> Segment | None:

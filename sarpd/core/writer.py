@@ -211,14 +211,12 @@ class WriteTxn:
         the batch create or grow are added to the candidates of their window."""
         sb = self.geo.sb
         seqs, qs = [], []
-        for op in ops:
-            if not isinstance(op, Insert) or op.parent is not None:
-                continue
-            try:
-                q = self.seq_ids[id(op.seq)] = self.store.seq_ids(op.seq)
-            except TooLarge:
-                continue
-            seqs.append(op.seq)
+        plain = [op.seq for op in ops if isinstance(op, Insert) and op.parent is None]
+        for seq, q in zip(plain, self.store.seq_ids_many(plain), strict=True):
+            if isinstance(q, TooLarge):
+                continue  # refused when it is applied, with its error
+            self.seq_ids[id(seq)] = q
+            seqs.append(seq)
             qs.append(q)
         wanted: dict[int, None] = {}
         for seq, q, plans in zip(seqs, qs, self.router.plan_many(qs), strict=True):

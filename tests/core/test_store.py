@@ -225,3 +225,34 @@ def test_activity_has_the_fields_the_daemon_reads() -> None:
         "matches", "matched_blocks", "queried_blocks", "segment_reads", "corrupt_segments",
         "write_batches", "extra_rounds", "locator_reads"]
     assert not hasattr(Activity(), "__dict__")  # slotted
+
+
+@pytest.mark.parametrize("references", [False, True])
+def test_seq_ids_many_is_seq_ids_of_each_in_one_call(references: bool) -> None:
+    """Token sequences of a batch are hashed in one call; hashes are salted; a sequence
+    over max_sequence_tokens gets its TooLarge in its place, the others their ids."""
+    from sarpd.core import native
+    from sarpd.errors import TooLarge
+
+    st = Store(MemoryBackend(), IndexConfig(max_sequence_tokens=64))
+    rng = np.random.default_rng(5)
+    seqs = [SeqSpec("a", tokens=rng.integers(0, 1 << 32, 40, dtype=np.uint64).astype(np.uint32)),
+            SeqSpec("b", hashes=rng.integers(0, 1 << 63, (3, 2), dtype=np.uint64)),
+            SeqSpec("a", tokens=np.zeros(65, np.uint32)),  # one token over the limit
+            SeqSpec("", tokens=np.zeros(7, np.uint32)),  # no whole block
+            SeqSpec("c", tokens=rng.integers(0, 9, 64, dtype=np.uint64).astype(np.uint32))]
+    if references:
+        with native.references():
+            got = st.seq_ids_many(seqs)
+    else:
+        got = st.seq_ids_many(seqs)
+    assert len(got) == len(seqs)
+    for seq, q in zip(seqs, got, strict=True):
+        if seq.tokens is not None and len(seq.tokens) > 64:
+            assert isinstance(q, TooLarge) and "max_sequence_tokens (64)" in str(q)
+            continue
+        assert isinstance(q, np.ndarray)
+        want = st.seq_ids(seq)
+        assert q.shape == want.shape and (q == want).all()
+    assert [len(q) for q in got if isinstance(q, np.ndarray)] == [2, 3, 0, 4]
+    assert st.seq_ids_many([]) == []
