@@ -11,7 +11,6 @@ limit.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -129,6 +128,8 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
     server: dict[str, Any] = {}
     index: dict[str, Any] = {}
     if path is not None:
+        import tomllib  # only a config file needs it (a cold start without one does not)
+
         try:
             with open(path, "rb") as fh:
                 doc = tomllib.load(fh)

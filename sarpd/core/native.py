@@ -26,11 +26,6 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import shlex
-import shutil
-import subprocess
-import sysconfig
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -90,11 +85,16 @@ def status() -> dict[str, bool]:
 
 def _cc() -> list[str]:
     """The C compiler command the install builds with ($CC, as setuptools honours it)."""
+    import shlex  # the build-time checks import what they need: a cold start does not
+    import sysconfig
+
     return shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
 
 
 def compiler() -> str | None:
     """The C compiler the install would build with, if it is here."""
+    import shutil
+
     cc = _cc()
     return shutil.which(cc[0]) if cc else None
 
@@ -108,6 +108,9 @@ int main(void) { return (int)(XXH3_128bits("", 0).low64 & 0); }
 def xxhash_found() -> bool:
     """Whether the compiler finds libxxhash's header and library (Debian:
     libxxhash-dev): native hashing is built only then. Compiles and links a probe."""
+    import subprocess
+    import tempfile
+
     if compiler() is None:
         return False
     with tempfile.TemporaryDirectory() as tmp:
