@@ -119,18 +119,19 @@ class Copies:
         self.rows = 0
 
     # -- reading -----------------------------------------------------------------------
-    def lookup(self, w: int, head_key: int, offs: Sequence[int],
-               lows: Sequence[int]) -> list[int] | None:
-        """The segments of window w under `head_key` that can hold any block
-        (offs[i], id with low half lows[i]), in the walk's order; None when the window
-        is not indexed (walk it)."""
+    def lookup(self, w: int, head_key: int,
+               targets: Sequence[tuple[int, U64Array, int]]) -> list[int] | None:
+        """The segments of window w under `head_key` that can hold any target block
+        (offset, id (2,), _), in the walk's order; None when the window is not indexed
+        (walk it)."""
         win = self._windows.get((w, head_key))
         if win is None:
             return None
         self._windows.move_to_end((w, head_key))
         self.answered += 1
-        return win.candidates(np.asarray(offs, dtype=np.int64),
-                              np.asarray(lows, dtype=np.uint64))
+        offs = np.fromiter((t[0] for t in targets), np.int64, len(targets))
+        lows = np.fromiter((t[1][0] for t in targets), np.uint64, len(targets))
+        return win.candidates(offs, lows)
 
     # -- keeping it ----------------------------------------------------------------------
     def build(self, w: int, head_key: int, segs: Sequence[Segment]) -> None:

@@ -484,11 +484,11 @@ class WriteTxn:
         """The segments of window w under routing key `head_key` that can hold a
         target block, read, in the walk's order: a hot window's from the copies map
         (sarpd/core/copies.py), the others by the walk (which indexes a hot window)."""
-        got = self.copies.lookup(w, head_key, [t[0] for t in targets],
-                                 [int(t[1][0]) for t in targets])
+        got = self.copies.lookup(w, head_key, targets)
         if got is None:
             segs = self._walk(w, head_key)
-            self.copies.build(w, head_key, [c for sid in segs if (c := self.cache[sid])])
+            if len(segs) > self.copies.min_copies:  # a hot window: index it
+                self.copies.build(w, head_key, [c for sid in segs if (c := self.cache[sid])])
             return segs
         self.load(got)
         return [sid for sid in got if self.cache.get(sid) is not None]
