@@ -6,6 +6,10 @@ copies, registers routing points with the router as it goes (so later operations
 the same batch see earlier ones), and commits everything through the store as ONE
 backend write batch: dirty segments, new block locators, change-log records,
 namespace counts and counters. It reads the backend only through the store.
+
+Removals, parent lookups, refills and holder adds reach every copy of a block: in a
+hot window through the store's copies map (sarpd/core/copies.py), else by walking the
+segments under the window's head key (`_walk`, the map's reference).
 """
 
 from __future__ import annotations
