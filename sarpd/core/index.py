@@ -138,6 +138,7 @@ class SarpIndex:
         """Load the newest valid snapshot and re-route the segments changed after it;
         without one, re-route every segment (full scan)."""
         t0 = time.perf_counter()
+        self.store.copies.clear()  # the directory is rebuilt: posting order may change
         warning: str | None = None
         meta, arrays = None, None
         if self.snapshot_dir is not None:
@@ -429,6 +430,9 @@ class SarpIndex:
             "directory_merges": d.merges,
             "directory_merge_s_max": round(d.merge_s_max, 6),
             "directory_merge_s_total": round(d.merge_s_total, 6),
+            "copies_windows": self.store.copies.windows,
+            "copies_rows": self.store.copies.rows,
+            "copies_bytes": self.store.copies.nbytes,
             "hash": HASH_NAME,
             "verifier": verify.implementation(),
             "index_matches": act.matches,

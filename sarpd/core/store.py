@@ -34,6 +34,7 @@ from backends.errors import (
     BackendIOError,
 )
 from sarpd.config import IndexConfig
+from sarpd.core.copies import Copies
 from sarpd.core.ids import chain_ids, chain_ids_many, check_sequence_tokens, ns_root, salt_ids
 from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
 from sarpd.core.segment import (
@@ -111,6 +112,7 @@ class Store:
         self._cache: OrderedDict[int, Segment] = OrderedDict()
         self.cache_segments = SEGMENT_CACHE  # the cache's size (the bench sizes it)
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
+        self.copies = Copies(cfg.segment_blocks)  # hot windows' copies (the writer's)
         self._open_manifest()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
 
@@ -194,12 +196,15 @@ class Store:
     def reset(self) -> None:
         """Forget what memory holds of the disk and re-read the counters (a reload)."""
         self._cache.clear()
+        self.copies.clear()
         self._ns_blocks.clear()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
 
     def forget_segments(self) -> None:
-        """Drop the decoded-segment cache (its segments are read again when needed)."""
+        """Drop the decoded-segment cache (its segments are read again when needed)
+        and the copies map (`check --fix` rebuilds routing points)."""
         self._cache.clear()
+        self.copies.clear()
 
     def cached_segments(self) -> list[tuple[int, Segment]]:
         """The segments the cache holds, least recently used first (read-only)."""

@@ -6,6 +6,10 @@ copies, registers routing points with the router as it goes (so later operations
 the same batch see earlier ones), and commits everything through the store as ONE
 backend write batch: dirty segments, new block locators, change-log records,
 namespace counts and counters. It reads the backend only through the store.
+
+Removals, parent lookups, refills and holder adds reach every copy of a block: in a
+hot window through the store's copies map (sarpd/core/copies.py), else by walking the
+segments under the window's head key (`_walk`, the map's reference).
 """
 
 from __future__ import annotations
@@ -103,6 +107,8 @@ class WriteTxn:
         self.blocks = c.blocks
         self.holdings = c.holdings
         self.segments = c.segments
+        self.copies = store.copies  # hot windows' copies, for removals and parents
+        self.copies.begin()
 
     # -- segment cache -------------------------------------------------------------
     def mutable(self, sid: int) -> Segment:
@@ -134,6 +140,7 @@ class WriteTxn:
         seg = self.cache[sid]
         assert seg is not None
         self.touched.setdefault((seg.window, int(seg.ids[0, 0])), []).append(sid)
+        self.copies.note(seg)
 
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
         """Locators of blocks ids[0..] at positions first_pos.. of the window whose head
@@ -196,6 +203,7 @@ class WriteTxn:
         committed = [self.cache[sid] for sid in self.dirty]
         store.commit(wb, sync, counters, self.ns_after,
                      [seg for seg in committed if seg is not None])
+        self.copies.end()  # durable: the copies map matches the backend again
 
     # -- operations ----------------------------------------------------------------
     def apply(self, op: Insert | Remove | Clear) -> InsertResult | RemoveResult:
@@ -465,7 +473,7 @@ class WriteTxn:
         that holds the block (branch copies included). Returns the holdings added."""
         added: set[int] = set()
         wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
-        for sid in self._window_segments(w, head_key):
+        for sid in self._window_segments(w, head_key, targets):
             c = self.cache[sid]
             assert c is not None
             for o, want, m in wanted:
@@ -476,8 +484,22 @@ class WriteTxn:
                     added.add(o)
         return len(added)
 
-    def _window_segments(self, w: int, head_key: int) -> list[int]:
-        """The segments of window w under routing key `head_key`, read."""
+    def _window_segments(self, w: int, head_key: int, targets: Sequence[Target]) -> list[int]:
+        """The segments of window w under routing key `head_key` that can hold a
+        target block, read, in the walk's order: a hot window's from the copies map
+        (sarpd/core/copies.py), the others by the walk (which indexes a hot window)."""
+        got = self.copies.lookup(w, head_key, targets)
+        if got is None:
+            segs = self._walk(w, head_key)
+            if len(segs) > self.copies.min_copies:  # a hot window: index it
+                self.copies.build(w, head_key, [c for sid in segs if (c := self.cache[sid])])
+            return segs
+        self.load(got)
+        return [sid for sid in got if self.cache.get(sid) is not None]
+
+    def _walk(self, w: int, head_key: int) -> list[int]:
+        """Every segment of window w under routing key `head_key`, read (the reference
+        of the copies map: each of them, in posting order)."""
         segs: list[int] = self.router.dir.posting(head_key)[0].tolist()
         self.load(segs)
         return [sid for sid in segs
@@ -489,7 +511,7 @@ class WriteTxn:
         of the targets were absent somewhere."""
         changed: set[int] = set()
         wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
-        for sid in self._window_segments(w, head_key):
+        for sid in self._window_segments(w, head_key, targets):
             c = self.cache[sid]
             assert c is not None
             for o, want, m in wanted:
@@ -510,7 +532,7 @@ class WriteTxn:
         taken: dict[tuple[int, int, int], int] = {}
         wanted = {(o, int(idv[0]), int(idv[1])): [int(idv[0]), int(idv[1])]
                   for o, idv, _ in targets}
-        for sid in self._window_segments(w, head_key):
+        for sid in self._window_segments(w, head_key, targets):
             c = self.cache[sid]
             assert c is not None
             for block, want in wanted.items():
@@ -552,12 +574,11 @@ class WriteTxn:
         head_key, pos = loc
         sb = self.geo.sb
         w, o = divmod(pos, sb)
-        segs: list[int] = self.router.dir.posting(head_key)[0].tolist()
-        self.load(segs)
         want = idv.tolist()
-        for sid in segs:
-            c = self.cache.get(sid)
-            if c is not None and c.window == w and c.is_present(o) and c.has_at(o, want):
+        for sid in self._window_segments(w, head_key, [(o, idv, 0)]):
+            c = self.cache[sid]
+            assert c is not None
+            if c.is_present(o) and c.has_at(o, want):
                 return c, pos
         return None
 
