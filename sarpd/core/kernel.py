@@ -79,13 +79,12 @@ class Routed:
 def route(kernel: ModuleType, qs: Sequence[IdArray], flat: FlatDirectory, sb: int, gap: int,
           cap: int) -> Routed:
     """Every routed window of the batch and its first round, in one kernel call."""
-    lens = np.fromiter((len(q) for q in qs), dtype=np.int64, count=len(qs))
+    lens = np.array([len(q) for q in qs], dtype=np.int64)
     qids = (np.ascontiguousarray(np.concatenate(qs), dtype=np.uint64) if len(qs)
             else np.empty((0, 2), np.uint64))
     rows, first = kernel.route(qids, lens, flat.keys, flat.segs, flat.filts, flat.dkeys,
                                flat.dsegs, flat.dfilts, flat.dorder, sb, gap, cap)
-    starts = np.zeros(len(qs), dtype=np.int64)
-    np.cumsum(lens[:-1], out=starts[1:])
+    starts = lens.cumsum() - lens
     return Routed(qids, starts, np.frombuffer(rows, np.int64).reshape(-1, ROW_FIELDS),
                   np.frombuffer(first, np.uint64), flat)
 
@@ -115,8 +114,13 @@ def open_queries(routed: Routed, best: I64Array) -> list[int]:
     need bound-and-verify rounds. Later windows only count if that one is full."""
     rows = routed.rows
     short = np.flatnonzero(best < rows[:, LEN])
-    queries, at = np.unique(rows[short, Q], return_index=True)  # rows go by query
-    cut = short[at]
+    if not short.size:
+        return []
+    queries = rows[short, Q]  # rows go by query: keep each query's first short row
+    head = np.empty(short.size, dtype=np.bool_)
+    head[0] = True
+    np.not_equal(queries[1:], queries[:-1], out=head[1:])
+    cut, queries = short[head], queries[head]
     count = rows[cut, BHI] - rows[cut, BLO] + rows[cut, DHI] - rows[cut, DLO]
     more = (count > rows[cut, FCOUNT]) & (rows[cut, FBOUND] > best[cut])
     out: list[int] = queries[more].tolist()
