@@ -7,6 +7,7 @@ not built (SARPD_NO_EXTENSIONS=1: the reference is what runs)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from types import ModuleType
 from typing import Any
 
@@ -336,7 +337,9 @@ def test_assemble_is_match_holders_for_one_holder_a_block(data: st.DataObject) -
     routed = kernel.Routed(np.empty((0, 2), np.uint64), np.zeros(nq, np.int64),
                            np.array(rows, np.int64).reshape(-1, kernel.ROW_FIELDS),
                            np.empty(0, np.uint64), _router(SMALL, [], []).dir.flat())
-    res, meta = kernel.assemble(kern(), routed, spans, np.array(best, np.int64),
+    bounds = np.array([0, *(hi for _, hi in spans)], np.int64)  # spans tile the rows
+    assert list(pairwise(bounds.tolist())) == spans
+    res, meta = kernel.assemble(kern(), routed, bounds, np.array(best, np.int64),
                                 np.array(sids, np.uint64), segs)
     for (lo, hi), (total, single, start, run) in zip(spans, res.tolist(), strict=True):
         matched, want = [], 0
