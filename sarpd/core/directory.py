@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from sarpd.core import native
 from sarpd.model import U64Array
 
 DEAD = 0  # seg id 0 is never assigned
@@ -60,6 +61,12 @@ class _Delta:
         if self._order is not None and self._order[0] == n:
             return self._order[1]
         n0, old, old_keys = self._order if self._order is not None else (0, _NO_ROWS, _EMPTY)
+        k = native.module("match")
+        if k is not None:  # the same merge in one pass (_cmatch.c: merge_order)
+            got, got_keys = k.merge_order(self.keys[:n], old, old_keys)
+            order_c = np.frombuffer(got, np.int64)
+            self._order = (n, order_c, np.frombuffer(got_keys, np.uint64))
+            return order_c
         new = self.keys[n0:n].argsort(kind="stable") + n0
         new_keys = self.keys[new]
         # each new row goes after the old rows with keys <= its own (a stable merge)
