@@ -40,6 +40,14 @@
  *   first_run the run of the first block's holder (holders.match_holders' answer for
  *   one holder a block); other queries' holders are left to the caller.
  *
+ * merge_order(keys, old_order, old_keys)
+ *   keys (n,) uint64: the delta's keys in insertion order; old_order (n0,) int64 a
+ *   stable argsort of keys[:n0] and old_keys (n0,) uint64 those keys in that order
+ *   (n0 <= n) -> (order: bytes, sorted: bytes): a stable argsort of all n keys
+ *   (int64) and the keys in that order (uint64). The rows n0.. are sorted alone and
+ *   merged in, each after the old rows with keys <= its own (directory.py's
+ *   _Delta.order, whose reference it is).
+ *
  * Bit-for-bit the reference's answers: fingerprint (((lo ^ hi) * golden) >> 32) %
  * 15 + 1, 0 past the window's end; a filter's byte j holds the fingerprints of blocks
  * point + 2j + 1 (high nibble) and + 2j + 2; the ranking orders (agreement << 56 | seg)
@@ -685,6 +693,74 @@ done:
     return out;
 }
 
+/* -- the delta's key order (directory.py: _Delta.order) ------------------------------ */
+
+typedef struct { uint64_t key; int64_t row; } KeyRow;
+
+static int by_key_row(const void *a, const void *b) {  /* (key, row): stable by key */
+    const KeyRow *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+static PyObject *merge_order(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "merge_order takes 3 arguments (keys, old_order, "
+                     "old_keys), got %zd", nargs);
+        return NULL;
+    }
+    Py_buffer v[3];
+    static const char *const names[3] = {"keys", "old_order", "old_keys"};
+    static const int sign[3] = {0, 1, 0};
+    for (int i = 0; i < 3; i++) {
+        if (get_buf(args[i], names[i], sign[i], 1, 0, &v[i]) < 0) {
+            release_all(v, i);
+            return NULL;
+        }
+    }
+    Py_ssize_t n = v[0].shape[0], n0 = v[1].shape[0];
+    const uint64_t *keys = v[0].buf, *old_keys = v[2].buf;
+    const int64_t *old = v[1].buf;
+    PyObject *order = NULL, *sorted = NULL, *out = NULL;
+    KeyRow *fresh = NULL;
+    if (v[2].shape[0] != n0 || n0 > n) {
+        PyErr_Format(PyExc_ValueError, "old_order and old_keys must have one length, at most "
+                     "len(keys) = %zd; got %zd and %zd", n, n0, v[2].shape[0]);
+        goto done;
+    }
+    order = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    sorted = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
+    fresh = malloc((size_t)(n - n0 + 1) * sizeof *fresh);
+    if (order == NULL || sorted == NULL || fresh == NULL) {
+        if (fresh == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *o = (int64_t *)PyBytes_AS_STRING(order);
+    uint64_t *k = (uint64_t *)PyBytes_AS_STRING(sorted);
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t m = n - n0;
+    for (Py_ssize_t i = 0; i < m; i++) fresh[i] = (KeyRow){keys[n0 + i], n0 + i};
+    qsort(fresh, (size_t)m, sizeof *fresh, by_key_row);
+    Py_ssize_t i = 0, j = 0, t = 0;
+    while (i < n0 || j < m) {  /* an old row first while its key is <= the new one's */
+        if (j == m || (i < n0 && old_keys[i] <= fresh[j].key)) {
+            o[t] = old[i];
+            k[t++] = old_keys[i++];
+        } else {
+            o[t] = fresh[j].row;
+            k[t++] = fresh[j++].key;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    out = PyTuple_Pack(2, order, sorted);
+done:
+    Py_XDECREF(order);
+    Py_XDECREF(sorted);
+    free(fresh);
+    release_all(v, 3);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"route", (PyCFunction)(void (*)(void))route, METH_FASTCALL,
      "Every routed window of a batch and its first round (module docstring)."},
@@ -692,6 +768,8 @@ static PyMethodDef methods[] = {
      "The first round's verified run of every routed window (module docstring)."},
     {"assemble", (PyCFunction)(void (*)(void))assemble, METH_FASTCALL,
      "Every query's blocks and metas from its windows' runs (module docstring)."},
+    {"merge_order", (PyCFunction)(void (*)(void))merge_order, METH_FASTCALL,
+     "The delta's stable key order with its appended rows merged in (module docstring)."},
     {NULL, NULL, 0, NULL},
 };
 

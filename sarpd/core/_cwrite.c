@@ -19,20 +19,37 @@
 #define LOCATOR_KEY 17  /* b"B" + 16-byte id */
 #define LOCATOR_VALUE 12  /* u64 head key + u32 position */
 
-static uint32_t crc_table[256];
+/* CRC-32 (zlib's polynomial), slicing by 8: crc_table[k][b] is the CRC of byte b
+ * followed by k zero bytes, so eight table lookups consume eight input bytes. */
+static uint32_t crc_table[8][256];
 
 static void crc_init(void) {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
+        crc_table[0][i] = c;
     }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int k = 1; k < 8; k++)
+            crc_table[k][i] = (crc_table[k - 1][i] >> 8) ^ crc_table[0][crc_table[k - 1][i] & 0xFF];
 }
 
 /* zlib.crc32(buf, crc) */
 static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
     crc = ~crc;
-    while (n--) crc = crc_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16
+                             | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16
+                      | (uint32_t)p[7] << 24;
+        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF]
+              ^ crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24]
+              ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF]
+              ^ crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
     return ~crc;
 }
 

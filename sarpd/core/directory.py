@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from sarpd.core import native
 from sarpd.model import U64Array
 
 DEAD = 0  # seg id 0 is never assigned
@@ -33,7 +34,7 @@ class _Delta:
     key the rows that hold it. Folding it into the base is vectorised (no per-key work
     during a merge, which pauses every request queued behind it)."""
 
-    __slots__ = ("_order", "_sorted", "filts", "keys", "n", "rows", "segs")
+    __slots__ = ("_order", "filts", "keys", "n", "rows", "segs")
 
     def __init__(self, capacity: int = 64) -> None:
         self.keys = np.empty(capacity, dtype=np.uint64)
@@ -41,14 +42,15 @@ class _Delta:
         self.filts = np.empty(capacity, dtype=np.uint64)
         self.n = 0
         self.rows: dict[int, list[int]] = {}
-        self._sorted: U64Array | None = None  # sorted distinct keys, for probes
         # (n, stable order of the first n keys, those keys in that order): the kernel's
         self._order: tuple[int, npt.NDArray[np.int64], U64Array] | None = None
 
     def sorted_keys(self) -> U64Array:
-        if self._sorted is None:
-            self._sorted = np.unique(self.keys[: self.n])
-        return self._sorted
+        """The keys, sorted (with repeats), for probes: the order's own keys, so a probe
+        after an append merges the new rows in instead of sorting the whole delta."""
+        self.order()
+        assert self._order is not None
+        return self._order[2]
 
     def order(self) -> npt.NDArray[np.int64]:
         """A stable argsort of the keys (one key's rows in insertion order) for the
@@ -59,10 +61,16 @@ class _Delta:
         if self._order is not None and self._order[0] == n:
             return self._order[1]
         n0, old, old_keys = self._order if self._order is not None else (0, _NO_ROWS, _EMPTY)
-        new = np.argsort(self.keys[n0:n], kind="stable") + n0
+        k = native.module("match")
+        if k is not None:  # the same merge in one pass (_cmatch.c: merge_order)
+            got, got_keys = k.merge_order(self.keys[:n], old, old_keys)
+            order_c = np.frombuffer(got, np.int64)
+            self._order = (n, order_c, np.frombuffer(got_keys, np.uint64))
+            return order_c
+        new = self.keys[n0:n].argsort(kind="stable") + n0
         new_keys = self.keys[new]
         # each new row goes after the old rows with keys <= its own (a stable merge)
-        dest = np.searchsorted(old_keys, new_keys, "right") + np.arange(new.size)
+        dest = old_keys.searchsorted(new_keys, "right") + np.arange(new.size)
         from_old = np.ones(n, dtype=bool)
         from_old[dest] = False
         order = np.empty(n, dtype=np.int64)
@@ -73,7 +81,6 @@ class _Delta:
         return order
 
     def append(self, key: int, seg: int, filt: int) -> None:
-        self._sorted = None
         n = self.n
         if n == len(self.keys):
             self.keys = np.concatenate([self.keys, np.empty_like(self.keys)])
@@ -179,7 +186,7 @@ class Directory:
                 for i, key in enumerate(keys.tolist()):
                     if not hit[i] and key in rows:
                         hit[i] = True
-            else:  # a batch's lattice: sorted delta keys, cached until the next append
+            else:  # a batch's lattice: the sorted delta keys (appends merged in)
                 dk = self._delta.sorted_keys()
                 at = np.minimum(np.searchsorted(dk, keys), dk.size - 1)
                 hit |= dk[at] == keys

@@ -228,11 +228,12 @@ class SarpIndex:
         routed = self.router.route(qs, k)
         segs = self.store.read(list(dict.fromkeys(routed.first.tolist())))
         best, sid = kernel.verify(k, routed, segs, self.router.geo.sb)
-        spans = routed.spans()
+        bounds = routed.bounds()
+        spans = routed.spans(bounds)
         need = kernel.open_queries(routed, best) if self.cfg.exact_match else []
         if need:
             best, sid = self._rounds_native(routed, spans, need, qs, best, sid, segs)
-        res, meta = kernel.assemble(k, routed, spans, best, sid, segs)
+        res, meta = kernel.assemble(k, routed, bounds, best, sid, segs)
         out: list[MatchResult | SarpError] = []
         lens = routed.rows[:, kernel.LEN]
         for i, (r, q, (total, single, start, run)) in enumerate(

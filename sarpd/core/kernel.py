@@ -55,10 +55,14 @@ class Routed:
     first: U64Array  # every window's first round
     flat: FlatDirectory  # the directory the rows point into
 
-    def spans(self) -> list[tuple[int, int]]:
-        """Per query, its rows [lo, hi)."""
-        at = np.searchsorted(self.rows[:, Q], np.arange(len(self.qstarts) + 1)).tolist()
-        return list(pairwise(at))
+    def bounds(self) -> I64Array:
+        """Where each query's rows start, and the end: query i has rows [b[i], b[i+1])."""
+        out: I64Array = self.rows[:, Q].searchsorted(np.arange(len(self.qstarts) + 1))
+        return out
+
+    def spans(self, bounds: I64Array | None = None) -> list[tuple[int, int]]:
+        """Per query, its rows [lo, hi) (from `bounds()`, given or computed)."""
+        return list(pairwise((self.bounds() if bounds is None else bounds).tolist()))
 
     def posting(self, r: int) -> Callable[[], tuple[U64Array, U64Array]]:
         """Row r's posting list (segs, filts) as `Directory.posting` gives it, built
@@ -79,13 +83,12 @@ class Routed:
 def route(kernel: ModuleType, qs: Sequence[IdArray], flat: FlatDirectory, sb: int, gap: int,
           cap: int) -> Routed:
     """Every routed window of the batch and its first round, in one kernel call."""
-    lens = np.fromiter((len(q) for q in qs), dtype=np.int64, count=len(qs))
+    lens = np.array([len(q) for q in qs], dtype=np.int64)
     qids = (np.ascontiguousarray(np.concatenate(qs), dtype=np.uint64) if len(qs)
             else np.empty((0, 2), np.uint64))
     rows, first = kernel.route(qids, lens, flat.keys, flat.segs, flat.filts, flat.dkeys,
                                flat.dsegs, flat.dfilts, flat.dorder, sb, gap, cap)
-    starts = np.zeros(len(qs), dtype=np.int64)
-    np.cumsum(lens[:-1], out=starts[1:])
+    starts = lens.cumsum() - lens
     return Routed(qids, starts, np.frombuffer(rows, np.int64).reshape(-1, ROW_FIELDS),
                   np.frombuffer(first, np.uint64), flat)
 
@@ -98,13 +101,14 @@ def verify(kernel: ModuleType, routed: Routed, segs: Mapping[int, Segment],
     return np.frombuffer(best, np.int64), np.frombuffer(sids, np.uint64)
 
 
-def assemble(kernel: ModuleType, routed: Routed, spans: Sequence[tuple[int, int]],
-             best: I64Array, sids: U64Array,
-             segs: Mapping[int, Segment]) -> tuple[I64Array, U64Array]:
+def assemble(kernel: ModuleType, routed: Routed, bounds: I64Array, best: I64Array,
+             sids: U64Array, segs: Mapping[int, Segment]) -> tuple[I64Array, U64Array]:
     """Every query's answer in one call: (res, meta), res (Q, 4) = blocks matched,
     single (no matched segment has a holder table), meta_start, first_run; a single
-    query's metas are meta[meta_start : meta_start + blocks] (writable, its own slice)."""
-    span = np.array(spans, dtype=np.int64).reshape(-1, 2)
+    query's metas are meta[meta_start : meta_start + blocks] (writable, its own slice).
+    `bounds`: the queries' row boundaries (`Routed.bounds`)."""
+    span = np.empty((len(bounds) - 1, 2), dtype=np.int64)
+    span[:, 0], span[:, 1] = bounds[:-1], bounds[1:]
     res, meta = kernel.assemble(routed.rows, span, best, sids, segs)
     return np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64)
 
@@ -115,8 +119,13 @@ def open_queries(routed: Routed, best: I64Array) -> list[int]:
     need bound-and-verify rounds. Later windows only count if that one is full."""
     rows = routed.rows
     short = np.flatnonzero(best < rows[:, LEN])
-    queries, at = np.unique(rows[short, Q], return_index=True)  # rows go by query
-    cut = short[at]
+    if not short.size:
+        return []
+    queries = rows[short, Q]  # rows go by query: keep each query's first short row
+    head = np.empty(short.size, dtype=np.bool_)
+    head[0] = True
+    np.not_equal(queries[1:], queries[:-1], out=head[1:])
+    cut, queries = short[head], queries[head]
     count = rows[cut, BHI] - rows[cut, BLO] + rows[cut, DHI] - rows[cut, DLO]
     more = (count > rows[cut, FCOUNT]) & (rows[cut, FBOUND] > best[cut])
     out: list[int] = queries[more].tolist()

@@ -283,10 +283,13 @@ class Store:
             except CorruptData:  # an engine page failed its checksum: find its segments
                 values = [self._get_or_none(s) for s in missing]
             self.activity.segment_reads += len(missing)
+            decode = self.decode_or_none
             for sid, value in zip(missing, values, strict=True):
-                seg = out[sid] = self.decode_or_none(sid, value)
-                if seg is not None:
-                    self.remember(sid, seg)
+                seg = out[sid] = decode(sid, value)
+                if seg is not None:  # not cached: it goes in at the recent end
+                    cache[sid] = seg
+            while len(cache) > self.cache_segments:  # `remember`'s trim, once a call
+                cache.popitem(last=False)
         return out
 
     def read(self, sids: list[int]) -> dict[int, Segment]:

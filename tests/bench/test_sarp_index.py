@@ -7,12 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tools.bench.sarp_index import (
     OWN_CACHE_SHARE,
     SEGMENT_BYTES,
     SarpBench,
     as_hashes,
+    as_hashes_many,
     no_locators,
     reference,
     segment_bytes,
@@ -25,6 +28,16 @@ U64 = np.uint64
 def test_as_hashes_zero_extends() -> None:
     h = as_hashes(np.array([5, 2**64 - 1], dtype=U64))
     assert h.shape == (2, 2) and h[:, 0].tolist() == [5, 2**64 - 1] and (h[:, 1] == 0).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=5), max_size=6))
+def test_as_hashes_many_is_as_hashes_of_each(batch: list[list[int]]) -> None:
+    prompts = [np.array(p, dtype=U64) for p in batch]  # empty prompts and batches too
+    got = as_hashes_many(prompts)
+    assert len(got) == len(prompts)
+    for g, p in zip(got, prompts, strict=True):
+        assert g.shape == (len(p), 2) and g.tolist() == as_hashes(p).tolist()
 
 
 def test_insert_match_flush_recover(tmp_path: Path) -> None:

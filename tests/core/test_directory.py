@@ -96,3 +96,27 @@ def test_flat_delta_order_is_a_stable_argsort_kept_across_appends(
         for k in set(keys):  # a key's rows in insertion order: its posting list's delta part
             rows = flat.dorder[flat.dkeys[flat.dorder] == np.uint64(k)]
             assert flat.dsegs[rows].tolist() == d.posting(k)[0].tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 9),
+                                         max_size=30),
+                                st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 9),
+                                         min_size=0, max_size=150)),
+                      max_size=6),
+       base=st.lists(st.integers(0, 12), max_size=20))
+def test_probe_of_many_keys_sees_every_append(steps: list[tuple[list[int], list[int]]],
+                                              base: list[int]) -> None:
+    """Probes of more than 64 keys (the sorted-delta path) between appends (repeats,
+    0 and 2**64-1 included) answer what a set of the added keys answers."""
+    d = Directory(delta_max_entries=1 << 20)
+    keys_in = set(base)
+    b = np.array(sorted(base), dtype=np.uint64)
+    d.load_arrays(DirectoryArrays(b, np.ones(b.size, np.uint64), np.zeros(b.size, np.uint64)))
+    for added, probed in steps:
+        for k in added:
+            d.add(k, 1, 0)
+            keys_in.add(k)
+        for ask in (probed, probed * 3, [*keys_in, *probed] * 2):  # few and > 64 keys
+            got = d.probe(np.array(ask, dtype=np.uint64)).tolist()
+            assert got == [k in keys_in for k in ask]

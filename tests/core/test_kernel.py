@@ -7,6 +7,7 @@ not built (SARPD_NO_EXTENSIONS=1: the reference is what runs)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from types import ModuleType
 from typing import Any
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
 from sarpd.core import holders, kernel, native, verify
-from sarpd.core.directory import DirectoryArrays
+from sarpd.core.directory import DirectoryArrays, _Delta
 from sarpd.core.index import SarpIndex
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
@@ -336,7 +337,9 @@ def test_assemble_is_match_holders_for_one_holder_a_block(data: st.DataObject) -
     routed = kernel.Routed(np.empty((0, 2), np.uint64), np.zeros(nq, np.int64),
                            np.array(rows, np.int64).reshape(-1, kernel.ROW_FIELDS),
                            np.empty(0, np.uint64), _router(SMALL, [], []).dir.flat())
-    res, meta = kernel.assemble(kern(), routed, spans, np.array(best, np.int64),
+    bounds = np.array([0, *(hi for _, hi in spans)], np.int64)  # spans tile the rows
+    assert list(pairwise(bounds.tolist())) == spans
+    res, meta = kernel.assemble(kern(), routed, bounds, np.array(best, np.int64),
                                 np.array(sids, np.uint64), segs)
     for (lo, hi), (total, single, start, run) in zip(spans, res.tolist(), strict=True):
         matched, want = [], 0
@@ -389,3 +392,44 @@ def test_verify_and_assemble_read_segments_whose_arrays_are_views() -> None:
                           np.array([4], np.uint64), {4: seg})
     assert np.frombuffer(res, np.int64).tolist() == [8, 1, 0, 1]  # blocks, single, start, run
     assert np.frombuffer(out, np.uint64).tolist() == meta[::2].tolist()
+
+
+# -- merge_order ----------------------------------------------------------------------------
+EDGE_KEYS = st.sampled_from([0, 1, 2, 2**63, 2**64 - 2, 2**64 - 1]) | st.integers(0, 2**64 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.lists(EDGE_KEYS, max_size=40), max_size=6))
+def test_delta_order_merge_is_the_references(steps: list[list[int]]) -> None:
+    """The kernel's merge of appended rows (ties, the extremes of uint64, empty steps)
+    gives the numpy reference's order and sorted keys, and both a stable argsort."""
+    native_d, ref_d = _Delta(), _Delta()
+    for keys in steps:
+        for key in keys:
+            native_d.append(key, 1, 0)
+            ref_d.append(key, 1, 0)
+        got = native_d.order()
+        with native.references():
+            want = ref_d.order()
+        assert got.tolist() == want.tolist()
+        stable = np.argsort(native_d.keys[: native_d.n], kind="stable")
+        assert got.tolist() == stable.tolist()
+        assert native_d.sorted_keys().tolist() == native_d.keys[stable].tolist()
+
+
+def test_merge_order_refuses_bad_arguments_by_name() -> None:
+    k = kern()
+    keys = np.array([3, 1, 2], np.uint64)
+    assert [np.frombuffer(b, t).tolist() for b, t in zip(
+        k.merge_order(keys, np.empty(0, np.int64), np.empty(0, np.uint64)),
+        (np.int64, np.uint64), strict=True)] == [[1, 2, 0], [1, 2, 3]]
+    with pytest.raises(TypeError, match="keys"):
+        k.merge_order(keys.astype(np.int64), np.empty(0, np.int64), np.empty(0, np.uint64))
+    with pytest.raises(TypeError, match="old_order"):
+        k.merge_order(keys, np.empty(0, np.uint64), np.empty(0, np.uint64))
+    with pytest.raises(ValueError, match="old_order and old_keys"):
+        k.merge_order(keys, np.zeros(1, np.int64), np.empty(0, np.uint64))
+    with pytest.raises(ValueError, match="at most"):
+        k.merge_order(keys[:1], np.zeros(2, np.int64), np.zeros(2, np.uint64))
+    with pytest.raises(TypeError, match="3 arguments"):
+        k.merge_order(keys)

@@ -148,6 +148,19 @@ def test_the_cache_is_lru_and_counts_reads(monkeypatch: pytest.MonkeyPatch) -> N
     assert st.cached_segments() == []
 
 
+def test_a_fetch_of_more_than_the_cache_keeps_the_most_recent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_mod, "SEGMENT_CACHE", 3)
+    be = Failing()
+    st = Store(be, CFG)
+    put_segments(be, list(range(1, 9)))
+    st.fetch([1, 2])
+    got = st.fetch([2, 3, 4, 5, 99, 6])  # 2 from memory, 99 missing: 3..6 read, in order
+    assert sorted(got) == [2, 3, 4, 5, 6, 99] and got[99] is None
+    assert [sid for sid, _ in st.cached_segments()] == [4, 5, 6]  # each one trimmed alike
+    assert st.activity.segment_reads == 2 + 5
+
+
 def test_missing_and_corrupt_segments_are_none_and_counted() -> None:
     be = Failing()
     st = Store(be, CFG)
