@@ -357,6 +357,12 @@ class _Watch:
             except (OSError, SarpError):  # Down is an OSError
                 time.sleep(0.002)
 
+    def wait(self, timeout: float = 30.0) -> float | None:
+        """The time of the first answered ping, once the watcher saw it (a loaded
+        machine may finish the replay before the watcher's thread ran again)."""
+        self._thread.join(timeout)
+        return self.ready_at
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
@@ -441,11 +447,12 @@ class SarpDirect:
         self._watch = _Watch(self.link.path, t0)
 
     def recovery(self) -> Recovery | None:
-        if self._watch is None or self._watch.ready_at is None:
+        ready = self._watch.wait() if self._watch is not None else None
+        if self._watch is None or ready is None:
             return None
         stats = self.link.call([("stats", {})])
         index_s = float(stats[0].get("recovered_in_s", 0.0)) if stats else 0.0
-        return Recovery(self._watch.ready_at - self._watch.t0, index_s, self.link.resent)
+        return Recovery(ready - self._watch.t0, index_s, self.link.resent)
 
     def close(self) -> None:
         if self._watch is not None:
