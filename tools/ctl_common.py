@@ -83,6 +83,15 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(jsonable(value), indent=2, sort_keys=True))
 
 
+def write_json(doc: Any, json_out: str | None) -> None:
+    """A tool's `--json FILE|-`: the document to stdout with '-', to FILE otherwise,
+    nowhere without the option."""
+    if json_out == "-":
+        click.echo(json.dumps(doc, indent=1))
+    elif json_out:
+        Path(json_out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":

@@ -25,10 +25,8 @@ Both decoders must give equal requests (checked before timing).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
@@ -37,6 +35,7 @@ import numpy as np
 from sarpd.client import ids_field
 from sarpd.model import Request
 from sarpd.protocol.wire import BadMessage, Decoder, encode_request
+from tools.ctl_common import write_json
 
 
 def _pairs(rng: np.random.Generator, n: int, count: int, encode: Callable[[Any], Any],
@@ -140,10 +139,7 @@ def main(count: int, rounds: int, json_out: str | None) -> None:
         click.echo(f"{name:12s} {len(stream) / len(frames):8,.0f} B/req  full "
                    f"{slow_rps:10,.0f} req/s  fast {fast_rps:10,.0f} req/s  "
                    f"x{fast_rps / slow_rps:.2f}", err=err)
-    if json_out == "-":
-        click.echo(json.dumps(doc, indent=1))
-    elif json_out:
-        Path(json_out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(doc, json_out)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ an hour per index and speedup. With `--json -` the table goes to stderr.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -61,6 +60,7 @@ from tools.bench.fleet_run import (
     run_crash,
     run_one,
 )
+from tools.ctl_common import write_json
 
 DEFAULT_TRACE = Path("/work/shared/traces/mooncake_fast25_conversation_trace.jsonl")
 SCHEMA = 1
@@ -258,10 +258,7 @@ def main(trace: Path, trace_block_tokens: int, block_tokens: int, workers: int, 
                         click_progress)
     doc = {**config_doc(trace, timeline, args), **out}
     click.echo(table(doc), err=json_out == "-")
-    if json_out == "-":
-        click.echo(json.dumps(doc, indent=1))
-    elif json_out:
-        Path(json_out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(doc, json_out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ machine only adds time). The target (issue 14): daemon >= 80 % of in-process.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import tempfile
@@ -54,6 +53,7 @@ from sarpd.protocol.wire import encode_request
 from tools.bench.api import Turn
 from tools.bench.runner import batches
 from tools.bench.spawn import start_daemon, stop_daemon
+from tools.ctl_common import write_json
 
 _LANE_SHIFT = 32  # request id = lane << 32 | position of the frame in its lane, from 1
 
@@ -320,10 +320,7 @@ def main(workload: str, scale: int, clients: int, depth: int, batch_window_ms: f
     }
     if sweep:
         doc["sweep"] = cells
-    if json_out == "-":
-        click.echo(json.dumps(doc, indent=1))
-    elif json_out:
-        Path(json_out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(doc, json_out)
 
 
 if __name__ == "__main__":
