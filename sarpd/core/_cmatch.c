@@ -498,18 +498,24 @@ static int row_fits(const int64_t *row, const int64_t *starts, Py_ssize_t nq, Py
     return starts[q] + w * sb + len <= nid ? 0 : -1;
 }
 
+/* The `segs` argument of verify and assemble: a dict of seg id -> Segment (borrowed). */
+static PyObject *segs_arg(PyObject *segs) {
+    if (!PyDict_Check(segs)) {
+        PyErr_Format(PyExc_TypeError, "segs must be a dict of seg id -> Segment, got %.100s",
+                     Py_TYPE(segs)->tp_name);
+        return NULL;
+    }
+    return segs;
+}
+
 static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_Format(PyExc_TypeError, "verify takes 6 arguments (qids, qstarts, rows, first, "
                      "segs, sb), got %zd", nargs);
         return NULL;
     }
-    PyObject *segs = args[4];
-    if (!PyDict_Check(segs)) {
-        PyErr_Format(PyExc_TypeError, "segs must be a dict of seg id -> Segment, got %.100s",
-                     Py_TYPE(segs)->tp_name);
-        return NULL;
-    }
+    PyObject *segs = segs_arg(args[4]);
+    if (segs == NULL) return NULL;
     Py_ssize_t sb = PyLong_AsSsize_t(args[5]);
     if (sb == -1 && PyErr_Occurred()) return NULL;
     if (sb < 1 || sb > 64) {
@@ -640,12 +646,8 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
                      "segs), got %zd", nargs);
         return NULL;
     }
-    PyObject *segs = args[4];
-    if (!PyDict_Check(segs)) {
-        PyErr_Format(PyExc_TypeError, "segs must be a dict of seg id -> Segment, got %.100s",
-                     Py_TYPE(segs)->tp_name);
-        return NULL;
-    }
+    PyObject *segs = segs_arg(args[4]);
+    if (segs == NULL) return NULL;
     Py_buffer v[4];
     static const char *const names[4] = {"rows", "spans", "best", "sids"};
     static const int sign[4] = {1, 1, 1, 0}, ndim[4] = {2, 2, 1, 1};

@@ -433,3 +433,12 @@ def test_merge_order_refuses_bad_arguments_by_name() -> None:
         k.merge_order(keys[:1], np.zeros(2, np.int64), np.zeros(2, np.uint64))
     with pytest.raises(TypeError, match="3 arguments"):
         k.merge_order(keys)
+
+
+def test_verify_and_assemble_refuse_segs_that_are_not_a_dict() -> None:
+    """Both read their segments from one argument, checked alike (segs_arg)."""
+    assert K is not None
+    with pytest.raises(TypeError, match="segs must be a dict of seg id -> Segment, got list"):
+        K.verify(None, None, None, None, [], 64)
+    with pytest.raises(TypeError, match="segs must be a dict of seg id -> Segment, got tuple"):
+        K.assemble(None, None, None, None, ())
