@@ -276,6 +276,7 @@ def test_no_index_gives_its_engine_more_than_the_budget(
     share (the bulk build's backend too), and its memory stays within the budget."""
     import tools.bench.baselines._common as common
     import tools.bench.sarp_index as sarp_index
+    import tools.bench.sarp_recover as sarp_recover
     from backends.base import Backend
 
     opened: list[tuple[str, int]] = []
@@ -286,7 +287,8 @@ def test_no_index_gives_its_engine_more_than_the_budget(
         return real(name, path, cache_bytes=cache_bytes, direct_io=direct_io)
 
     monkeypatch.setattr(common, "open_backend", spy)
-    monkeypatch.setattr(sarp_index, "open_backend", spy)
+    monkeypatch.setattr(sarp_index, "open_backend", spy)  # the bulk build's
+    monkeypatch.setattr(sarp_recover, "open_backend", spy)  # every open's
     budget = 2 << 20
     seqs = [np.arange(1 + 1000 * i, 1 + 1000 * i + 256, dtype=np.uint64) for i in range(8)]
     metas = [np.ones(256, np.uint64)] * 8
@@ -298,7 +300,7 @@ def test_no_index_gives_its_engine_more_than_the_budget(
         index.open(tmp_path / name, "rocksdb", budget, direct_io=True)
         try:
             index.insert_many(seqs, [""] * 8, metas)
-            engine = sarp_index.split_budget(budget)[0] if name.startswith("sarp") else budget
+            engine = sarp_recover.split_budget(budget)[0] if name.startswith("sarp") else budget
             assert opened == [("rocksdb", engine)], name
             if name != "dram-blockhash":  # its dict is its whole footprint, outside
                 assert index.memory_bytes() <= budget, name
@@ -308,4 +310,4 @@ def test_no_index_gives_its_engine_more_than_the_budget(
     bulk = sarp_index.SarpBench()
     bulk.bulk_open(tmp_path / "bulk", "rocksdb", budget, [(seqs, [""] * 8, metas)])
     bulk.close()
-    assert opened == [("rocksdb", sarp_index.split_budget(budget)[0])] * 2
+    assert opened == [("rocksdb", sarp_recover.split_budget(budget)[0])] * 2

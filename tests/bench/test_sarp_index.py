@@ -11,16 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tools.bench.sarp_index import (
-    OWN_CACHE_SHARE,
-    SEGMENT_BYTES,
     SarpBench,
     as_hashes,
     as_hashes_many,
     no_locators,
     reference,
     segment_bytes,
-    split_budget,
 )
+from tools.bench.sarp_recover import OWN_CACHE_SHARE, split_budget
 
 U64 = np.uint64
 
@@ -74,14 +72,6 @@ def test_without_block_locators(tmp_path: Path) -> None:
         assert index.match_many([ids[:30]], [""])[0].tolist() == list(range(30))
     finally:
         index.close()
-
-
-def test_the_budget_is_split_between_the_engine_and_the_segment_cache() -> None:
-    engine, segments = split_budget(10 << 20)
-    own = int((10 << 20) * OWN_CACHE_SHARE)
-    assert engine == (10 << 20) - own and segments == own // SEGMENT_BYTES
-    assert engine + segments * SEGMENT_BYTES <= 10 << 20
-    assert split_budget(0) == (0, 0)
 
 
 def test_memory_counts_the_engine_and_the_decoded_segments(tmp_path: Path) -> None:

@@ -4,12 +4,20 @@ is a `DaemonStartError` carrying its log."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from sarpd.client import SyncClient
-from tools.bench.spawn import DaemonStartError, start_daemon, stop_daemon
+from tools.bench.spawn import (
+    PACKAGES,
+    REPO,
+    DaemonStartError,
+    compile_bytecode,
+    start_daemon,
+    stop_daemon,
+)
 
 
 def test_start_answers_then_stop_cleans_up(tmp_path: Path) -> None:
@@ -29,3 +37,14 @@ def test_start_answers_then_stop_cleans_up(tmp_path: Path) -> None:
 def test_a_daemon_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
     with pytest.raises(DaemonStartError, match=r"(?s)sarpd exited with \d+: .*nope"):
         start_daemon(tmp_path / "data", backend="nope", timeout_s=30)
+
+
+def test_compile_bytecode_leaves_every_project_module_compiled() -> None:
+    """Timed spawns start from bytecode, as a pip-installed sarpd does."""
+    compile_bytecode()
+    for pkg in PACKAGES:
+        sources = list((REPO / pkg).rglob("*.py"))
+        assert sources
+        missing = [s for s in sources
+                   if not Path(importlib.util.cache_from_source(str(s))).exists()]
+        assert missing == []

@@ -77,9 +77,12 @@ def recover_here(data_dir: Path, backend: str) -> dict[str, float]:
 
 
 def one_run(data_dir: Path, backend: str) -> dict[str, float]:
+    from tools.bench.spawn import compile_bytecode  # not in the child: it imports this module
+
     evicted = evict(data_dir)
     cmd = [sys.executable, "-m", "tools.bench.cold_start", "--data-dir", str(data_dir),
            "--backend", backend, "--here"]
+    compile_bytecode()
     t0 = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -33,7 +33,7 @@ from sarpd.config import load_config
 from sarpd.errors import Unavailable
 from tools.bench.cli import progress_bars
 from tools.bench.preload import sequences, shape_of
-from tools.bench.spawn import REPO
+from tools.bench.spawn import REPO, compile_bytecode
 from tools.bench.workloads import get_workload
 
 PROBE = [1, 2, 3, 4]  # hashes of the first answered match
@@ -74,6 +74,7 @@ def recover_spawned(data_dir: Path, backend: str) -> dict[str, float]:
     """A fresh `python -m tools.bench.import_scale --recover`: spawn to its answer."""
     cmd = [sys.executable, "-m", "tools.bench.import_scale", "--recover", "--data-dir",
            str(data_dir), "--backend", backend]
+    compile_bytecode()
     t0 = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -87,6 +88,7 @@ def sarpd_first_match(data_dir: Path, backend: str, timeout_s: float = 600) -> d
     sock = Path(tempfile.mkdtemp(prefix="sarp-imp-", dir="/tmp")) / "sarpd.sock"
     argv = [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(data_dir), "--socket",
             str(sock), "--backend", backend, "--sync", "none", "--log-level", "WARNING"]
+    compile_bytecode()
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -11,7 +11,7 @@ import numpy as np
 
 from backends.registry import cache_floor
 from tools.bench.runner import BenchResult, IndexResult
-from tools.bench.sarp_index import split_budget
+from tools.bench.sarp_recover import split_budget
 from tools.ctl_common import human_bytes
 
 COLUMNS = ("index", "req/s", "x sarp", "match us", "p99 us", "reused tok", "loss %",

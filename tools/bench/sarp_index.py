@@ -3,14 +3,15 @@
 Block ids go in as `hashes` (64-bit engine-style ids, zero-extended), so sarp sees
 the same ids as every baseline. `flush` writes a snapshot (what a clean shutdown of
 sarpd does) and the engine's write buffers; `recover` measures a cold restart in a
-fresh process: open the backend, load the snapshot, re-route what changed after it,
-answer one match (`seconds` from after the child's imports, `spawn_s` from its spawn).
+fresh process (tools.bench.sarp_recover, which imports only what a restart needs):
+open the backend, load the snapshot, re-route what changed after it, answer one
+match (`seconds` from after the child's imports, `spawn_s` from its spawn).
 
-The budget: sarp's decoded-segment cache is its own cache, so it is sized from the
-run's budget (OWN_CACHE_SHARE of it, at SEGMENT_BYTES per full decoded segment) and
-the engine gets the rest as its `cache_bytes`, which is its whole memory (RocksDB:
-block cache, memtables, index and filter partitions; backends/rocksdb.py), also for
-the bulk build's backend. memory_bytes = the engine's memory (backends.base stats)
+The budget (tools.bench.sarp_recover.split_budget): sarp's decoded-segment cache is
+its own cache, so it is sized from the run's budget and the engine gets the rest
+as its `cache_bytes`, which is its whole memory (RocksDB: block cache, memtables,
+index and filter partitions; backends/rocksdb.py), also for the bulk build's
+backend. memory_bytes = the engine's memory (backends.base stats)
 + the decoded segments held (measured); routing_bytes = the directory;
 backend_reads = `activity.segment_reads` (segments fetched from the backend).
 
@@ -26,7 +27,6 @@ spends beyond its reads.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -49,25 +49,18 @@ from sarpd.core.segment import Segment, block_keys, seg_key
 from sarpd.core.store import Store, open_backend
 from sarpd.model import IdArray, Insert, Match, MatchResult, SeqSpec
 from tools.bench.api import Ids, RecoveryResult
+from tools.bench.sarp_recover import (
+    ARRAY_HEADER,
+    open_index,
+    split_budget,
+)
+from tools.bench.spawn import compile_bytecode
 
 U64 = npt.NDArray[np.uint64]
 NATIVE_PATHS = ("match", "hash", "write")  # what the bench's `native` field reports
-OWN_CACHE_SHARE = 0.5  # of the budget, for the decoded-segment cache; the engine gets the rest
-_ARRAY = sys.getsizeof(np.zeros(0))  # a numpy array's header
-# one full decoded segment: the object, its ids (64 x 16 B) and metas (64 x 8 B)
-SEGMENT_BYTES = 200 + 2 * _ARRAY + 64 * 24
-
-
-def split_budget(cache_bytes: int) -> tuple[int, int]:
-    """(the engine's budget: its cache_bytes, decoded segments sarp may keep) for a
-    budget."""
-    own = int(cache_bytes * OWN_CACHE_SHARE)
-    return cache_bytes - own, own // SEGMENT_BYTES
-
-
 def segment_bytes(ix: SarpIndex) -> int:
     """What the decoded-segment cache holds now (measured per segment)."""
-    return sum(sys.getsizeof(seg) + 2 * _ARRAY + seg.ids.nbytes + seg.meta.nbytes
+    return sum(sys.getsizeof(seg) + 2 * ARRAY_HEADER + seg.ids.nbytes + seg.meta.nbytes
                for _, seg in ix.store.cached_segments())
 
 
@@ -111,7 +104,7 @@ class SarpBench:
         self.data_dir, self.backend_name, self.cache_bytes = data_dir, backend, cache_bytes
         self.direct_io = direct_io
         with self._paths():
-            self.ix = _open(data_dir, backend, cache_bytes, self.config, self.sync, direct_io)
+            self.ix = open_index(data_dir, backend, cache_bytes, self.config, self.sync, direct_io)
             self.ix.recover()
 
     def _paths(self) -> AbstractContextManager[None]:
@@ -197,7 +190,7 @@ class SarpBench:
         """Timed like every baseline: in a fresh process, from after its imports to
         its first answered match (`seconds`) and from its spawn (`spawn_s`)."""
         self.close()
-        cmd = [sys.executable, "-m", "tools.bench.sarp_index", "--data-dir", str(self.data_dir),
+        cmd = [sys.executable, "-m", "tools.bench.sarp_recover", "--data-dir", str(self.data_dir),
                "--backend", self.backend_name, "--cache-bytes", str(self.cache_bytes)]
         if not self.config.block_locators:
             cmd.append("--no-block-locators")
@@ -205,6 +198,7 @@ class SarpBench:
             cmd.append("--direct-io")
         if self.reference:
             cmd.append("--references")
+        compile_bytecode()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None
@@ -308,43 +302,3 @@ class Recording:
         del self.store.fetch, self.store.indexed  # the class's methods again
 
 
-def _open(data_dir: Path, backend: str, cache_bytes: int, config: IndexConfig,
-          sync: bool, direct_io: bool) -> SarpIndex:
-    engine, segments = split_budget(cache_bytes)
-    be = open_backend(backend, data_dir / backend, cache_bytes=engine, direct_io=direct_io)
-    ix = SarpIndex(be, config, data_dir / "snapshots", sync=sync)
-    ix.store.cache_segments = segments
-    return ix
-
-
-def _cold_recovery() -> None:
-    """Child process: time from here (imports done) to the first answered match."""
-    p = argparse.ArgumentParser()
-    p.add_argument("--data-dir", type=Path, required=True)
-    p.add_argument("--backend", default="rocksdb")
-    p.add_argument("--cache-bytes", type=int, default=8 << 20)
-    p.add_argument("--no-block-locators", action="store_true")
-    p.add_argument("--direct-io", action="store_true")
-    p.add_argument("--references", action="store_true")
-    a = p.parse_args()
-    if a.references:
-        with native_paths.references():
-            _recover_once(a)
-    else:
-        _recover_once(a)
-
-
-def _recover_once(a: argparse.Namespace) -> None:
-    t0 = time.perf_counter()
-    config = IndexConfig(block_locators=not a.no_block_locators)
-    ix = _open(a.data_dir, a.backend, a.cache_bytes, config, False, a.direct_io)
-    rep = ix.recover()
-    ix.match_many([Match(0, SeqSpec("", hashes=as_hashes(np.arange(1, 5, dtype=np.uint64))))])
-    seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "rerouted": rep.segments_rerouted,
-                      "full_scan": rep.full_scan}), flush=True)
-    ix.close()
-
-
-if __name__ == "__main__":
-    _cold_recovery()

@@ -46,6 +46,7 @@ import xxhash
 from backends.base import Backend, WriteBatch
 from sarpd.core.store import open_backend
 from tools.bench.api import Ids, RecoveryResult
+from tools.bench.spawn import compile_bytecode
 
 U64 = npt.NDArray[np.uint64]
 WINDOW = 64  # blocks per segment window (as sarp)
@@ -374,6 +375,7 @@ def cold_start(index: Baseline) -> RecoveryResult:
            "--options", json.dumps(index.recovery_options())]
     if index.direct_io:
         cmd.append("--direct-io")
+    compile_bytecode()
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)

@@ -1,0 +1,62 @@
+"""sarp's recovery child (tools.bench.sarp_recover): the budget split, one timed
+recovery answering a match, and a child that imports only what a restart needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tools.bench.sarp_index import SarpBench
+from tools.bench.sarp_recover import (
+    OWN_CACHE_SHARE,
+    SEGMENT_BYTES,
+    recover_once,
+    split_budget,
+)
+from tools.bench.spawn import REPO
+
+U64 = np.uint64
+
+
+def test_the_budget_is_split_between_the_engine_and_the_segment_cache() -> None:
+    engine, segments = split_budget(10 << 20)
+    own = int((10 << 20) * OWN_CACHE_SHARE)
+    assert engine == (10 << 20) - own and segments == own // SEGMENT_BYTES
+    assert engine + segments * SEGMENT_BYTES <= 10 << 20
+    assert split_budget(0) == (0, 0)
+
+
+def test_recover_once_opens_recovers_and_answers(tmp_path: Path) -> None:
+    bench = SarpBench()
+    bench.open(tmp_path, "rocksdb", 1 << 20)
+    seqs = [np.arange(1, 4, dtype=U64), np.arange(100, 300, dtype=U64)]
+    bench.insert_many(seqs, ["", ""], [np.full(3, 7, U64), np.full(200, 9, U64)])
+    bench.flush()
+    bench.close()
+    ix, out = recover_once(tmp_path, "rocksdb", 1 << 20, True, False)
+    try:
+        assert out["seconds"] > 0 and out["full_scan"] is False
+        assert ix.counters.blocks == 203  # everything back: the snapshot was loaded
+    finally:
+        ix.close()
+
+
+def test_the_child_imports_neither_the_harness_nor_the_bulk_builder(tmp_path: Path) -> None:
+    """What the child's spawn time counts is a restart's imports, not the bench's."""
+    code = ("import sys, runpy; sys.argv = ['x', '--data-dir', sys.argv[1]]; "
+            "runpy.run_module('tools.bench.sarp_recover', run_name='__main__'); "
+            "import json; print(json.dumps(sorted(m for m in sys.modules "
+            "if m.startswith(('tools', 'sarpd')))))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True,
+                         capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.splitlines()
+    assert json.loads(out[0])["rerouted"] == 0  # an empty directory: nothing to re-route
+    loaded = set(json.loads(out[1]))
+    assert "sarpd.core.index" in loaded
+    assert not loaded & {"tools.bench.api", "tools.bench.sarp_index", "sarpd.core.bulk",
+                         "sarpd.daemon", "sarpd.client"}
