@@ -12,11 +12,14 @@ DATA   ?= ./var
 setup: $(STAMP)
 
 # Re-installs only when pyproject.toml, setup.py or a C extension change (the
-# install is editable, so Python changes need nothing); then says which paths run
-# natively (pip hides setup.py's own output).
+# install is editable, so Python changes need nothing); compiles the modules to
+# bytecode as a regular install does (sarpd then starts without compiling them, also
+# where PYTHONDONTWRITEBYTECODE is set); then says which paths run natively (pip
+# hides setup.py's own output).
 $(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c sarpd/core/_chash.c sarpd/core/_cmatch.c sarpd/core/_cwrite.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m compileall -q sarpd backends bloomstore tools
 	$(BIN)/python -c 'from sarpd.core import native; print(native.summary())'
 	touch $(STAMP)
 
