@@ -10,7 +10,7 @@ import numpy as np
 
 from tools.bench import preload as pl
 from tools.bench.runner import index_factories, run_bench
-from tools.bench.sarp_index import SarpBench
+from tools.bench.sarp_index import SarpBench, capped, reference
 from tools.bench.workloads import get_workload
 
 
@@ -55,6 +55,21 @@ def test_preload_fills_then_reuses_the_cache(tmp_path: Path) -> None:
         ix.open(tmp_path / d, "rocksdb", 1 << 20)
         blocks = ix.stats()["blocks"]
         assert isinstance(blocks, int) and blocks >= 20_000
+        ix.close()
+
+
+def test_sarp_py_reuses_sarps_cached_store(tmp_path: Path) -> None:
+    """The reference writes what sarp writes: one cached fill serves both."""
+    args = ("rocksdb", 1 << 20, codeact_shape(), 5_000, 0, tmp_path / "cache")
+    assert not pl.preload("sarp", SarpBench, tmp_path / "a", *args)
+    assert pl.preload("sarp-py", reference, tmp_path / "b", *args)  # copied, not rebuilt
+    assert not pl.preload("sarp-cap4", capped, tmp_path / "c", *args)  # its own store
+    ix = reference()
+    ix.open(tmp_path / "b", "rocksdb", 1 << 20)
+    try:
+        blocks = ix.stats()["blocks"]
+        assert isinstance(blocks, int) and blocks >= 5_000
+    finally:
         ix.close()
 
 

@@ -23,7 +23,8 @@ is compared.)
 
 Cache (`--preload-cache DIR`): a filled, flushed and closed index directory is
 copied to DIR/<index>-<backend>-<shape digest>-<seed>-<blocks> (marked complete by
-a file DONE written last) and copied back in by later runs instead of a rebuild.
+a file DONE written last) and copied back in by later runs instead of a rebuild;
+sarp-py shares sarp's (SAME_STORE).
 At MEMORY_LIMIT_BLOCKS and more the in-memory indexes (MEMORY_INDEXES) are left out
 (~100 B per block in RAM each), with a note.
 
@@ -52,6 +53,10 @@ MAX_BLOCKS = 65_536  # longest sequence (sarp's default max_sequence_tokens / 16
 LIVE = 4096  # recent sequences a branch may leave
 MEMORY_INDEXES = frozenset({"dram-blockhash", "redis"})
 MEMORY_LIMIT_BLOCKS = 100_000_000
+# indexes whose filled store is another's, byte for byte: sarp-py writes what sarp
+# writes (the same format through the reference of the same write path, parity-tested),
+# so the cache keeps one store for both and a 10M fill is not repeated on the reference
+SAME_STORE = {"sarp-py": "sarp"}
 
 ProgressFn = Callable[[int], None]
 
@@ -178,7 +183,8 @@ def preload(name: str, make: Callable[[], BenchIndex], dest: Path, backend: str,
             cache_dir: Path | None = None, progress: ProgressFn | None = None) -> bool:
     """Leave `dest` holding index `name` filled with `blocks` blocks of `shape`, flushed
     and closed. True when it came from `cache_dir` (no rebuild)."""
-    cached = cache_dir / cache_key(name, backend, shape, seed, blocks) if cache_dir else None
+    key = cache_key(SAME_STORE.get(name, name), backend, shape, seed, blocks)
+    cached = cache_dir / key if cache_dir else None
     if cached is not None and (cached / "DONE").exists():
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(cached, dest, ignore=shutil.ignore_patterns("DONE"))
