@@ -134,6 +134,20 @@ def salt_ids(ns: str, ids: IdArray) -> IdArray:
     return out
 
 
+def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray]) -> list[IdArray]:
+    """`salt_ids` of a batch: one copy and one XOR for all of it, not two numpy calls
+    per sequence (the results are disjoint views of one array)."""
+    if not ids:
+        return []
+    lens = [len(a) for a in ids]
+    flat: IdArray = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
+    if len(set(nss)) == 1:
+        flat ^= _salt(nss[0])
+    else:
+        flat ^= np.repeat(np.concatenate([_salt(ns) for ns in nss]), lens, axis=0)
+    return np.split(flat, np.cumsum(lens[:-1]))
+
+
 def id_bytes(row: IdArray) -> bytes:
     """One id (shape (2,)) as its 16-byte little-endian form."""
     return np.ascontiguousarray(row, dtype="<u8").tobytes()

@@ -35,7 +35,14 @@ from backends.errors import (
 )
 from sarpd.config import IndexConfig
 from sarpd.core.copies import Copies
-from sarpd.core.ids import chain_ids, chain_ids_many, check_sequence_tokens, ns_root, salt_ids
+from sarpd.core.ids import (
+    chain_ids,
+    chain_ids_many,
+    check_sequence_tokens,
+    ns_root,
+    salt_ids,
+    salt_ids_many,
+)
 from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
 from sarpd.core.segment import (
     COUNTERS_KEY,
@@ -235,9 +242,10 @@ class Store:
         its error in its place."""
         out: dict[int, IdArray | TooLarge] = {}
         todo: list[int] = []
+        salted: list[int] = []
         for i, seq in enumerate(seqs):
             if seq.tokens is None:
-                out[i] = self.seq_ids(seq)
+                salted.append(i)
                 continue
             try:
                 check_sequence_tokens(len(seq.tokens), self.cfg.max_sequence_tokens)
@@ -249,6 +257,10 @@ class Store:
             ids = chain_ids_many([ns_root(seqs[i].ns) for i in todo], tokens,
                                  self.cfg.block_tokens)
             out.update(zip(todo, ids, strict=True))
+        if salted:  # caller ids: salted in one pass for the batch (`salt_ids_many`)
+            hashes = [h for h in (seqs[i].hashes for i in salted) if h is not None]
+            out.update(zip(salted, salt_ids_many([seqs[i].ns for i in salted], hashes),
+                           strict=True))
         return [out[i] for i in range(len(seqs))]
 
     # -- segments ------------------------------------------------------------------------

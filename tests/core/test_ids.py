@@ -17,6 +17,7 @@ from sarpd.core.ids import (
     ns_root,
     ns_tag,
     salt_ids,
+    salt_ids_many,
     token_ids,
 )
 from sarpd.errors import TooLarge
@@ -67,6 +68,27 @@ def test_salting_is_per_namespace_and_its_own_inverse() -> None:
     assert not (salt_ids("b", ids) == a).all(axis=1).any()
     salt = np.frombuffer(xxhash.xxh3_128_digest(b"sarp-hashes\0a"), dtype="<u8")
     assert (a == ids ^ salt.astype(np.uint64)).all()
+
+
+_ids_arrays = st.lists(st.integers(0, 2**64 - 1), max_size=12).map(
+    lambda xs: np.array(xs, dtype=np.uint64).reshape(-1, 2) if len(xs) % 2 == 0
+    else np.array(xs[:-1], dtype=np.uint64).reshape(-1, 2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["", "a", "b", "\u00e9"]), _ids_arrays), max_size=8),
+       st.booleans())
+def test_salt_ids_many_is_salt_ids_of_each(batch: list[tuple[str, np.ndarray]],
+                                           one_ns: bool) -> None:
+    """The batch form equals the rule applied one sequence at a time: one namespace
+    for the batch or mixed ones, empty sequences and an empty batch included."""
+    if one_ns:
+        batch = [("a", ids) for _, ids in batch]
+    got = salt_ids_many([ns for ns, _ in batch], [ids for _, ids in batch])
+    assert len(got) == len(batch)
+    for (ns, ids), g in zip(batch, got, strict=True):
+        assert g.dtype == np.uint64 and g.shape == ids.shape
+        assert (g == salt_ids(ns, ids)).all()
 
 
 def test_id_bytes_is_the_little_endian_form() -> None:
