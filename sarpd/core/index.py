@@ -112,6 +112,11 @@ class SarpIndex:
         return self.store.counters
 
     @property
+    def applied_seq(self) -> int:
+        """The last log sequence applied (`write_many(..., applied_seq)`; 0: none)."""
+        return self.store.applied_seq
+
+    @property
     def activity(self) -> Activity:
         return self.store.activity
 
@@ -356,9 +361,17 @@ class SarpIndex:
             raise StorageError(f"the index could not reload from disk after a failed "
                                f"write: {exc}") from exc
 
-    def write_many(self, ops: Sequence[WriteOp]) -> list[InsertResult | RemoveResult | SarpError]:
+    def write_many(self, ops: Sequence[WriteOp], applied_seq: int | None = None,
+                   ) -> list[InsertResult | RemoveResult | SarpError]:
+        """Apply a batch of writes in ONE backend write batch; each op gets its result
+        or its error. `applied_seq` (a replica applying log entries, issue 15): the
+        log sequence this batch brings the index to, stored in the same write batch
+        (durable with the data, `applied_seq`); it must be past the last one."""
         if self._stale or self._resume:
             self._reload_or_raise(resume=True)
+        if applied_seq is not None and applied_seq <= self.store.applied_seq:
+            raise ValueError(f"applied_seq {applied_seq} is not after the last applied "
+                             f"sequence {self.store.applied_seq}")
         txn = WriteTxn(self.store, self.router)
         out: list[InsertResult | RemoveResult | SarpError] = []
         try:
@@ -370,7 +383,7 @@ class SarpIndex:
                     raise
                 except SarpError as exc:
                     out.append(exc)
-            txn.commit(self.sync)
+            txn.commit(self.sync, applied_seq)
         except Exception as exc:
             log.error("write batch failed (%s); reloading the index from disk", exc)
             self._stale, self._resume = True, True

@@ -18,6 +18,10 @@ order is numeric order):
                               segments, holdings (block-holder pairs) (u64 LE each;
                               a record of the first four only is read as one holder
                               a block)
+    b"A"                   -> u64 LE: the last log sequence applied (a replica of a
+                              shard, issue 15: written in the batch of the write it
+                              applied, so data and sequence are durable together;
+                              absent: 0, nothing applied)
 
 Segment value, format 1 (little-endian; format 2 adds the holder table):
 
@@ -79,6 +83,7 @@ LOG_PREFIX = b"L"
 BLOCK_PREFIX = b"B"
 MANIFEST_KEY = b"M"
 COUNTERS_KEY = b"N"
+APPLIED_KEY = b"A"  # -> u64 LE: the last log sequence applied (replicas)
 NS_COUNT_PREFIX = b"C"  # C + namespace tag (8 bytes LE) -> indexed blocks (u64 LE)
 COUNTERS = struct.Struct("<QQQQQ")
 COUNTERS_V1 = struct.Struct("<QQQQ")  # before holders (no holdings field)

@@ -45,6 +45,7 @@ from sarpd.core.ids import (
 )
 from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
 from sarpd.core.segment import (
+    APPLIED_KEY,
     COUNTERS_KEY,
     MANIFEST_KEY,
     SEG_PREFIX,
@@ -122,6 +123,7 @@ class Store:
         self.copies = Copies(cfg.segment_blocks)  # hot windows' copies (the writer's)
         self._open_manifest()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
+        self._applied = self._read_applied()
 
     # -- the backend, errors mapped ----------------------------------------------------
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -186,14 +188,32 @@ class Store:
         """The committed counters (as on the backend)."""
         return self._counters
 
+    @property
+    def applied_seq(self) -> int:
+        """The last log sequence applied (as on the backend; 0: none)."""
+        return self._applied
+
+    def _read_applied(self) -> int:
+        raw = self.get_one(APPLIED_KEY)
+        if raw is None:
+            return 0
+        if len(raw) != 8:
+            raise CorruptData(f"applied sequence record: {len(raw)} bytes, expected 8")
+        return int.from_bytes(raw, "little")
+
     def commit(self, batch: WriteBatch, sync: bool, counters: Counters,
                ns_blocks: Mapping[int, int] | None = None,
-               segments: Iterable[Segment] = ()) -> None:
+               segments: Iterable[Segment] = (), applied_seq: int | None = None) -> None:
         """Write `batch` (which holds `counters` and the namespace counts where they
-        changed), then make memory follow: the counters, the namespace counts and the
-        committed `segments` (working copies enter the cache once durable)."""
+        changed, and `applied_seq` when given), then make memory follow: the counters,
+        the namespace counts, the applied sequence and the committed `segments`
+        (working copies enter the cache once durable)."""
+        if applied_seq is not None:
+            batch.put(APPLIED_KEY, applied_seq.to_bytes(8, "little"))
         if len(batch):
             self.write(batch, sync)
+        if applied_seq is not None:
+            self._applied = applied_seq
         self._counters = counters
         if ns_blocks:
             self._ns_blocks.update(ns_blocks)
@@ -206,6 +226,7 @@ class Store:
         self.copies.clear()
         self._ns_blocks.clear()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
+        self._applied = self._read_applied()
 
     def forget_segments(self) -> None:
         """Drop the decoded-segment cache (its segments are read again when needed)

@@ -180,8 +180,9 @@ class WriteTxn:
         return self._locators
 
     # -- commit --------------------------------------------------------------------
-    def commit(self, sync: bool) -> None:
-        """Write the batch through the store; the store's memory follows once durable."""
+    def commit(self, sync: bool, applied_seq: int | None = None) -> None:
+        """Write the batch through the store (with the log sequence it applies, for a
+        replica); the store's memory follows once durable."""
         store = self.store
         wb = WriteBatch()
         for sid in self.dirty:
@@ -202,7 +203,7 @@ class WriteTxn:
             wb.put(COUNTERS_KEY, counters.encode())
         committed = [self.cache[sid] for sid in self.dirty]
         store.commit(wb, sync, counters, self.ns_after,
-                     [seg for seg in committed if seg is not None])
+                     [seg for seg in committed if seg is not None], applied_seq)
         self.copies.end()  # durable: the copies map matches the backend again
 
     # -- operations ----------------------------------------------------------------
