@@ -9,6 +9,9 @@ import threading
 from pathlib import Path
 
 from backends.errors import BackendIOError
+from bloomstore.files import copy_synced, fsync_dir  # one copy of these file helpers
+
+__all__ = ["OpenPaths", "copy_synced", "dir_bytes", "fsync_dir"]
 
 
 class OpenPaths:
@@ -45,3 +48,4 @@ def dir_bytes(path: Path) -> int:
         except FileNotFoundError:  # removed by a compaction or log recycling meanwhile
             continue
     return total
+

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from backends.errors import BackendIOError
 
 
 @dataclass(slots=True)
@@ -95,6 +98,26 @@ class Backend(Protocol):
         memory), durably; returns how many. The optional bulk ability: an engine
         without a faster way returns `ingest_by_batches(self, items)`."""
         ...
+
+    def copy_to(self, dest: Path) -> None:
+        """A consistent copy of everything written so far into the new directory
+        `dest` (which must not exist; its parent must), that this engine opens as it
+        would reopen its own directory; this backend stays open and writable. The
+        checkpoint a new replica starts from (issue 15). RocksDB: its checkpoint (hard
+        links); WiredTiger: a hot backup (backup cursor); BloomStore: its files after
+        a checkpoint. An engine that keeps nothing on disk raises BackendIOError."""
+        ...
+
+
+def check_copy_dest(engine: str, path: Path, dest: Path) -> None:
+    """`Backend.copy_to`'s rule for `dest`: new, in an existing directory, not inside
+    the store it copies (BackendIOError naming both)."""
+    if dest.exists():
+        raise BackendIOError(f"{engine} {path}: copy_to {dest}: it already exists")
+    if not dest.parent.is_dir():
+        raise BackendIOError(f"{engine} {path}: copy_to {dest}: no directory {dest.parent}")
+    if dest.resolve().is_relative_to(path.resolve()):
+        raise BackendIOError(f"{engine} {path}: copy_to {dest}: inside the store itself")
 
 
 INGEST_BATCH_BYTES = 8 << 20  # the fallback's write batches (keys + values)

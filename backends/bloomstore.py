@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from backends.base import WriteBatch, ingest_by_batches
+from backends.base import WriteBatch, check_copy_dest, ingest_by_batches
 from backends.errors import (
     BackendConfigError,
     BackendCorrupt,
@@ -120,6 +120,11 @@ class BloomStoreBackend:
 
     def resume(self) -> None:
         """Nothing to do: a failed write leaves this engine writable."""
+
+    def copy_to(self, dest: Path) -> None:
+        """BloomStore's own copy (a checkpoint, then its live files)."""
+        check_copy_dest("bloomstore", self.path, dest)
+        _call(lambda: self._store.copy_to(dest))
 
     def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
         """Write batches (Backend.ingest's fallback)."""

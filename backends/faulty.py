@@ -104,6 +104,13 @@ class FaultyBackend:
         """Write batches through this wrapper, so that its faults apply."""
         return ingest_by_batches(self, items)
 
+    def copy_to(self, dest: Path) -> None:
+        """The inner engine's copy; a fault mode fails it (a full or failing disk)."""
+        mode = self.mode()
+        if mode:
+            raise self._fail(f"copy_to {dest}", errno.EIO if mode != "enospc" else errno.ENOSPC)
+        self.inner.copy_to(dest)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -85,6 +85,10 @@ class MemoryBackend:
     def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
         return ingest_by_batches(self, items)
 
+    def copy_to(self, dest: Path) -> None:
+        raise BackendIOError(f"memory: copy_to {dest}: this backend keeps nothing on disk "
+                             "(not persistent)")
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

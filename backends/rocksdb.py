@@ -88,7 +88,7 @@ from typing import Any, cast
 import rocksdict
 
 from backends._files import OpenPaths, dir_bytes
-from backends.base import WriteBatch, sorted_items
+from backends.base import WriteBatch, check_copy_dest, sorted_items
 from backends.errors import BackendConfigError, BackendIOError
 
 KiB = 1024
@@ -394,6 +394,18 @@ class RocksDBBackend:
                 raise self._error(f"reopen after a failed write ({self._failed})",
                                   exc) from exc
             self._failed = ""
+
+    def copy_to(self, dest: Path) -> None:
+        """RocksDB's checkpoint into `dest`: table files hard-linked (copied across
+        file systems), the memtables flushed first, the WAL and MANIFEST copied; ~ms."""
+        check_copy_dest("rocksdb", self.path, dest)
+        with self._lock:
+            if self._closed:
+                raise BackendIOError(f"rocksdb {self.path}: copy_to after close")
+            try:
+                rocksdict.Checkpoint(self._db).create_checkpoint(str(dest))
+            except Exception as exc:
+                raise self._error(f"copy_to {dest}", exc) from exc
 
     def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
         """Bulk load: `items` (sorted) go into table files of ~SST_FILE_BYTES written

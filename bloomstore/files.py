@@ -33,6 +33,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def copy_synced(src: Path, dst: Path) -> None:
+    """Copy the file `src` to the new file `dst`, fsync'd."""
+    with open(src, "rb") as fi, open(dst, "xb") as fo:
+        while chunk := fi.read(1 << 20):
+            fo.write(chunk)
+        fo.flush()
+        os.fsync(fo.fileno())
+
+
 def write_atomic(path: Path, data: bytes, fsync: bool) -> None:
     """Replace `path` by `data` all at once: temp file, fsync, rename, fsync dir."""
     tmp = path.with_name(path.name + ".tmp")

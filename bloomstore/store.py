@@ -49,7 +49,7 @@ from bloomstore.errors import (
     StoreIOError,
     StoreLockedError,
 )
-from bloomstore.files import file_bytes
+from bloomstore.files import copy_synced, file_bytes, fsync_dir
 from bloomstore.filter import U64, digests, partitions_of
 from bloomstore.manifest import NAME as MANIFEST_NAME
 from bloomstore.manifest import FlushEdit, Manifest, PartitionState, StoreState
@@ -336,6 +336,26 @@ class BloomStore:
         old.path.unlink(missing_ok=True)
         self._counters["checkpoints"] += 1
         return True
+
+    def copy_to(self, dest: Path) -> None:
+        """A consistent copy into the new directory `dest` (its parent must exist):
+        a checkpoint (every buffer to pages, a new empty log, the manifest), then the
+        files a reopen reads (MANIFEST, the log, each partition's live pages and
+        chain), each fsync'd, then `dest` itself. Writes wait meanwhile."""
+        with self._lock:
+            self._check_open("copy_to")
+            self._checkpoint(strict=True)
+            names = [MANIFEST_NAME, wal_name(self._wal.gen)]
+            for p in self._parts:
+                if p.state.gen:
+                    names.extend(file_names(p.index, p.state.gen))
+            try:
+                dest.mkdir()
+                for name in names:
+                    copy_synced(self.path / name, dest / name)
+                fsync_dir(dest)
+            except OSError as exc:
+                raise self._io_error(f"copy_to {dest}", exc) from exc
 
     # -- compaction ------------------------------------------------------------------
     def _compact(self, part: Partition) -> compact.CompactResult:

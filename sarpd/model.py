@@ -152,6 +152,16 @@ class SnapshotResult:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointResult:
+    """A checkpoint written (`SarpIndex.checkpoint`): the log sequence it holds, its
+    newest segment, how long it took."""
+
+    applied_seq: int
+    segment_id: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class CheckReport:
     """What `sarpctl check` found (and, with fix, repaired)."""
 

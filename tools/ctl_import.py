@@ -23,7 +23,7 @@ import click
 
 from sarpd.config import ServerConfig, load_config
 from sarpd.core.bulk import BulkBuilder, BulkReport
-from sarpd.core.store import open_backend
+from sarpd.core.store import data_paths, open_backend
 from sarpd.daemon.cli import lock_data_dir
 from sarpd.errors import ConfigError, SarpError
 from sarpd.model import Insert
@@ -120,11 +120,11 @@ def run_import(source: Path, cfg: ServerConfig, read_step: StepFn | None = None,
                             raise ConfigError(f"line {op.id}: {res.code}: {res.message}")
                     inserts += len(batch)
             t1 = time.perf_counter()
-            backend = open_backend(cfg.backend, data_dir / cfg.backend,
-                                   cache_bytes=cfg.cache_bytes)
+            backend_dir, snapshot_dir = data_paths(data_dir, cfg.backend)
+            backend = open_backend(cfg.backend, backend_dir, cache_bytes=cfg.cache_bytes)
             try:
                 step = write_bar(builder.staging.items_total) if write_bar else None
-                report = builder.finish(backend, data_dir / "snapshots" / cfg.backend, step)
+                report = builder.finish(backend, snapshot_dir, step)
             finally:
                 backend.close()
         finally:

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.base import Backend, WriteBatch, ingest_by_batches
+from backends.errors import BackendIOError
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
 from sarpd.core.segment import (
@@ -252,6 +253,10 @@ class Staging:
 
     def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
         return ingest_by_batches(self, items)
+
+    def copy_to(self, dest: Path) -> None:
+        raise BackendIOError(f"staging: copy_to {dest}: a bulk build's staging holds no "
+                             "store yet (copy the built data directory)")
 
     def close(self) -> None:
         self._data = {}

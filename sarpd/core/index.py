@@ -53,10 +53,11 @@ from sarpd.core.snapshot import (
     read_snapshot,
     write_snapshot,
 )
-from sarpd.core.store import Activity, Store
+from sarpd.core.store import Activity, Store, data_paths
 from sarpd.core.writer import WriteTxn
-from sarpd.errors import CorruptData, FormatVersionError, SarpError, StorageError
+from sarpd.errors import ConfigError, CorruptData, FormatVersionError, SarpError, StorageError
 from sarpd.model import (
+    CheckpointResult,
     CheckReport,
     Clear,
     IdArray,
@@ -404,12 +405,33 @@ class SarpIndex:
         if self._stale:
             self._reload_or_raise(resume=False)
         t0 = time.perf_counter()
-        watermark = self.counters.next_version - 1
-        meta = SnapshotMeta(watermark, self.counters.next_seg - 1,
-                            self.cfg.block_tokens, self.cfg.segment_blocks)
+        meta = self._snapshot_meta()
         write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2)
         self._gc_log()
         return SnapshotResult(meta.newest_seg, time.perf_counter() - t0)
+
+    def _snapshot_meta(self) -> SnapshotMeta:
+        return SnapshotMeta(self.counters.next_version - 1, self.counters.next_seg - 1,
+                            self.cfg.block_tokens, self.cfg.segment_blocks)
+
+    def checkpoint(self, dest: Path) -> CheckpointResult:
+        """What a new replica starts from (issue 15): the new directory `dest` gets a
+        sarpd data directory (`data_paths`) holding a directory snapshot and the
+        backend's consistent copy (`Backend.copy_to`), both of the index after its last
+        write batch, with its `applied_seq`. Opened there and recovered, it answers
+        as this index answers now; this index goes on serving."""
+        if self._stale:
+            self._reload_or_raise(resume=False)
+        if dest.exists():
+            raise ConfigError(f"checkpoint {dest}: it already exists (a checkpoint goes "
+                              "into a new directory)")
+        t0 = time.perf_counter()
+        backend_dir, snapshot_dir = data_paths(dest, self.backend.name)
+        snapshot_dir.mkdir(parents=True)
+        meta = self._snapshot_meta()
+        write_snapshot(snapshot_dir, self.dir.to_arrays(), meta, keep=1)
+        self.store.copy_to(backend_dir)
+        return CheckpointResult(self.applied_seq, meta.newest_seg, time.perf_counter() - t0)
 
     def _gc_log(self) -> None:
         """Drop change-log records that every kept snapshot already folds in."""

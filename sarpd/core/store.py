@@ -91,6 +91,12 @@ def backend_errors() -> Iterator[None]:
         raise StorageError(exc.message) from exc
 
 
+def data_paths(data_dir: Path, backend: str) -> tuple[Path, Path]:
+    """THE layout of a sarpd data directory: (the engine's files, the directory
+    snapshots) = DATA/<backend>, DATA/snapshots/<backend>. A checkpoint has it too."""
+    return data_dir / backend, data_dir / "snapshots" / backend
+
+
 def open_backend(name: str, path: Path, *, cache_bytes: int,
                  direct_io: bool = False) -> Backend:
     """`backends.registry.open_backend`, with the backends' errors mapped to sarp's."""
@@ -147,6 +153,11 @@ class Store:
     def write(self, batch: WriteBatch, sync: bool) -> None:
         with backend_errors():
             self.backend.write(batch, sync)
+
+    def copy_to(self, dest: Path) -> None:
+        """The backend's consistent copy of what is written (`Backend.copy_to`)."""
+        with backend_errors():
+            self.backend.copy_to(dest)
 
     def resume(self) -> None:
         """Make the backend writable again after a failed write (Backend.resume)."""

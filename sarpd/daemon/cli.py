@@ -159,13 +159,11 @@ class Daemon:
         return 0
 
     def _open(self) -> tuple[SarpIndex, str]:
-        from sarpd.core.store import open_backend
+        from sarpd.core.store import data_paths, open_backend
 
         cfg = self.config
-        backend = open_backend(
-            cfg.backend, cfg.data_dir / cfg.backend, cache_bytes=cfg.cache_bytes
-        )
-        snapshot_dir = cfg.data_dir / "snapshots" / cfg.backend
+        backend_dir, snapshot_dir = data_paths(cfg.data_dir, cfg.backend)
+        backend = open_backend(cfg.backend, backend_dir, cache_bytes=cfg.cache_bytes)
         snapshot_dir.mkdir(parents=True, exist_ok=True)
         index = SarpIndex(backend, cfg.index, snapshot_dir, sync=cfg.sync == "always")
         return index, backend.name

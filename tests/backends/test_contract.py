@@ -354,6 +354,47 @@ def test_reopen_after_close_keeps_data(persistent_opener: Opener) -> None:
     assert int(again.stats()["disk_bytes"]) > 1 << 20
 
 
+def test_copy_to_is_a_consistent_copy_the_engine_reopens(
+        persistent_opener: Opener, name: str, tmp_path: Path) -> None:
+    """`copy_to` while open and unflushed: the copy holds every write made before it
+    (synced or not, memtables and write buffers included) and nothing after; the
+    original stays open and writable; the copy opens as its own store."""
+    backend = persistent_opener()
+    put_all(backend, [(b"S" + be8(i), b"v%d" % i) for i in range(300)], sync=False)
+    backend.write(batch_of({b"last": b"synced"}, [b"S" + be8(5)]), sync=True)
+    dest = tmp_path / "copy"
+    backend.copy_to(dest)
+    backend.write(batch_of({b"after": b"x"}, [b"S" + be8(6)]), sync=True)
+    assert backend.get_many([b"after", b"S" + be8(6)]) == [b"x", None]
+    copy = open_backend(name, dest, cache_bytes=CACHE)
+    try:
+        assert copy.get_many([b"S" + be8(4), b"S" + be8(5), b"S" + be8(6), b"last",
+                              b"after"]) == [b"v4", None, b"v6", b"synced", None]
+        assert len(list(copy.scan(b"S", b"T"))) == 299
+        copy.write(batch_of({b"own": b"y"}, []), sync=True)  # a store of its own
+        assert backend.get_many([b"own"]) == [None]
+    finally:
+        copy.close()
+
+
+def test_copy_to_refuses_a_bad_destination(persistent_opener: Opener, tmp_path: Path) -> None:
+    backend = persistent_opener()
+    (tmp_path / "taken").mkdir()
+    for dest, what in ((tmp_path / "taken", "already exists"),
+                       (tmp_path / "no" / "such", "no directory"),
+                       (tmp_path / "db" / "inner", "inside the store")):
+        with pytest.raises(BackendIOError, match=f"copy_to .*{what}"):
+            backend.copy_to(dest)
+    backend.close()
+    with pytest.raises(BackendIOError):
+        backend.copy_to(tmp_path / "after-close")
+
+
+def test_copy_to_of_the_memory_backend_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BackendIOError, match="keeps nothing on disk"):
+        MemoryBackend().copy_to(tmp_path / "copy")
+
+
 def test_acknowledged_batches_survive_kill_9(
     persistent_opener: Opener, name: str, tmp_path: Path
 ) -> None:

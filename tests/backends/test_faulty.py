@@ -193,3 +193,19 @@ def test_each_mode_fails_as_documented(tmp_path: Path) -> None:
         assert backend.get_many([b"d"]) == [b"v"] and backend.faults == 6
     finally:
         backend.close()
+
+
+def test_copy_to_fails_under_a_fault_and_copies_without_one(tmp_path: Path) -> None:
+    inner = open_backend("rocksdb", tmp_path / "db", cache_bytes=8 << 20)
+    fb = FaultyBackend(inner)
+    fb.write(batch_of({b"k": b"v"}, []), sync=True)
+    fb.set_mode("enospc")
+    with pytest.raises(BackendIOError, match=r"copy_to .*No space left .*injected"):
+        fb.copy_to(tmp_path / "copy")
+    assert not (tmp_path / "copy").exists() and fb.faults == 1
+    fb.set_mode("")
+    fb.copy_to(tmp_path / "copy")
+    fb.close()
+    copy = open_backend("rocksdb", tmp_path / "copy", cache_bytes=8 << 20)
+    assert copy.get_many([b"k"]) == [b"v"]
+    copy.close()

@@ -54,12 +54,13 @@ def write_lines(path: Path, workload: str, blocks: int, seed: int, bar: bool) ->
 def recover_in_process(data_dir: Path, backend: str) -> dict[str, float]:
     """Run in a fresh process: open, recover, answer one match (after imports)."""
     from sarpd.core.index import SarpIndex
-    from sarpd.core.store import open_backend
+    from sarpd.core.store import data_paths, open_backend
     from sarpd.model import Match, SeqSpec
 
     t0 = time.perf_counter()
-    be = open_backend(backend, data_dir / backend, cache_bytes=64 << 20)
-    ix = SarpIndex(be, load_config(None).index, data_dir / "snapshots" / backend)
+    backend_dir, snapshot_dir = data_paths(data_dir, backend)
+    be = open_backend(backend, backend_dir, cache_bytes=64 << 20)
+    ix = SarpIndex(be, load_config(None).index, snapshot_dir)
     rep = ix.recover()
     ids = np.zeros((len(PROBE), 2), np.uint64)
     ids[:, 0] = PROBE

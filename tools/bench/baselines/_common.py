@@ -214,6 +214,9 @@ class CountingBackend:
     def ingest(self, items: Iterable[tuple[bytes, bytes]]) -> int:
         return self.inner.ingest(items)
 
+    def copy_to(self, dest: Path) -> None:
+        self.inner.copy_to(dest)
+
     def resume(self) -> None:
         self.inner.resume()
 
