@@ -370,26 +370,28 @@ def encode_error(req_id: int, err: SarpError) -> bytes:
 
 def encode_result(req_id: int, result: object, *, block_tokens: int = 16) -> bytes:
     """A typed index result (or a dict, None, or a SarpError) -> response bytes."""
-    if isinstance(result, MatchResult):
-        fields: dict[str, Any] = {
-            "blocks": int(result.blocks),
-            "tokens": int(result.blocks) * block_tokens,
+    if isinstance(result, MatchResult):  # the response map built at once (hot path)
+        blocks = int(result.blocks)
+        msg: dict[str, Any] = {
+            "id": req_id,
+            "ok": True,
+            "blocks": blocks,
+            "tokens": blocks * block_tokens,
             "meta": np.ascontiguousarray(result.meta, dtype="<u8").tobytes(),
         }
         if result.ids is not None:
-            fields["ids"] = ids_to_bytes(result.ids)
+            msg["ids"] = ids_to_bytes(result.ids)
         if result.holders is not None:
-            fields["holders"] = [[m, b] for m, b in result.holders]
-        return encode_ok(req_id, fields)
+            msg["holders"] = [[m, b] for m, b in result.holders]
+        return _pack(msg)
     if isinstance(result, InsertResult):
-        return encode_ok(
-            req_id,
-            {
-                "blocks": result.blocks,
-                "new_blocks": result.new_blocks,
-                "matched_blocks": result.matched_blocks,
-            },
-        )
+        return _pack({
+            "id": req_id,
+            "ok": True,
+            "blocks": result.blocks,
+            "new_blocks": result.new_blocks,
+            "matched_blocks": result.matched_blocks,
+        })
     if isinstance(result, RemoveResult):
         return encode_ok(req_id, {"removed": result.removed})
     if isinstance(result, SnapshotResult):
