@@ -212,7 +212,7 @@ class Connection(asyncio.Protocol):
             self._read_paused = False
 
 
-Queued = tuple[Connection, Request]
+Queued = tuple[Connection, Request, int]  # the request's `request_bytes`, counted once
 
 
 class Server:
@@ -364,7 +364,7 @@ class Server:
         self.queue_bytes += size
         if not self.queue:
             self._first_at = asyncio.get_running_loop().time()
-        self.queue.append((conn, req))
+        self.queue.append((conn, req, size))
         conn.inflight += 1
         self._wake.set()
         if len(self.queue) >= self.config.batch_max:
@@ -389,7 +389,7 @@ class Server:
                     async with asyncio.timeout(remaining):
                         await self._full.wait()
             batch = [self.queue.popleft() for _ in range(min(bmax, len(self.queue)))]
-            self.queue_bytes -= sum(request_bytes(req) for _, req in batch)
+            self.queue_bytes -= sum(size for _, _, size in batch)
             self._first_at = float("-inf")  # leftovers have waited long enough
             self._busy = True
             try:
@@ -406,7 +406,7 @@ class Server:
         service = self.service
         assert service is not None
         block_tokens = self.config.index.block_tokens
-        keyed = [(id(conn), req) for conn, req in batch]
+        keyed = [(id(conn), req) for conn, req, _ in batch]
 
         def work() -> tuple[list[object], list[bytes]]:
             results = service.run_batch(keyed)  # never raises
@@ -418,7 +418,7 @@ class Server:
 
         results, frames = await self.run_exclusive(work)
         try:  # before the answers go out, so that a client sees its own requests counted
-            self.metrics.record_batch([req for _, req in batch], results)
+            self.metrics.record_batch([req for _, req in keyed], results)
         finally:  # metrics never cost an answer
             self._send(batch, frames)
         if self.metrics.index_stats_due():
@@ -427,7 +427,7 @@ class Server:
     @staticmethod
     def _send(batch: list[Queued], frames: list[bytes]) -> None:
         per_conn: dict[Connection, list[bytes]] = {}
-        for (conn, _), frame in zip(batch, frames, strict=True):
+        for (conn, _, _), frame in zip(batch, frames, strict=True):
             per_conn.setdefault(conn, []).append(frame)
         for conn, parts in per_conn.items():
             conn.send(b"".join(parts))

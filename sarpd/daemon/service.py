@@ -76,13 +76,20 @@ class IndexLike(Protocol):
     def stats(self) -> dict[str, int | float | str]: ...
 
 
+_KINDS: dict[type, PhaseKind] = {
+    **{t: "read" for t in (Match, Hello, Ping, Stats, Report)},
+    **{t: "write" for t in (Insert, Remove, Clear)},
+    **{t: "barrier" for t in (SnapshotReq, Check, Dump)},
+}
+
+
 def kind_of(req: Request) -> PhaseKind:
-    if isinstance(req, Match | Hello | Ping | Stats | Report):
-        return "read"
-    if isinstance(req, Insert | Remove | Clear):
-        return "write"
-    if isinstance(req, SnapshotReq | Check | Dump):
-        return "barrier"
+    kind = _KINDS.get(type(req))  # one lookup per request (subclasses: the loop below)
+    if kind is not None:
+        return kind
+    for cls, kind in _KINDS.items():
+        if isinstance(req, cls):
+            return kind
     raise Internal(f"op: no phase for request type {type(req).__name__}")
 
 
@@ -202,7 +209,7 @@ class Service:
             results = contain(what, len(members), partial(self._run_phase, phase.kind, members))
             for i, res in zip(phase.members, results, strict=True):
                 out[i] = res
-        self.counters["errors"] += sum(isinstance(r, SarpError) for r in out)
+        self.counters["errors"] += sum(1 for r in out if isinstance(r, SarpError))
         return out
 
     def _run_phase(self, kind: PhaseKind, reqs: list[Request]) -> Sequence[object]:

@@ -175,16 +175,18 @@ class Decoder:
     `BadMessage`s, in stream order) and raises `StreamError` (a `FrameError`) when
     the stream is unusable; after that every ``feed`` raises it again.
 
-    Two unpackers see the same bytes: a skipping one finds where each message ends
-    without building anything, and only then does the other build that message,
-    under the per-type limits and the hooks of `_Budget`. So a header that declares
-    a huge array costs nothing until the bytes of that array have arrived.
+    Two unpackers: a skipping one sees every byte and finds where each message ends
+    without building anything, and only then does the other get that message's bytes
+    and build it, under the per-type limits and the hooks of `_Budget`. So a header
+    that declares a huge array costs nothing until the bytes of that array have
+    arrived. (The bytes of an unfinished message are given to the builder at the end
+    of each chunk: neither unpacker holds the caller's buffer.)
 
     With ``fast`` (the default), a complete message of at most
     `fast.fast_frame_limit` bytes that lies in the bytes of one ``feed`` is first
     offered to `fast.fast_parse` (msgspec, for the common match and insert; the builder
-    then skips it); whatever that does not take is built as above, so every answer,
-    and every error, is the full path's.
+    then never sees its bytes); whatever that does not take is built as above, so
+    every answer, and every error, is the full path's.
     """
 
     def __init__(self, limits: Limits | None = None, *, fast: bool = True) -> None:
@@ -213,6 +215,9 @@ class Decoder:
         self._fast_limit = fast_frame_limit(lim) if fast else 0
         self._chunk = memoryview(b"")  # the bytes fed last, from stream offset _chunk_at
         self._chunk_at = 0
+        # The builder gets a message's bytes only when it builds or skips that message
+        # (fast-path messages it never sees): it holds the stream up to _built.
+        self._built = 0
 
     @property
     def buffered(self) -> int:
@@ -239,7 +244,6 @@ class Decoder:
         pos, end = 0, len(view)
         limit = self.limits.max_frame_size
         while True:
-            self._drain(out)
             partial = self._fed - self._frame_start  # bytes of the unfinished message
             if partial > limit:
                 raise FrameError(
@@ -250,10 +254,18 @@ class Decoder:
             # Never more than one byte past the limit: the buffers stay bounded.
             chunk = view[pos : pos + limit + 1 - partial]
             self._skipper.feed(chunk)
-            self._builder.feed(chunk)
             self._chunk, self._chunk_at = chunk, self._fed
             self._fed += len(chunk)
             pos += len(chunk)
+            self._drain(out)
+            self._feed_builder(self._fed)  # the unfinished message's bytes, if any
+
+    def _feed_builder(self, upto: int) -> None:
+        """Give the builder the stream's bytes from `_built` to `upto` (all in the last
+        chunk fed: earlier bytes were given when their chunk was)."""
+        if upto > self._built:
+            self._builder.feed(self._chunk[self._built - self._chunk_at : upto - self._chunk_at])
+            self._built = upto
 
     def _drain(self, out: list[Request | BadMessage]) -> None:
         """Build every message the skipper finds complete."""
@@ -275,15 +287,15 @@ class Decoder:
         """The request of the next complete message in the builder: `size` bytes from
         stream offset `start`."""
         at = start - self._chunk_at
-        if size <= self._fast_limit and at >= 0:  # small, and all in the last chunk fed
+        # small, all in the last chunk fed, and none of it given to the builder yet
+        if size <= self._fast_limit and at >= 0 and self._built == start:
             fast = fast_parse(self._chunk[at : at + size], self.limits, self.protocol)
-        else:
-            fast = None
+            if fast is not None:
+                self._built = start + size  # the builder never sees this message
+                return fast
+        self._feed_builder(start + size)
         self._budget.reset()
         try:
-            if fast is not None:
-                self._builder.skip()  # the builder keeps pace with the stream
-                return fast
             obj = self._builder.unpack()
         except FrameError:
             raise
@@ -370,26 +382,28 @@ def encode_error(req_id: int, err: SarpError) -> bytes:
 
 def encode_result(req_id: int, result: object, *, block_tokens: int = 16) -> bytes:
     """A typed index result (or a dict, None, or a SarpError) -> response bytes."""
-    if isinstance(result, MatchResult):
-        fields: dict[str, Any] = {
-            "blocks": int(result.blocks),
-            "tokens": int(result.blocks) * block_tokens,
+    if isinstance(result, MatchResult):  # the response map built at once (hot path)
+        blocks = int(result.blocks)
+        msg: dict[str, Any] = {
+            "id": req_id,
+            "ok": True,
+            "blocks": blocks,
+            "tokens": blocks * block_tokens,
             "meta": np.ascontiguousarray(result.meta, dtype="<u8").tobytes(),
         }
         if result.ids is not None:
-            fields["ids"] = ids_to_bytes(result.ids)
+            msg["ids"] = ids_to_bytes(result.ids)
         if result.holders is not None:
-            fields["holders"] = [[m, b] for m, b in result.holders]
-        return encode_ok(req_id, fields)
+            msg["holders"] = [[m, b] for m, b in result.holders]
+        return _pack(msg)
     if isinstance(result, InsertResult):
-        return encode_ok(
-            req_id,
-            {
-                "blocks": result.blocks,
-                "new_blocks": result.new_blocks,
-                "matched_blocks": result.matched_blocks,
-            },
-        )
+        return _pack({
+            "id": req_id,
+            "ok": True,
+            "blocks": result.blocks,
+            "new_blocks": result.new_blocks,
+            "matched_blocks": result.matched_blocks,
+        })
     if isinstance(result, RemoveResult):
         return encode_ok(req_id, {"removed": result.removed})
     if isinstance(result, SnapshotResult):

@@ -10,12 +10,13 @@ import pytest
 
 from sarpd.config import ServerConfig
 from sarpd.core.store import Activity
-from sarpd.daemon.service import Service, contain, schedule
+from sarpd.daemon.service import Service, contain, kind_of, schedule
 from sarpd.errors import BadRequest, Busy, Internal, SarpError, StorageError
 from sarpd.model import (
     Check,
     CheckReport,
     Clear,
+    Dump,
     Hello,
     Insert,
     InsertResult,
@@ -307,3 +308,22 @@ def test_stats_includes_what_the_server_adds_and_the_reports() -> None:
     assert stats["queue_depth"] == 3 and stats["hit_ratio"] == 0.5
     assert stats["reports"]["bridge"]["gaps"] == 1.0
     assert stats["backend"] == "memory" and stats["sync"] == "always"
+
+
+def test_every_request_type_has_its_phase_kind() -> None:
+    """Looked up by type; a subclass takes its base's kind; anything else is a bug."""
+    s = seq(1)
+    kinds = {
+        "read": [Match(1, s), Hello(1), Ping(1), Stats(1), Report(1, "x", {})],
+        "write": [Insert(1, s, meta=0), Remove(1, seq=s), Clear(1, ns="")],
+        "barrier": [Snapshot(1), Check(1), Dump(1, s)],
+    }
+    for kind, reqs in kinds.items():
+        assert [kind_of(r) for r in reqs] == [kind] * len(reqs)
+
+    class Later(Insert):
+        __slots__ = ()
+
+    assert kind_of(Later(1, s, meta=0)) == "write"
+    with pytest.raises(Internal, match="no phase for request type Request"):
+        kind_of(Request(1))

@@ -176,6 +176,32 @@ def test_fast_decoder_answers_exactly_as_the_full_one(limits: Limits, data: st.D
         assert equal(a, b), (a, b)
 
 
+CHUNKED = Limits(max_sequence_tokens=128, max_ns_bytes=8, max_frame_size=600)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_a_stream_decodes_as_its_frames_one_by_one(data: st.DataObject) -> None:
+    """The builder gets only the bytes of the messages it builds (fast-path ones it
+    never sees): a stream of fast and full-path messages, fed whole (more bytes than
+    max_frame_size: several chunks in one feed) or in pieces, decodes as each of its
+    frames alone in a fresh decoder."""
+    msgs = data.draw(st.lists(request_pairs(CHUNKED), min_size=1, max_size=12))
+    frames = [frame(p) for p in msgs]
+    frames = [f for f in frames if len(f) <= CHUNKED.max_frame_size]
+    want = [Decoder(CHUNKED).feed(f) for f in frames]
+    raw = b"".join(frames)
+    cuts = data.draw(st.lists(st.integers(0, 10**6), max_size=4))
+    got, dec = [], Decoder(CHUNKED)
+    for lo, hi in itertools.pairwise([0, *sorted(c % (len(raw) + 1) for c in cuts), len(raw)]):
+        got += dec.feed(raw[lo:hi])
+    assert dec.buffered == 0
+    flat = [r for one in want for r in one]
+    assert len(got) == len(flat) == len(frames)
+    for a, b in zip(flat, got, strict=True):
+        assert equal(a, b), (a, b)
+
+
 @SETTINGS
 @given(value=st.recursive(junk | big | st.text(max_size=5),
                           lambda inner: st.lists(inner, max_size=3)

@@ -261,6 +261,26 @@ def test_encode_result_for_every_result_type() -> None:
         encode_result(10, object())
 
 
+@pytest.mark.parametrize("n", [0, 1, 3, 64])
+def test_match_and_insert_answers_are_bytes_of_the_generic_encoder(n: int) -> None:
+    """The hot results build their response map at once: the same bytes as
+    `encode_ok` of their fields (numpy-typed fields too, through `_plain`)."""
+    meta = np.arange(n, dtype=np.uint64) * (2**63 // 7)
+    ids = ids_from_bytes((ID_A + ID_B) * n)[:n]
+    plain, full = MatchResult(n, meta), MatchResult(n, meta, ids, [(1, n)])
+    for res, holders in ((plain, None), (full, [[1, n]])):
+        fields: dict[str, Any] = {
+            "blocks": n, "tokens": n * 32, "meta": meta.astype("<u8").tobytes()}
+        if res.ids is not None:
+            fields["ids"] = ids.astype("<u8").tobytes()
+            fields["holders"] = holders
+        assert encode_result(7, res, block_tokens=32) == encode_ok(7, fields)
+    for blocks in (n, np.int64(n)):
+        res = InsertResult(blocks=blocks, new_blocks=np.uint64(1), matched_blocks=2)  # type: ignore[arg-type]
+        want = encode_ok(2**64 - 1, {"blocks": n, "new_blocks": 1, "matched_blocks": 2})
+        assert encode_result(2**64 - 1, res) == want
+
+
 def test_error_from_code_maps_every_code() -> None:
     classes: list[type[SarpError]] = [
         BadRequest,
