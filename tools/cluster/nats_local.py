@@ -6,8 +6,8 @@ file `DIR/<name>.conf` and its own store `DIR/<name>/` (JetStream file storage w
 default syncs every 2 minutes, and Jepsen's analysis of NATS 2.12.1 lost acknowledged
 writes that way), and a log `DIR/<name>.log`. Every node routes to every node.
 
-`start()` returns once the JetStream meta group has a leader (as every node sees it)
-and every node's `/healthz?js-enabled-only=true` answers ok, else raises
+`start()` returns once the JetStream meta group has a leader and all N peers (as every
+node sees it) and every node's `/healthz?js-enabled-only=true` answers ok, else raises
 `NatsClusterError` naming the node and the tail of its log. `kill(i)` SIGKILLs one node,
 `restart(i)` starts it again on the same config and store, `stop()` stops them all
 (SIGTERM, then SIGKILL after a grace period). `local_cluster(...)` is the context
@@ -173,6 +173,7 @@ class NatsCluster:
         self.ready_timeout_s = ready_timeout_s
         self.nodes = [self._node(i) for i in range(nodes)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
+        self.killed: set[int] = set()  # nodes down on purpose (`kill`): not waited for
 
     def _node(self, i: int) -> Node:
         name = f"n{i}"
@@ -204,6 +205,7 @@ class NatsCluster:
 
     def _spawn(self, i: int) -> None:
         node = self.nodes[i]
+        self.killed.discard(i)
         with node.log.open("ab") as log:
             self.procs[i] = subprocess.Popen(
                 [str(self.binary), "-c", str(node.config)], stdin=subprocess.DEVNULL,
@@ -213,19 +215,24 @@ class NatsCluster:
         return [i for i, p in enumerate(self.procs) if p is not None and p.poll() is None]
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Every running node healthy (JetStream) and seeing a meta leader."""
+        """Every node not killed on purpose healthy (JetStream) and, in one pass over
+        them, all agreeing on one meta leader with all N peers; a node that exited is an
+        error at once. (Right after a start a node may briefly report a meta group of
+        fewer peers: one node's word is not enough.)"""
         deadline = time.monotonic() + (self.ready_timeout_s if timeout_s is None else timeout_s)
-        pending = self.running()
-        while pending:
-            pending = [i for i in pending if not self._ready(i)]
-            if not pending:
+        up = [i for i in range(len(self.nodes)) if i not in self.killed]
+        while True:
+            metas = {i: self._meta(i) for i in up}
+            waiting = [i for i, m in metas.items() if not self._agrees(m, metas)]
+            if not waiting:
                 return
-            now = time.monotonic()
-            if now >= deadline:
-                raise self._not_ready(pending[0], "timed out waiting for it to get ready")
+            if time.monotonic() >= deadline:
+                raise self._not_ready(waiting[0], "timed out waiting for it to get ready "
+                                      f"(its meta group view: {metas[waiting[0]]})")
             time.sleep(POLL_S)
 
-    def _ready(self, i: int) -> bool:
+    def _meta(self, i: int) -> dict[str, object] | None:
+        """Node i's view of the JetStream meta group once it is healthy, else None."""
         proc = self.procs[i]
         if proc is None or proc.poll() is not None:
             code = None if proc is None else proc.returncode
@@ -233,10 +240,17 @@ class NatsCluster:
         base = f"http://127.0.0.1:{self.nodes[i].http_port}"
         health = _get_json(f"{base}/healthz?js-enabled-only=true")
         if health is None or health.get("status") != "ok":
-            return False
+            return None
         jsz = _get_json(f"{base}/jsz")
         meta = None if jsz is None else jsz.get("meta_cluster")
-        return isinstance(meta, dict) and bool(meta.get("leader"))
+        return meta if isinstance(meta, dict) else None
+
+    def _agrees(self, meta: dict[str, object] | None,
+                metas: dict[int, dict[str, object] | None]) -> bool:
+        if meta is None or not meta.get("leader") or meta.get("cluster_size") != len(self.nodes):
+            return False
+        leaders = {None if m is None else m.get("leader") for m in metas.values()}
+        return leaders == {meta["leader"]}
 
     def _not_ready(self, i: int, what: str) -> NatsClusterError:
         node = self.nodes[i]
@@ -247,6 +261,7 @@ class NatsCluster:
     def kill(self, i: int) -> None:
         """SIGKILL node i (no clean shutdown) and reap it."""
         proc = self.procs[i]
+        self.killed.add(i)
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
