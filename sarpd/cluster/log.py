@@ -69,11 +69,20 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")  # a NATS name token: no '.', '*', 
 
 T = TypeVar("T")
 # what a node going down or a leader election looks like to a caller: worth retrying
+# (TimeoutError: nats.errors.TimeoutError derives from it, and nats-py raises both)
 TRANSIENT: tuple[type[Exception], ...] = (
-    nats.errors.TimeoutError, nats.errors.NoRespondersError,
+    TimeoutError, nats.errors.NoRespondersError,
     nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
     nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
 )
+# JetStream's 409 while the same msg id's first attempt is still being proposed
+DUPLICATE_IN_PROCESS = 10158
+
+
+def transient(exc: Exception) -> bool:
+    if isinstance(exc, TRANSIENT):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.err_code == DUPLICATE_IN_PROCESS
 
 
 class LogConfigError(ConfigError):
@@ -125,7 +134,9 @@ async def retrying(call: Callable[[], Awaitable[T]], what: str,
     while True:
         try:
             return await call()
-        except TRANSIENT as exc:
+        except Exception as exc:
+            if not transient(exc):
+                raise
             if time.monotonic() + RETRY_PAUSE_S >= deadline:
                 raise Unavailable(f"{what}: JetStream did not answer within {retry_s}s "
                                   f"({type(exc).__name__}: {exc})") from exc
@@ -239,7 +250,7 @@ class ShardReader:
         """The next entries in order (none if nothing arrived within `timeout_s`)."""
         try:
             msgs = await self._sub.fetch(min(batch, MAX_ACK_PENDING), timeout=timeout_s)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nothing arrived (nats-py raises its own subclass, or this)
             return []
         out: list[tuple[int, bytes]] = []
         for msg in msgs:

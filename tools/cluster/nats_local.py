@@ -40,6 +40,7 @@ CLUSTER_NAME = "sarp"
 READY_TIMEOUT_S = 20.0
 STOP_GRACE_S = 10.0
 POLL_S = 0.05
+STABLE_S = 0.25  # the meta group's view must hold this long (see `wait_ready`)
 LOG_TAIL_LINES = 15
 _PR_SET_PDEATHSIG = 1
 _VERSION_RE = re.compile(r"v(\d+)\.(\d+)\.(\d+)")
@@ -216,19 +217,27 @@ class NatsCluster:
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Every node not killed on purpose healthy (JetStream) and, in one pass over
-        them, all agreeing on one meta leader with all N peers; a node that exited is an
-        error at once. (Right after a start a node may briefly report a meta group of
-        fewer peers: one node's word is not enough.)"""
+        them, all agreeing on one meta leader with all N peers, for STABLE_S in a row;
+        a node that exited is an error at once. (Right after a start the nodes may
+        agree on N peers and a moment later report fewer, for a few ms: neither one
+        node's word nor one pass is enough.)"""
         deadline = time.monotonic() + (self.ready_timeout_s if timeout_s is None else timeout_s)
         up = [i for i in range(len(self.nodes)) if i not in self.killed]
+        agreed_at: float | None = None
         while True:
             metas = {i: self._meta(i) for i in up}
             waiting = [i for i, m in metas.items() if not self._agrees(m, metas)]
-            if not waiting:
+            now = time.monotonic()
+            if waiting:
+                agreed_at = None
+            elif agreed_at is None:
+                agreed_at = now
+            elif now - agreed_at >= STABLE_S:
                 return
-            if time.monotonic() >= deadline:
-                raise self._not_ready(waiting[0], "timed out waiting for it to get ready "
-                                      f"(its meta group view: {metas[waiting[0]]})")
+            if now >= deadline:
+                late = (waiting or up)[0]
+                raise self._not_ready(late, "timed out waiting for it to get ready "
+                                      f"(its meta group view: {metas[late]})")
             time.sleep(POLL_S)
 
     def _meta(self, i: int) -> dict[str, object] | None:
