@@ -22,6 +22,7 @@ One stream per shard: `SARP_<shard>` on the subject `sarp.log.<shard>`, file sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -230,10 +231,8 @@ class ShardReader:
                          "newer checkpoint)")
 
         async def recreate() -> JetStreamContext.PullSubscription:
-            try:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_consumer(stream, durable)
-            except nats.js.errors.NotFoundError:
-                pass
             config = ConsumerConfig(
                 durable_name=durable, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                 opt_start_seq=start_seq, ack_policy=AckPolicy.EXPLICIT,

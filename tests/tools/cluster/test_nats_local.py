@@ -96,7 +96,8 @@ def test_debians_old_server_is_refused(tmp_path: Path) -> None:
 def test_a_node_that_exits_is_named_with_its_log(tmp_path: Path) -> None:
     binary = _fake(tmp_path, "v2.15.1", 'echo "boom: bad config line 3"; exit 3')
     cluster = NatsCluster(tmp_path / "c", 2, binary=binary, ready_timeout_s=5)
-    with pytest.raises(NatsClusterError, match=r"(?s)node n[01] .*exited \(code 3\).*boom: bad config"):
+    exited = r"(?s)node n[01] .*exited \(code 3\).*boom: bad config"
+    with pytest.raises(NatsClusterError, match=exited):
         cluster.start()
     assert cluster.running() == []
 
