@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import re
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -212,9 +213,10 @@ class ShardReader:
     js: JetStreamContext
     shard: str
     replica: str
-    next_seq: int  # the next sequence the reader yields
+    next_seq: int  # the next sequence the reader pulls from the log
     _sub: JetStreamContext.PullSubscription
     _unacked: dict[int, Msg] = field(default_factory=dict)
+    _ready: deque[tuple[int, bytes]] = field(default_factory=deque)  # pulled, not yielded
 
     @classmethod
     async def open(cls, js: JetStreamContext, shard: str, replica: str,
@@ -247,28 +249,36 @@ class ShardReader:
     async def fetch(self, timeout_s: float = 1.0,
                     batch: int = FETCH_BATCH) -> list[tuple[int, bytes]]:
         """The next entries in order (none if nothing arrived within `timeout_s`)."""
+        if not self._ready:
+            await self._pull(timeout_s, batch)
+        out = list(self._ready)
+        self._ready.clear()
+        return out
+
+    async def entries(self, timeout_s: float = 1.0) -> AsyncIterator[tuple[int, bytes]]:
+        """Every entry from `next_seq` on, forever (waits for new ones). Leaving the
+        loop loses nothing: entries pulled and not yet yielded stay for the next call."""
+        while True:
+            if not self._ready:
+                await self._pull(timeout_s, FETCH_BATCH)
+            while self._ready:
+                yield self._ready.popleft()
+
+    async def _pull(self, timeout_s: float, batch: int) -> None:
         try:
             msgs = await self._sub.fetch(min(batch, MAX_ACK_PENDING), timeout=timeout_s)
         except TimeoutError:  # nothing arrived (nats-py raises its own subclass, or this)
-            return []
-        out: list[tuple[int, bytes]] = []
+            return
         for msg in msgs:
             seq = msg.metadata.sequence.stream
-            if seq < self.next_seq:  # delivered again (ack_wait ran out): yielded already
+            if seq < self.next_seq:  # delivered again (ack_wait ran out): pulled already
                 continue
             if seq != self.next_seq:
                 raise LogGap(f"shard {self.shard}: replica {self.replica} expected seq "
                              f"{self.next_seq}, the log gave {seq}")
             self._unacked[seq] = msg
             self.next_seq = seq + 1
-            out.append((seq, msg.data))
-        return out
-
-    async def entries(self, timeout_s: float = 1.0) -> AsyncIterator[tuple[int, bytes]]:
-        """Every entry from `next_seq` on, forever (waits for new ones)."""
-        while True:
-            for item in await self.fetch(timeout_s):
-                yield item
+            self._ready.append((seq, msg.data))
 
     async def ack(self, seq: int) -> None:
         """The caller applied every entry up to `seq`: ack them (explicit acks)."""

@@ -9,6 +9,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.js import JetStreamContext
 
@@ -102,6 +104,47 @@ def test_names_and_limits_are_checked() -> None:
     assert log.durable_name("s0", "r1") == "SARP_s0_r1"
 
 
+def test_what_counts_as_transient_and_the_retry_deadline() -> None:
+    assert log.transient(nats.errors.TimeoutError())
+    assert log.transient(TimeoutError())
+    assert log.transient(nats.js.errors.ServiceUnavailableError())
+    assert log.transient(nats.js.errors.APIError(code=409, err_code=log.DUPLICATE_IN_PROCESS))
+    assert not log.transient(nats.js.errors.APIError(code=400, err_code=10058))
+    assert not log.transient(ValueError("x"))
+    calls: list[int] = []
+
+    async def flaky() -> int:
+        calls.append(1)
+        if len(calls) < 3:
+            raise nats.errors.NoRespondersError
+        return 7
+
+    async def broken() -> int:
+        calls.append(1)
+        raise ValueError("not transient")
+
+    async def down() -> int:
+        raise nats.errors.TimeoutError
+
+    assert asyncio.run(log.retrying(flaky, "flaky", retry_s=5)) == 7 and len(calls) == 3
+    with pytest.raises(ValueError, match="not transient"):
+        asyncio.run(log.retrying(broken, "broken", retry_s=5))
+    assert len(calls) == 4  # tried once
+    with pytest.raises(Unavailable, match=r"down: JetStream did not answer within 0\.3s"):
+        asyncio.run(log.retrying(down, "down", retry_s=0.3))
+
+
+def test_a_publish_retry_horizon_must_stay_inside_the_window() -> None:
+    async def body() -> None:
+        js = JetStreamContext.__new__(JetStreamContext)  # never reached: checked first
+        with pytest.raises(LogConfigError, match=r"retry_s: 300\.0 must be below"):
+            await log.publish(js, "s", b"", "m", retry_s=log.DUPLICATE_WINDOW_S)
+        with pytest.raises(LogConfigError, match=r"msg_id: '' must be 1\.\.256 bytes"):
+            await log.publish(js, "s", b"", "")
+
+    asyncio.run(body())
+
+
 def test_a_reader_resumed_at_k_yields_k_on_and_nothing_before(cluster: NatsCluster) -> None:
     async def body(js: JetStreamContext) -> None:
         await log.ensure_stream(js, "s2", 3)
@@ -118,6 +161,16 @@ def test_a_reader_resumed_at_k_yields_k_on_and_nothing_before(cluster: NatsClust
             more += await reader.fetch(timeout_s=2)
         assert more == later
         await reader.ack(7)
+        again = await ShardReader.open(js, "s2", "r9", 5)
+        got = []
+        async for item in again.entries(timeout_s=0.5):  # leaving the loop loses nothing
+            got.append(item)
+            if len(got) == 2:
+                break
+        while len(got) < 9:
+            got += await again.fetch(timeout_s=2)
+        assert got == [*acked[4:], *later]
+        await again.close()
         floor = 0
         for _ in range(50):  # acks are asynchronous: the consumer sees them shortly
             floor = (await js.consumer_info("SARP_s2", "SARP_s2_r0")).ack_floor.stream_seq
@@ -147,6 +200,14 @@ def test_trim_below_purges_older_entries(cluster: NatsCluster) -> None:
         assert await read_all(js, "s3", "r0", 4, 6) == acked[3:]
         with pytest.raises(LogConfigError, match="seq: 0 must be an int >= 1"):
             await log.trim_below(js, "s3", 0)
+        # a trim above where a reader stands is a gap it reports, never skips
+        more = await publish_many(js, "s3", 4, "g")  # seqs 7..10
+        reader = await ShardReader.open(js, "s3", "r1", 7)
+        assert await reader.fetch(timeout_s=2, batch=2) == more[:2]
+        await log.trim_below(js, "s3", 10)
+        with pytest.raises(LogGap, match="replica r1 expected seq 9, the log gave 10"):
+            await reader.fetch(timeout_s=2)
+        await reader.close()
 
     run(cluster, body)
 
