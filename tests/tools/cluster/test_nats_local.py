@@ -108,3 +108,4 @@ def test_a_node_that_never_gets_ready_times_out_naming_it(tmp_path: Path) -> Non
     with pytest.raises(NatsClusterError, match=r"(?s)node n0 .*timed out.*stuck here"):
         cluster.start()
     assert cluster.running() == []  # start() stopped what it had spawned
+
