@@ -96,6 +96,14 @@ class WriteTxn:
         # its route
         self.parent_routes: dict[tuple[int, int], tuple[bytes, Prefetched]] = {}
         self.parent_ids: dict[int, IdArray] = {}  # id(Insert after a parent) -> its ids
+        self.pids: dict[int, IdArray] = {}  # id(Insert after a parent) -> its parent's id
+        # find_present's answers, (id bytes, head key, position) -> (segment, the stamp
+        # of its window then): valid while the window's stamp has not moved
+        self.found: dict[tuple[bytes, int, int], tuple[int, int]] = {}
+        # (window, head key) -> changes that can move find_present's answer there (a
+        # block's presence changed, a segment grew); `clear` moves every window's
+        self.stamps: dict[tuple[int, int], int] = {}
+        self.cleared = 0
         self._read: dict[bytes, bytes | None] = {}  # locator values read from the backend
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
@@ -139,8 +147,14 @@ class WriteTxn:
         self.logged.append(sid)
         seg = self.cache[sid]
         assert seg is not None
-        self.touched.setdefault((seg.window, int(seg.ids[0, 0])), []).append(sid)
+        key = (seg.window, int(seg.ids[0, 0]))
+        self.touched.setdefault(key, []).append(sid)
+        self.stamp(key)
         self.copies.note(seg)
+
+    def stamp(self, key: tuple[int, int]) -> None:
+        """Window `key` (window, head key) changed where find_present looks."""
+        self.stamps[key] = self.stamps.get(key, 0) + 1
 
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
         """Locators of blocks ids[0..] at positions first_pos.. of the window whose head
@@ -246,8 +260,7 @@ class WriteTxn:
         every window in one directory probe. The candidates to read are returned; an
         insert uses its route only if its window's ids are still the ones routed here
         (an earlier operation of the batch may have moved its parent)."""
-        pids = np.concatenate([salt_ids(op.seq.ns, op.parent)
-                               for op in ops if op.parent is not None])
+        pids = np.concatenate([self._pid(op) for op in ops])
         heads = {loc[0]: None for loc in self.locate(pids, "parent") if loc is not None}
         self.load(s for h in heads for s in self.router.dir.posting(h)[0].tolist())
         keys, qws = [], []
@@ -274,8 +287,10 @@ class WriteTxn:
         return self.store.seq_ids(seq, parent)
 
     def _meta(self, op: Insert, n: int) -> U64Array:
-        if isinstance(op.meta, int):
-            return np.full(n, op.meta, dtype=np.uint64)
+        if isinstance(op.meta, int):  # np.full's values and errors, in half its time
+            out: U64Array = np.empty(n, dtype=np.uint64)
+            out.fill(op.meta)
+            return out
         meta = np.asarray(op.meta, dtype=np.uint64)
         if meta.shape != (n,):
             raise BadRequest(f"meta: {meta.size} values for {n} blocks (need one per block)")
@@ -299,7 +314,7 @@ class WriteTxn:
         """(a segment holding the parent, the insert's first position, its ids, the ids
         from its first window's start) of an insert after a parent."""
         assert op.parent is not None
-        pid = salt_ids(op.seq.ns, op.parent)[0]
+        pid = self._pid(op)[0]
         found = self.find_present(pid)
         if found is None:
             raise UnknownParent(f"parent {id_bytes(op.parent[0]).hex()} is not indexed "
@@ -311,6 +326,14 @@ class WriteTxn:
         start, sb = ppos + 1, self.geo.sb
         head = hint.ids[: start % sb] if hint.window == start // sb else hint.ids[:0]
         return hint, start, q, np.concatenate([head, q]) if len(head) else q
+
+    def _pid(self, op: Insert) -> IdArray:
+        """The internal id ((1, 2)) of an insert's parent, computed once per batch."""
+        got = self.pids.get(id(op))
+        if got is None:
+            assert op.parent is not None
+            got = self.pids[id(op)] = salt_ids(op.seq.ns, op.parent)
+        return got
 
     def _windows(self, full: IdArray, start: int, n: int
                  ) -> Iterator[tuple[int, IdArray, int, int]]:
@@ -521,6 +544,7 @@ class WriteTxn:
                     c.presence |= 1 << o
                     c.meta[o] = m
                     changed.add(o)
+                    self.stamp((w, head_key))
         return len(changed)
 
     def drop(self, w: int, head_key: int, targets: Sequence[Target],
@@ -546,6 +570,7 @@ class WriteTxn:
                 taken.setdefault(block, len(hs) if holder is None else 1)
                 if self.mutable(sid).drop_holder(o, holder):
                     gone.add(block)
+                    self.stamp((w, head_key))
                 c = self.cache[sid]
                 assert c is not None
         return len(gone), sum(taken.values())
@@ -573,13 +598,22 @@ class WriteTxn:
         if loc is None:
             return None
         head_key, pos = loc
-        sb = self.geo.sb
-        w, o = divmod(pos, sb)
+        w, o = divmod(pos, self.geo.sb)
+        # the walk's answer stands while nothing in its window changed since: segments
+        # only grow, a new one is last in the walk's order, presence changes stamp it
+        memo = (idv.tobytes(), head_key, pos)
+        stamp = self.cleared + self.stamps.get((w, head_key), 0)
+        got = self.found.get(memo)
+        if got is not None and got[1] == stamp:
+            c = self.cache[got[0]]
+            assert c is not None
+            return c, pos
         want = idv.tolist()
         for sid in self._window_segments(w, head_key, [(o, idv, 0)]):
             c = self.cache[sid]
             assert c is not None
             if c.is_present(o) and c.has_at(o, want):
+                self.found[memo] = (sid, stamp)
                 return c, pos
         return None
 
@@ -628,6 +662,7 @@ class WriteTxn:
                 taken.setdefault(key, len(drop))
                 for h in drop:
                     c.drop_holder(o, h)
+                self.cleared += 1
                 if not c.is_present(o):
                     gone.add(key)
         self.blocks -= len(gone)

@@ -15,7 +15,7 @@ from sarpd.core.router import Router
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Segment, decode_segment
 from sarpd.core.store import Store
 from sarpd.core.writer import WriteTxn
-from sarpd.errors import BadRequest
+from sarpd.errors import BadRequest, UnknownParent
 from sarpd.model import Clear, Insert, InsertResult, Remove, RemoveResult, SeqSpec
 
 TINY = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, refine_threshold=2,
@@ -134,6 +134,28 @@ def test_a_parent_insert_continues_after_its_parent() -> None:
     assert box.write(op) == [InsertResult(2, 2, 0)]
     branch = box.segments()[1]
     assert branch.nblocks == 4 and (branch.ids[:2] == token_ids("", t, BT)[:2]).all()
+
+
+def test_a_parent_removed_earlier_in_the_batch_is_unknown_then_refilled_known() -> None:
+    """find_present's answer is kept for the batch (prefetch finds every parent first)
+    only while the parent's window is unchanged: a removal earlier in the same batch
+    makes the parent unknown, a re-insert of it (a refill) makes it known again."""
+    box = Box()
+    t = toks(4, 31)
+    box.write(insert(t, 1))
+    parent = salt_ids("", token_ids("", t, BT)[1:2])
+    after = [Insert(0, SeqSpec("", tokens=toks(1, 32 + k)), meta=5, parent=parent)
+             for k in range(2)]
+    txn = WriteTxn(box.store, box.router)
+    ops = [Remove(0, ids=parent), after[0], insert(t, 1), after[1]]
+    txn.prefetch(ops)
+    assert txn.apply(ops[0]) == RemoveResult(1)
+    with pytest.raises(UnknownParent):
+        txn.apply(ops[1])
+    assert txn.apply(ops[2]) == InsertResult(4, 1, 1)  # block 1 refilled
+    assert txn.apply(ops[3]) == InsertResult(1, 1, 0)
+    txn.commit(True)
+    assert box.store.counters.blocks == 5
 
 
 def test_removing_two_siblings_at_one_offset_counts_both() -> None:
