@@ -1,0 +1,226 @@
+"""A replica of one shard: a deterministic state machine over the shard's log.
+
+The replica reads its shard's stream in order (`sarpd.cluster.log.ShardReader`, from
+the index's `applied_seq + 1`: the backend, not the consumer, says what is applied)
+and applies each run of entries it pulled as ONE `write_many` of their ops with the
+run's last sequence as `applied_seq`, so the data and the sequence are durable
+together (sarpd/core/writer.py). Any two replicas that applied the same prefix of the
+log answer alike (block counts, metas, holders); their internal segment ids may
+differ, since they may cut the log into write batches differently.
+
+Writes taken by this replica (`write`) go to the log first: the entry is published
+with a msg id (JetStream drops a resend inside its duplicate window) and the answer
+waits until the replica applied that sequence, so it carries the result the entry
+had on every replica and its `seq`. `wait_applied(seq)` is what a match carrying
+`after_seq` waits on.
+
+What can go wrong, and what happens:
+- a storage failure in `write_many`: the index reloads itself; the same run is
+  applied again after RETRY_PAUSE_S (nothing was acknowledged to the log);
+- an entry that does not decode (a newer entry format): its answer is the error,
+  and the replica goes on (every replica decodes it alike);
+- the log trimmed above where the replica stands (`LogGap`): the replica stops
+  applying and says so (`failed`); it needs a newer checkpoint;
+- NATS unreachable: `ShardReader` retries for `log.RETRY_S`, then the replica
+  reopens its reader from `applied_seq + 1` and tries again.
+
+All of it runs on the event loop; the index is touched only through `run`, the
+server's one worker thread (`Server.run_exclusive`), so the applier never overlaps a
+batch of the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from nats.js import JetStreamContext
+
+from sarpd.cluster import entry, log
+from sarpd.errors import SarpError, StorageError, Unavailable
+from sarpd.model import Clear, Insert, InsertResult, Remove, RemoveResult
+from sarpd.protocol.requests import Limits
+
+logger = logging.getLogger("sarpd.cluster.replica")
+
+T = TypeVar("T")
+Runner = Callable[[Callable[[], T]], Awaitable[T]]
+Write = Insert | Remove | Clear
+Result = InsertResult | RemoveResult | SarpError
+
+RECENT_RESULTS = 65_536  # answers kept by sequence, for writers that wait on them
+RETRY_PAUSE_S = 0.5
+FETCH_TIMEOUT_S = 0.05  # how long one pull waits for entries (latency of an idle log)
+# what the applier waits out (reopening its reader) rather than stopping for
+_PASSING: tuple[type[Exception], ...] = (SarpError, OSError, *log.TRANSIENT)
+
+
+class ReplicaIndex(Protocol):
+    """What a replica needs of `sarpd.core.index.SarpIndex`."""
+
+    @property
+    def applied_seq(self) -> int: ...
+
+    def write_many(self, ops: Sequence[Write], applied_seq: int | None = None,
+                   ) -> Sequence[Result]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """A write's answer from the log: its result and the sequence it has there."""
+
+    result: Result
+    seq: int
+    duplicate: bool  # a resend: the log had it already (applied once)
+
+
+class Replica:
+    def __init__(self, index: ReplicaIndex, js: JetStreamContext, shard: str,
+                 replica_id: str, limits: Limits, run: Runner[object]) -> None:
+        self.index, self.js, self.shard, self.replica_id = index, js, shard, replica_id
+        self.limits = limits  # an entry's checks, and block_tokens
+        self._run = run
+        self._applied = index.applied_seq  # mirrors the index's, advanced by the applier
+        self._recent: OrderedDict[int, Result] = OrderedDict()
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.failed = ""  # why the applier stopped for good (a gap in the log)
+
+    @property
+    def applied_seq(self) -> int:
+        return self._applied
+
+    async def start(self) -> None:
+        """Open the reader at `applied_seq + 1` and apply in the background."""
+        reader = await log.ShardReader.open(self.js, self.shard, self.replica_id,
+                                            self._applied + 1)
+        self._task = asyncio.create_task(self._apply_loop(reader))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -- writes --------------------------------------------------------------------
+    async def write(self, req: Write, msg_id: str | None = None,
+                    timeout_s: float = 30.0) -> Applied:
+        """Publish `req` to the shard's log and answer once this replica applied it.
+        `msg_id`: the sender's id of this write (a resend with the same id inside the
+        duplicate window is applied once); a fresh one when None."""
+        raw = entry.encode(req, self.limits)  # BadRequest for a write no replica takes
+        seq, duplicate = await log.publish(self.js, self.shard, raw,
+                                           msg_id or uuid.uuid4().hex)
+        if duplicate:
+            logger.info("shard %s: %s is a resend of seq %d", self.shard, msg_id, seq)
+        await self.wait_applied(seq, timeout_s)
+        result = self._recent.get(seq)
+        if result is None:  # a resend of a write applied long ago: it adds nothing now
+            result = _nothing_new(req, self.limits.block_tokens)
+        return Applied(result, seq, duplicate)
+
+    async def wait_applied(self, seq: int, timeout_s: float) -> None:
+        """Return once `applied_seq >= seq`; `Unavailable` after `timeout_s`."""
+        if self._applied >= seq:
+            return
+        try:
+            async with asyncio.timeout(timeout_s), self._changed:
+                await self._changed.wait_for(lambda: self._applied >= seq or bool(self.failed))
+        except TimeoutError:
+            raise Unavailable(f"shard {self.shard}: replica {self.replica_id} applied "
+                              f"seq {self._applied}, not {seq}, within {timeout_s:g} s") from None
+        if self._applied < seq:
+            raise Unavailable(f"shard {self.shard}: replica {self.replica_id} stopped "
+                              f"applying: {self.failed}")
+
+    # -- the applier -----------------------------------------------------------------
+    async def _apply_loop(self, reader: log.ShardReader) -> None:
+        while True:
+            try:
+                run = await reader.fetch(timeout_s=FETCH_TIMEOUT_S)
+            except log.LogGap as exc:
+                await self._fail(str(exc))
+                return
+            except _PASSING as exc:
+                logger.warning("shard %s: reading the log failed (%s); reopening at %d",
+                               self.shard, exc, self._applied + 1)
+                again = await self._reopen(reader)
+                if again is None:
+                    return
+                reader = again
+                continue
+            if run:
+                await self._apply(reader, run)
+
+    async def _reopen(self, reader: log.ShardReader) -> log.ShardReader | None:
+        """A new reader at `applied_seq + 1` (None: the log has a gap there)."""
+        with contextlib.suppress(Exception):
+            await reader.close()
+        while True:
+            await asyncio.sleep(RETRY_PAUSE_S)
+            try:
+                return await log.ShardReader.open(self.js, self.shard, self.replica_id,
+                                                  self._applied + 1)
+            except log.LogGap as exc:
+                await self._fail(str(exc))
+                return None
+            except _PASSING as exc:
+                logger.warning("shard %s: reopening the reader failed: %s", self.shard, exc)
+
+    async def _apply(self, reader: log.ShardReader, run: list[tuple[int, bytes]]) -> None:
+        seqs = [seq for seq, _ in run]
+        decoded: list[Write | SarpError] = []
+        for seq, raw in run:
+            try:
+                decoded.append(entry.decode(raw, self.limits))
+            except SarpError as exc:
+                logger.error("shard %s: entry %d does not decode: %s", self.shard, seq, exc)
+                decoded.append(exc)
+        ops = [op for op in decoded if not isinstance(op, SarpError)]
+        while True:
+            try:
+                results = await self._run(lambda: list(self.index.write_many(
+                    ops, applied_seq=seqs[-1])))
+                break
+            except StorageError as exc:  # the index reloaded itself: apply the run again
+                logger.error("shard %s: applying seqs %d-%d failed: %s; retrying",
+                             self.shard, seqs[0], seqs[-1], exc)
+                await asyncio.sleep(RETRY_PAUSE_S)
+        assert isinstance(results, list)
+        answers = iter(results)
+        for seq, op in zip(seqs, decoded, strict=True):
+            self._remember(seq, op if isinstance(op, SarpError) else next(answers))
+        await reader.ack(seqs[-1])
+        async with self._changed:
+            self._applied = seqs[-1]
+            self._changed.notify_all()
+
+    def _remember(self, seq: int, result: Result) -> None:
+        self._recent[seq] = result
+        while len(self._recent) > RECENT_RESULTS:
+            self._recent.popitem(last=False)
+
+    async def _fail(self, why: str) -> None:
+        logger.error("shard %s: replica %s stops applying: %s", self.shard,
+                     self.replica_id, why)
+        async with self._changed:
+            self.failed = why
+            self._changed.notify_all()
+
+
+def _nothing_new(req: Write, block_tokens: int) -> Result:
+    """The answer of a write applied before whose own answer is no longer kept (a
+    resend after RECENT_RESULTS later writes): an insert's blocks are all there, a
+    removal removes nothing more."""
+    if isinstance(req, Insert):
+        seq = req.seq
+        n = len(seq.hashes) if seq.hashes is not None else len(seq.tokens or ()) // block_tokens
+        return InsertResult(n, 0, n)
+    return RemoveResult(0)
