@@ -82,6 +82,37 @@ class IndexConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Replica mode (issue 15; the `[cluster]` table, or --cluster/--shard/--replica-id):
+    this sarpd is replica `replica_id` of shard `shard`, and its writes go through
+    the shard's JetStream stream on the NATS cluster at `urls`. Off without `urls`."""
+
+    urls: tuple[str, ...] = ()
+    shard: str = ""
+    replica_id: str = ""
+    stream_replicas: int = 3  # the stream's copies (JetStream: 1..5; 3 on a 3-node cluster)
+    write_timeout_s: float = 30.0  # a forwarded write's wait for its own application
+    catch_up_timeout_s: float = 3600.0  # how long a start may replay before it serves
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            return
+        if not self.shard or not self.replica_id:
+            raise ConfigError("cluster: urls given without shard and replica_id (a replica "
+                              "needs all three: --cluster URL --shard S --replica-id R)")
+        if not 1 <= self.stream_replicas <= 5:
+            raise ConfigError(f"cluster: stream_replicas {self.stream_replicas} is outside "
+                              "1..5 (JetStream's limit)")
+        for name in ("write_timeout_s", "catch_up_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"cluster: {name} {getattr(self, name)} must be > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.urls)
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     socket: Path = Path("/run/sarpd/sarpd.sock")
     data_dir: Path = Path("/var/lib/sarpd")
@@ -110,6 +141,7 @@ class ServerConfig:
     cache_bytes: int = 128 * 1024 * 1024
     log_level: str = "INFO"
     index: IndexConfig = field(default_factory=IndexConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def _coerce(cls: type[Any], table: dict[str, Any], where: str) -> dict[str, Any]:
@@ -122,11 +154,14 @@ def _coerce(cls: type[Any], table: dict[str, Any], where: str) -> dict[str, Any]
     return out
 
 
-def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
-    """Read a TOML file (`[server]` and `[index]` tables), then apply overrides
-    (command-line flags; None means "not given")."""
+def load_config(path: Path | None, cluster: dict[str, Any] | None = None,
+                **overrides: Any) -> ServerConfig:
+    """Read a TOML file (`[server]`, `[index]` and `[cluster]` tables), then apply
+    overrides (command-line flags; None means "not given"; `cluster`: the cluster
+    flags' settings)."""
     server: dict[str, Any] = {}
     index: dict[str, Any] = {}
+    clustered: dict[str, Any] = {}
     if path is not None:
         import tomllib  # only a config file needs it (a cold start without one does not)
 
@@ -137,6 +172,10 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
             raise ConfigError(f"config {path}: {exc}") from exc
         server = _coerce(ServerConfig, dict(doc.get("server", {})), f"{path} [server]")
         index = _coerce(IndexConfig, dict(doc.get("index", {})), f"{path} [index]")
+        clustered = _coerce(ClusterConfig, dict(doc.get("cluster", {})), f"{path} [cluster]")
+        if isinstance(clustered.get("urls"), list | str):
+            urls = clustered["urls"]
+            clustered["urls"] = tuple([urls] if isinstance(urls, str) else urls)
         for k in ("socket", "data_dir"):
             if k in server:
                 server[k] = Path(server[k])
@@ -148,8 +187,13 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
     for key, value in overrides.items():
         if value is not None:
             server[key] = value
+    for key, value in (cluster or {}).items():
+        if value is not None:
+            clustered[key] = value
     server.pop("index", None)
+    server.pop("cluster", None)
     try:
-        return ServerConfig(index=IndexConfig(**index), **server)
+        return ServerConfig(index=IndexConfig(**index), cluster=ClusterConfig(**clustered),
+                            **server)
     except TypeError as exc:
         raise ConfigError(f"config: {exc}") from exc

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sarpd.config import IndexConfig, ServerConfig, load_config
+from sarpd.config import ClusterConfig, IndexConfig, ServerConfig, load_config
 from sarpd.errors import BadRequest, ConfigError
 from tests.daemon_helpers import REPO
 
@@ -76,8 +76,9 @@ def test_sarpd_toml_documents_every_setting_and_loads(tmp_path: Path) -> None:
     assert cfg.max_queue == 65536 and cfg.allow_uids == () and cfg.log_format == "text"
     assert cfg.cache_bytes == ServerConfig().cache_bytes  # the default, as documented
     keys = {body.split(" = ")[0] for body in lines if " = " in body}
-    for cls in (ServerConfig, IndexConfig):
-        missing = {f.name for f in dataclasses.fields(cls)} - keys - {"index"}
+    assert cfg.cluster.enabled and cfg.cluster.urls == ("nats://127.0.0.1:4222",)
+    for cls in (ServerConfig, IndexConfig, ClusterConfig):
+        missing = {f.name for f in dataclasses.fields(cls)} - keys - {"index", "cluster"}
         assert not missing, f"{cls.__name__} settings not in sarpd.toml: {missing}"
 
 
@@ -133,3 +134,20 @@ def _toml(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def test_cluster_settings_are_checked_by_name(tmp_path: Path) -> None:
+    assert not ClusterConfig().enabled  # a single node by default
+    with pytest.raises(ConfigError, match="cluster: urls given without shard and replica_id"):
+        load_config(None, cluster={"urls": ("nats://x:4222",), "shard": "s0"})
+    with pytest.raises(ConfigError, match=r"cluster: stream_replicas 6 is outside 1\.\.5"):
+        ClusterConfig(urls=("nats://x",), shard="s", replica_id="r", stream_replicas=6)
+    with pytest.raises(ConfigError, match="cluster: write_timeout_s 0 must be > 0"):
+        ClusterConfig(urls=("nats://x",), shard="s", replica_id="r", write_timeout_s=0)
+    cfg = load_config(write(tmp_path, '[cluster]\nurls = "nats://a:4222"\nshard = "s1"\n'
+                                      'replica_id = "r2"\n'),
+                      cluster={"replica_id": "r3", "shard": None})  # flags override
+    assert (cfg.cluster.urls, cfg.cluster.shard, cfg.cluster.replica_id) == (
+        ("nats://a:4222",), "s1", "r3")
+    with pytest.raises(ConfigError, match=r"\[cluster\]: unknown setting 'url'"):
+        load_config(write(tmp_path, '[cluster]\nurl = "nats://a"\n'))

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
@@ -36,6 +36,9 @@ from sarpd.daemon import sdnotify
 from sarpd.daemon.server import Server
 from sarpd.daemon.service import Service
 from sarpd.errors import BadRequest, ConfigError, SarpError
+
+if TYPE_CHECKING:
+    from sarpd.cluster.node import ClusterNode
 
 log = logging.getLogger("sarpd")
 
@@ -143,6 +146,11 @@ class Daemon:
             index, cfg, backend_name,
             recovered_in_s=report.seconds, extra_stats=self.server.extra_stats,
         )
+        node = await self._join_cluster(index) if cfg.cluster.enabled else None
+        if cfg.cluster.enabled and node is None:
+            await self.server.stop()
+            await self._close(index, snapshot=False)
+            return 0 if self._stop.is_set() else 1
         self.server.metrics.set_ready(report.seconds)
         self.server.set_ready(service)
         sdnotify.notify("READY=1", f"STATUS=serving on {cfg.socket}")
@@ -154,9 +162,43 @@ class Daemon:
         with contextlib.suppress(asyncio.CancelledError):
             await snapshots
         await self.server.stop()
+        if node is not None:
+            if self.server.forwarder is not None:
+                await self.server.forwarder.stop()  # the writes in flight end first
+            await node.stop()
         await self._close(index, snapshot=True)
         log.info("stopped")
         return 0
+
+    async def _join_cluster(self, index: SarpIndex) -> ClusterNode | None:
+        """Cluster mode: connect, catch up with the shard's log, forward writes to it
+        (None, logged, when that fails or a stop signal came)."""
+        from sarpd.cluster.node import ClusterNode
+        from sarpd.daemon.forward import Forwarder
+
+        c = self.config.cluster
+        self.server.status = f"catching up with shard {c.shard}'s log"
+        sdnotify.status(self.server.status)
+        join = asyncio.create_task(ClusterNode.start(c, index, self.server.limits,
+                                                     self.server.run_exclusive))
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait([join, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not join.done():
+            join.cancel()
+            with contextlib.suppress(BaseException):
+                await join
+            return None
+        try:
+            node = join.result()
+        except Exception as exc:
+            log.error("cluster %s: cannot join shard %s as replica %s: %s",
+                      ",".join(c.urls), c.shard, c.replica_id, exc)
+            return None
+        self.server.forwarder = Forwarder(self.server, node.replica, c.write_timeout_s)
+        log.info("replica %s of shard %s: applied seq %d", c.replica_id, c.shard,
+                 node.replica.applied_seq)
+        return node
 
     def _open(self) -> tuple[SarpIndex, str]:
         from sarpd.core.store import data_paths, open_backend
@@ -265,12 +307,16 @@ Clients send msgpack requests (see docs/PROTOCOL.md): match a token prefix, inse
 the blocks of a sequence with their metadata, remove or clear blocks. The index lives
 on SSD under DATA_DIR/<backend>/, with directory snapshots in
 DATA_DIR/snapshots/<backend>/.
-Settings come from --config (TOML tables [server] and [index]); flags override them.
+Settings come from --config (TOML tables [server], [index] and [cluster]); flags
+override them. With --cluster, sarpd is a replica of one shard: its writes go through
+the shard's log on NATS JetStream and it applies the log (docs/DECISIONS.md).
 
 \b
 Examples:
   sarpd --data-dir ./var --socket ./var/sarpd.sock
   sarpd --config /etc/sarpd/sarpd.toml
+  sarpd --data-dir ./r1 --socket ./r1.sock --cluster nats://127.0.0.1:4222 \\
+        --shard s0 --replica-id r1
 """
 
 
@@ -320,6 +366,17 @@ Examples:
     type=click.IntRange(0, 65535),
     help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0 = off, the default).",
 )
+@click.option(
+    "--cluster",
+    "cluster_urls",
+    metavar="URL[,URL...]",
+    help="Run as a replica (issue 15): the NATS cluster whose JetStream stream holds the "
+    "shard's log, e.g. nats://10.0.0.1:4222,nats://10.0.0.2:4222. Needs --shard and "
+    "--replica-id; without it sarpd is a single node (the default).",
+)
+@click.option("--shard", help="The shard this replica serves (with --cluster).")
+@click.option("--replica-id", help="This replica's name within its shard, unique there "
+              "(with --cluster; its durable log reader is named after it).")
 @click.version_option(package_name="sarp", prog_name="sarpd")
 def main(
     config_file: Path | None,
@@ -332,10 +389,15 @@ def main(
     log_level: str | None,
     log_format: str | None,
     metrics_port: int | None,
+    cluster_urls: str | None,
+    shard: str | None,
+    replica_id: str | None,
 ) -> None:
+    urls = tuple(u.strip() for u in cluster_urls.split(",") if u.strip()) if cluster_urls else None
     try:
         cfg = load_config(
             config_file,
+            cluster={"urls": urls, "shard": shard, "replica_id": replica_id},
             data_dir=data_dir,
             socket=socket_path,
             backend=backend,

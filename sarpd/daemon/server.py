@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -77,6 +77,9 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.decoder = Decoder(server.limits)
         self.inflight = 0
+        self.batched = 0  # requests of this connection in the batcher, unanswered
+        self.batch_idle = asyncio.Event()  # set while `batched` is 0 (cluster mode waits)
+        self.batch_idle.set()
         self.closed = False
         self._write_paused = False
         self._read_paused = False
@@ -215,6 +218,15 @@ class Connection(asyncio.Protocol):
 Queued = tuple[Connection, Request, int]  # the request's `request_bytes`, counted once
 
 
+class WriteRouter(Protocol):
+    """Cluster mode's hook (sarpd.daemon.forward.Forwarder): takes a connection's
+    writes, and what must wait for them, before they reach the batcher."""
+
+    def takes(self, conn: Connection, req: Request) -> bool: ...
+
+    async def stop(self) -> None: ...
+
+
 class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -222,6 +234,7 @@ class Server:
         self.policy = Policy.from_config(config)
         self.metrics = Metrics(self)  # reads gauges(), reported(), activity()
         self.service: Service | None = None
+        self.forwarder: WriteRouter | None = None  # cluster mode: writes go to the log
         self.status = "starting"
         self.stopping = False
         self.conns: set[Connection] = set()
@@ -349,6 +362,8 @@ class Server:
             if refused is not None:
                 self.reject(conn, req, refused)
                 return
+        if self.forwarder is not None and self.forwarder.takes(conn, req):
+            return  # cluster mode: a write, or a request behind one (sarpd.daemon.forward)
         if len(self.queue) >= self.config.max_queue:
             limit = self.config.max_queue
             self.reject(conn, req, Busy(f"queue: {len(self.queue)} requests queued reaches "
@@ -366,6 +381,8 @@ class Server:
             self._first_at = asyncio.get_running_loop().time()
         self.queue.append((conn, req, size))
         conn.inflight += 1
+        conn.batched += 1
+        conn.batch_idle.clear()
         self._wake.set()
         if len(self.queue) >= self.config.batch_max:
             self._full.set()
@@ -431,6 +448,9 @@ class Server:
             per_conn.setdefault(conn, []).append(frame)
         for conn, parts in per_conn.items():
             conn.send(b"".join(parts))
+            conn.batched -= len(parts)
+            if not conn.batched:
+                conn.batch_idle.set()
             conn.answered(len(parts))
 
 

@@ -380,8 +380,16 @@ def encode_error(req_id: int, err: SarpError) -> bytes:
     return _pack({"id": req_id, "ok": False, "error": error})
 
 
-def encode_result(req_id: int, result: object, *, block_tokens: int = 16) -> bytes:
-    """A typed index result (or a dict, None, or a SarpError) -> response bytes."""
+def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
+                  seq: int | None = None) -> bytes:
+    """A typed index result (or a dict, None, or a SarpError) -> response bytes.
+    `seq`: a write's sequence in its shard's log (cluster mode, PROTOCOL.md)."""
+    if seq is not None and isinstance(result, InsertResult | RemoveResult):
+        fields: dict[str, Any] = ({"blocks": result.blocks, "new_blocks": result.new_blocks,
+                                   "matched_blocks": result.matched_blocks}
+                                  if isinstance(result, InsertResult)
+                                  else {"removed": result.removed})
+        return encode_ok(req_id, {**fields, "seq": seq})
     if isinstance(result, MatchResult):  # the response map built at once (hot path)
         blocks = int(result.blocks)
         msg: dict[str, Any] = {

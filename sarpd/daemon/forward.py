@@ -1,0 +1,118 @@
+"""Cluster mode (issue 15): the writes a replica's socket receives go to its shard's log.
+
+A write (insert, remove, clear) is not run by the batcher: the replica publishes it to
+the log and answers once it applied it (`sarpd.cluster.replica.Replica.write`), with
+the result every replica had and the entry's `seq`. PROTOCOL.md's order still holds
+per connection:
+
+- a write waits until every earlier request of its connection is done: its earlier
+  writes applied and answered, its requests in the batcher answered; so writes of
+  one connection enter the log in the order sent, after what they must follow;
+- any request after a write of its connection waits until that write is applied and
+  answered, then goes its normal way, so it sees the write.
+
+Requests of different connections are not ordered against each other (as in the
+batcher). A connection's forwarded writes count in its in-flight requests, so
+`max_inflight_per_conn` bounds them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING
+
+from sarpd.cluster.replica import Replica
+from sarpd.errors import Internal, SarpError
+from sarpd.model import Clear, Insert, Remove, Request
+from sarpd.protocol.wire import encode_error, encode_result
+
+if TYPE_CHECKING:
+    from sarpd.daemon.server import Connection, Server
+
+log = logging.getLogger("sarpd.daemon.forward")
+
+WRITES = (Insert, Remove, Clear)
+
+
+class Forwarder:
+    def __init__(self, server: Server, replica: Replica, write_timeout_s: float) -> None:
+        self._server, self.replica = server, replica
+        self._timeout = write_timeout_s
+        # per connection: its last forwarded write, done once applied and answered
+        self._last: dict[Connection, asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.forwarded = 0
+
+    def takes(self, conn: Connection, req: Request) -> bool:
+        """Whether the forwarder takes `req` now: a write, or any request that must
+        wait for a write of its connection (it is handed back to the server then)."""
+        last = self._last.get(conn)
+        pending = last is not None and not last.done()
+        if isinstance(req, WRITES):
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._last[conn] = done
+            conn.inflight += 1
+            self._spawn(self._write(conn, req, last if pending else None, done))
+            return True
+        if pending:
+            assert last is not None
+            self._spawn(self._after(conn, req, last))
+            return True
+        return False
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _after(self, conn: Connection, req: Request, last: asyncio.Future[None]) -> None:
+        await asyncio.wait([last])
+        if not conn.closed:
+            self._server.submit(conn, req)  # its normal way now (or behind a newer write)
+
+    async def _write(self, conn: Connection, req: Insert | Remove | Clear,
+                     last: asyncio.Future[None] | None, done: asyncio.Future[None]) -> None:
+        try:
+            if last is not None:
+                await asyncio.wait([last])
+            while conn.batched:  # its earlier requests in the batcher are answered first
+                await conn.batch_idle.wait()
+            frame = await self._apply(req)
+            if not conn.closed:
+                conn.send(frame)
+            conn.answered(1)
+        finally:
+            done.set_result(None)
+            if self._last.get(conn) is done:
+                del self._last[conn]
+
+    async def _apply(self, req: Insert | Remove | Clear) -> bytes:
+        block_tokens = self._server.config.index.block_tokens
+        try:
+            applied = await self.replica.write(req, timeout_s=self._timeout)
+        except SarpError as exc:
+            self._record(req, exc)
+            return encode_error(req.id, exc)
+        except Exception as exc:
+            log.exception("forwarding request %d failed", req.id)
+            err = Internal(f"forwarding the write to the log failed: {exc!r}")
+            self._record(req, err)
+            return encode_error(req.id, err)
+        self.forwarded += 1
+        self._record(req, applied.result)
+        if isinstance(applied.result, SarpError):
+            return encode_error(req.id, applied.result)
+        return encode_result(req.id, applied.result, block_tokens=block_tokens, seq=applied.seq)
+
+    def _record(self, req: Request, result: object) -> None:
+        try:
+            self._server.metrics.record_batch([req], [result])
+        except Exception:  # metrics never cost an answer
+            log.exception("metrics of a forwarded write failed")
+
+    async def stop(self) -> None:
+        """Wait for the writes in flight (they end by answer or by timeout)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
