@@ -17,6 +17,7 @@ import click
 from sarpd.errors import Unavailable
 from tools.bench.cli import bench
 from tools.ctl_bridge import bridge
+from tools.ctl_cluster import cluster
 from tools.ctl_common import (
     EXIT_PROBLEMS,
     TOKENS_HELP,
@@ -226,9 +227,10 @@ def check(ctx: click.Context, fix: bool, as_json: bool) -> None:
 
 
 # `sarpctl bench` (the evaluation harness), `sarpctl bridge vllm` (the KV-events bridge),
-# `sarpctl top` and `sarpctl dump` (operator views), `sarpctl import` (a bulk build)
+# `sarpctl top` and `sarpctl dump` (operator views), `sarpctl import` (a bulk build),
+# `sarpctl cluster` (replicas over NATS JetStream)
 # live in their own modules.
-for _command in (bench, bridge, top, dump, import_):
+for _command in (bench, bridge, top, dump, import_, cluster):
     main.add_command(_command)
 
 

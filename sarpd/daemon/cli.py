@@ -377,6 +377,9 @@ Examples:
 @click.option("--shard", help="The shard this replica serves (with --cluster).")
 @click.option("--replica-id", help="This replica's name within its shard, unique there "
               "(with --cluster; its durable log reader is named after it).")
+@click.option("--stream-replicas", type=click.IntRange(1, 5),
+              help="Copies of the shard's stream when this replica creates it (default 3; "
+              "at most the NATS nodes).")
 @click.version_option(package_name="sarp", prog_name="sarpd")
 def main(
     config_file: Path | None,
@@ -392,12 +395,14 @@ def main(
     cluster_urls: str | None,
     shard: str | None,
     replica_id: str | None,
+    stream_replicas: int | None,
 ) -> None:
     urls = tuple(u.strip() for u in cluster_urls.split(",") if u.strip()) if cluster_urls else None
     try:
         cfg = load_config(
             config_file,
-            cluster={"urls": urls, "shard": shard, "replica_id": replica_id},
+            cluster={"urls": urls, "shard": shard, "replica_id": replica_id,
+                     "stream_replicas": stream_replicas},
             data_dir=data_dir,
             socket=socket_path,
             backend=backend,

@@ -1,0 +1,61 @@
+"""`sarpctl cluster local` (tools/ctl_cluster.py, tools/cluster/local.py): a whole cluster
+on loopback as real processes; one JSON line once every replica serves; writes on one
+replica are seen by the others of its shard and not by another shard; SIGTERM stops
+every process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sarpd.client import SyncClient
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENS = list(range(64))  # 4 blocks
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cluster_local_runs_then_stops_everything(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.sarpctl", "cluster", "local", "--dir", str(tmp_path),
+         "--nats", "3", "--replicas", "2", "--shards", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        doc = json.loads(line)
+        assert len(doc["nats"]) == 3 and all(u.startswith("nats://127.0.0.1:") for u in doc["nats"])
+        reps = doc["replicas"]
+        assert sorted((r["shard"], r["replica"]) for r in reps) == [
+            ("s0", "r0"), ("s0", "r1"), ("s1", "r0"), ("s1", "r1")]
+        pids = [*doc["nats_pids"], *(r["pid"] for r in reps)]
+        assert all(alive(p) for p in pids)
+        sock = {(r["shard"], r["replica"]): r["socket"] for r in reps}
+        with SyncClient(sock[("s0", "r0")]) as c:
+            assert c.insert(tokens=TOKENS, meta=5)["seq"] == 1
+        deadline = time.monotonic() + 20
+        with SyncClient(sock[("s0", "r1")]) as c:
+            while c.match(tokens=TOKENS)["blocks"] != 4:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        with SyncClient(sock[("s1", "r0")]) as c:
+            assert c.match(tokens=TOKENS)["blocks"] == 0  # another shard's log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert not any(alive(p) for p in pids)

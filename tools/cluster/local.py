@@ -1,0 +1,160 @@
+"""A whole sarp cluster on loopback: N nats-server nodes and R sarpd replicas per shard.
+
+What `sarpctl cluster local` runs, and what tests and benchmarks start a cluster with.
+Layout under DIR: `nats/` (tools.cluster.nats_local: one config, store and log per
+node), `<shard>-<replica>/` (each replica's data directory) with its log
+`<shard>-<replica>.log` beside it; sockets live in a short temp directory (a Unix
+socket path is at most 107 bytes). Shards are named s0, s1, ...; replicas r0, r1, ...
+Each shard's stream keeps min(3, N) copies.
+
+`start()` returns once every replica answers `ping` (it caught up with its shard's log
+and serves); `describe()` is the JSON `sarpctl cluster local` prints; `kill(i)` SIGKILLs
+replica i, `restart(i)` starts it again on its data; `stop()` stops the replicas
+(SIGTERM: each answers what it holds, snapshots and exits), then the NATS nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sarpd.client import SarpConnectionError, SyncClient
+from sarpd.errors import SarpError
+from tools.cluster.nats_local import NatsCluster, log_tail
+
+REPO = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
+
+
+class LocalClusterError(RuntimeError):
+    """A replica exited or did not get ready; the message ends with its log."""
+
+
+@dataclass(slots=True)
+class ReplicaProc:
+    shard: str
+    name: str
+    data_dir: Path
+    socket: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+
+@dataclass(slots=True)
+class LocalCluster:
+    directory: Path
+    nats_nodes: int = 3
+    replicas: int = 3  # per shard
+    shards: int = 2
+    backend: str = "rocksdb"
+    nats: NatsCluster | None = None
+    procs: list[ReplicaProc] = field(default_factory=list)
+    _sock_dir: Path | None = None
+
+    def start(self) -> None:
+        for what, n in (("nats", self.nats_nodes), ("replicas", self.replicas),
+                        ("shards", self.shards)):
+            if n < 1:
+                raise LocalClusterError(f"{what}: {n} must be >= 1")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.nats = NatsCluster(self.directory / "nats", self.nats_nodes)
+        self.nats.start()
+        self._sock_dir = Path(tempfile.mkdtemp(prefix="sarp-cl-", dir="/tmp"))
+        for s in range(self.shards):
+            for r in range(self.replicas):
+                name = f"s{s}-r{r}"
+                self.procs.append(ReplicaProc(
+                    f"s{s}", f"r{r}", self.directory / name, self._sock_dir / f"{name}.sock",
+                    self.directory / f"{name}.log"))
+        for i in range(len(self.procs)):
+            self._spawn(i)
+        for p in self.procs:
+            self._wait_ready(p)
+
+    def argv(self, p: ReplicaProc) -> list[str]:
+        assert self.nats is not None
+        return [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(p.data_dir),
+                "--socket", str(p.socket), "--backend", self.backend, "--sync", "always",
+                "--cluster", ",".join(self.nats.urls), "--shard", p.shard,
+                "--replica-id", p.name, "--stream-replicas", str(min(3, self.nats_nodes))]
+
+    def _spawn(self, i: int) -> None:
+        p = self.procs[i]
+        p.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        with open(p.log_path, "ab") as log:
+            p.proc = subprocess.Popen(self.argv(p), stdout=log, stderr=subprocess.STDOUT,
+                                      env=env, cwd=REPO)
+
+    def _wait_ready(self, p: ReplicaProc, timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert p.proc is not None
+            if p.proc.poll() is not None:
+                raise LocalClusterError(f"replica {p.shard}/{p.name} exited with "
+                                        f"{p.proc.returncode}:\n{log_tail(p.log_path)}")
+            with contextlib.suppress(SarpConnectionError, SarpError, OSError), \
+                    SyncClient(p.socket, timeout=5) as c:
+                c.ping()
+                return
+            time.sleep(0.05)
+        raise LocalClusterError(f"replica {p.shard}/{p.name} not ready after {timeout_s:g} s:"
+                                f"\n{log_tail(p.log_path)}")
+
+    def describe(self) -> dict[str, object]:
+        assert self.nats is not None
+        return {"nats": self.nats.urls, "nats_pids": self.nats.pids,
+                "replicas": [{"shard": p.shard, "replica": p.name, "socket": str(p.socket),
+                              "pid": p.pid} for p in self.procs]}
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i].proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+    def restart(self, i: int, wait: bool = True) -> None:
+        self._spawn(i)
+        if wait:
+            self._wait_ready(self.procs[i])
+
+    def stop(self) -> None:
+        """SIGTERM every replica (SIGKILL past STOP_TIMEOUT_S), then the NATS nodes."""
+        live = [p.proc for p in self.procs if p.proc is not None and p.proc.poll() is None]
+        for proc in live:
+            proc.send_signal(signal.SIGTERM)
+        for proc in live:
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.nats is not None:
+            self.nats.stop()
+        if self._sock_dir is not None:
+            shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_sarp_cluster(directory: Path, **kw: int | str) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(directory, **kw)  # type: ignore[arg-type]
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
