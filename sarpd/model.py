@@ -65,11 +65,18 @@ class Snapshot(Request):
     pass
 
 
+AFTER_SEQ_WAIT_MS = 1000  # a match's default wait for `after_seq` (cluster mode)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Match(Request):
     seq: SeqSpec
     with_ids: bool = False
     holders: int = 0  # K > 0: also answer the K holders with the longest runs
+    # cluster mode: ((shard, seq), ...): answer only once this replica's shard applied
+    # its seq, waiting at most after_seq_wait_ms (else `unavailable`); ignored elsewhere
+    after_seq: tuple[tuple[str, int], ...] = ()
+    after_seq_wait_ms: int = AFTER_SEQ_WAIT_MS
 
 
 @dataclass(frozen=True, slots=True, eq=False)

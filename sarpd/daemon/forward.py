@@ -9,7 +9,10 @@ per connection:
   writes applied and answered, its requests in the batcher answered; so writes of
   one connection enter the log in the order sent, after what they must follow;
 - any request after a write of its connection waits until that write is applied and
-  answered, then goes its normal way, so it sees the write.
+  answered, then goes its normal way, so it sees the write;
+- a match carrying `after_seq` with this shard's sequence S waits until the replica
+  applied S (at most its `after_seq_wait_ms`, else `unavailable`): a client that got
+  S from another replica of the shard sees that write here too.
 
 Requests of different connections are not ordered against each other (as in the
 batcher). A connection's forwarded writes count in its in-flight requests, so
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from sarpd.cluster.replica import Replica
 from sarpd.errors import Internal, SarpError
-from sarpd.model import Clear, Insert, Remove, Request
+from sarpd.model import Clear, Insert, Match, Remove, Request
 from sarpd.protocol.wire import encode_error, encode_result
 
 if TYPE_CHECKING:
@@ -60,7 +63,25 @@ class Forwarder:
             assert last is not None
             self._spawn(self._after(conn, req, last))
             return True
+        if isinstance(req, Match) and req.after_seq:
+            want = max((seq for shard, seq in req.after_seq if shard == self.replica.shard),
+                       default=0)
+            if want > self.replica.applied_seq:
+                self._spawn(self._after_seq(conn, req, want))
+                return True
         return False
+
+    async def _after_seq(self, conn: Connection, req: Match, want: int) -> None:
+        """A match that must see this shard's log up to `want` (PROTOCOL.md
+        `after_seq`): it waits, then goes its normal way; past its wait, `unavailable`."""
+        try:
+            await self.replica.wait_applied(want, req.after_seq_wait_ms / 1000)
+        except SarpError as exc:
+            if not conn.closed:
+                self._server.reject(conn, req, exc)
+            return
+        if not conn.closed:
+            self._server.submit(conn, req)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(coro)

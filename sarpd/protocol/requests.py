@@ -18,6 +18,7 @@ import numpy as np
 from sarpd.core.ids import check_sequence_tokens
 from sarpd.errors import BadRequest, ConfigError, Internal, SarpError, TooLarge, UnknownOp
 from sarpd.model import (
+    AFTER_SEQ_WAIT_MS,
     Check,
     Clear,
     Dump,
@@ -209,8 +210,44 @@ def _op_match(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Req
         raise BadRequest("holders: 0 asks for no holder (1..max_match_holders, or leave it out)")
     if k > limits.max_match_holders:
         raise TooLarge(f"holders: {k:,} exceeds max_match_holders ({limits.max_match_holders:,})")
+    wait = d.get("after_seq_wait_ms")
     return Match(rid, seq=_need_seq(d, limits, "match"), with_ids=_bool(d, "with_ids"),
-                 holders=k)
+                 holders=k, after_seq=_after_seq(d),
+                 after_seq_wait_ms=AFTER_SEQ_WAIT_MS if wait is None else _wait_ms(d))
+
+
+MAX_AFTER_SEQ_SHARDS = 1024  # sarpd.core.shards.MAX_SHARDS
+MAX_SHARD_NAME_BYTES = 64
+MAX_AFTER_SEQ_WAIT_MS = 60_000
+
+
+def _after_seq(d: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """`after_seq`: a map shard name -> uint (the newest write sequence the client
+    got from that shard)."""
+    v = d.get("after_seq")
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        raise BadRequest(f"after_seq: expected a map of shard -> uint, got {_kind(v)}")
+    if len(v) > MAX_AFTER_SEQ_SHARDS:
+        raise TooLarge(f"after_seq: {len(v):,} shards exceeds {MAX_AFTER_SEQ_SHARDS:,}")
+    out = []
+    for shard, seq in v.items():
+        if not isinstance(shard, str) or not 0 < len(shard.encode()) <= MAX_SHARD_NAME_BYTES:
+            raise BadRequest(f"after_seq: a shard name must be a str of 1..{MAX_SHARD_NAME_BYTES}"
+                             f" bytes, got {_kind(shard)} {_show(shard)}")
+        if type(seq) is not int or seq < 0:
+            raise BadRequest(f"after_seq[{shard!r}]: expected a uint, got {_kind(seq)} "
+                             f"{_show(seq)}")
+        out.append((shard, seq))
+    return tuple(out)
+
+
+def _wait_ms(d: dict[str, Any]) -> int:
+    w = _uint(d, "after_seq_wait_ms")
+    if w > MAX_AFTER_SEQ_WAIT_MS:
+        raise BadRequest(f"after_seq_wait_ms: {w:,} exceeds {MAX_AFTER_SEQ_WAIT_MS:,}")
+    return w
 
 
 def _op_insert(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:

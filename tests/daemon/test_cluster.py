@@ -101,3 +101,33 @@ def test_a_replica_killed_under_writes_catches_up_before_it_serves(
             assert cb.match(tokens=tokens)["blocks"] == len(tokens) // BT
         assert cb.stats()["blocks"] >= sum(len(t) // BT for t, _ in acked)
     converged(a, acked)
+
+
+def test_after_seq_gives_read_your_writes_across_replicas(
+        nats: NatsCluster, launch: Launcher) -> None:
+    """A match on replica b with the seq a write got from replica a sees that write,
+    every time; a seq the log never reaches is `unavailable` after the wait; another
+    shard's entry in the map is not waited for."""
+    a, b = replica(launch, nats, "a"), replica(launch, nats, "b")
+    with SyncClient(a.socket) as ca, RawConn(b.socket) as rb:
+        for i in range(25):
+            tokens = toks(200 + i, 1 + i % 4)
+            seq = ca.insert(tokens=tokens, meta=i)["seq"]
+            got = rb.call("match", i, tokens=tokens, after_seq={"s0": seq})
+            assert got["ok"] and got["blocks"] == len(tokens) // BT, (i, got)
+        t0 = time.monotonic()
+        late = rb.call("match", 99, tokens=toks(200, 1), after_seq={"s0": 10**6},
+                       after_seq_wait_ms=300)
+        assert late["error"]["code"] == "unavailable" and "not 1000000" in late["error"]["message"]
+        assert 0.25 < time.monotonic() - t0 < 5
+        other = rb.call("match", 100, tokens=toks(200, 1), after_seq={"s9": 10**6})
+        assert other["ok"] and other["blocks"] == 1
+
+
+def test_a_single_node_ignores_after_seq(launch: Launcher) -> None:
+    single = launch()  # no --cluster: nothing to wait for
+    with RawConn(single.socket) as raw:
+        assert raw.call("insert", 1, tokens=toks(1, 2), meta=4)["ok"]
+        got = raw.call("match", 2, tokens=toks(1, 2), after_seq={"s0": 10**6})
+        assert got["ok"] and got["blocks"] == 2 and "seq" not in raw.call(
+            "insert", 3, tokens=toks(2, 1), meta=1)

@@ -11,6 +11,7 @@ import pytest
 from sarpd.config import IndexConfig, ServerConfig
 from sarpd.errors import BadRequest, ConfigError, TooLarge, UnknownOp
 from sarpd.model import (
+    AFTER_SEQ_WAIT_MS,
     Check,
     Clear,
     Hello,
@@ -368,3 +369,31 @@ def test_match_holders_and_remove_meta_fields() -> None:
     assert isinstance(rm, Remove) and rm.meta == 2**64 - 1
     (rm,) = Decoder().feed(encode_request(5, "remove", {"ns": "a", "ids": [ID_A]}))
     assert isinstance(rm, Remove) and rm.meta is None
+
+
+def test_match_after_seq_and_its_wait() -> None:
+    """Cluster mode's `after_seq` (shard -> uint) and `after_seq_wait_ms` (PROTOCOL.md):
+    parsed through the full path (the fast path takes no such frame), checked by name."""
+    tokens = list(range(32))
+    (req,) = Decoder().feed(encode_request(1, "match", {
+        "tokens": tokens, "after_seq": {"s0": 12, "s1": 0}, "after_seq_wait_ms": 250}))
+    assert isinstance(req, Match) and req.after_seq == (("s0", 12), ("s1", 0))
+    assert req.after_seq_wait_ms == 250
+    (plain,) = Decoder().feed(encode_request(2, "match", {"tokens": tokens}))
+    assert isinstance(plain, Match) and plain.after_seq == ()
+    assert plain.after_seq_wait_ms == AFTER_SEQ_WAIT_MS == 1000
+    bad = [({"after_seq": [1, 2]}, "after_seq: expected a map of shard -> uint"),
+           ({"after_seq": {"s0": -1}}, "after_seq['s0']: expected a uint"),
+           ({"after_seq": {"s0": "7"}}, "after_seq['s0']: expected a uint"),
+           ({"after_seq": {"": 1}}, "after_seq: a shard name must be a str of 1..64 bytes"),
+           ({"after_seq": {"x" * 65: 1}}, "after_seq: a shard name must be a str of 1..64"),
+           ({"after_seq_wait_ms": 60_001}, "after_seq_wait_ms: 60,001 exceeds 60,000"),
+           ({"after_seq_wait_ms": -5}, "after_seq_wait_ms: -5 is negative")]
+    for i, (fields, message) in enumerate(bad, 3):
+        (got,) = Decoder().feed(encode_request(i, "match", {"tokens": tokens, **fields}))
+        assert isinstance(got, BadMessage) and got.error.code == "bad_request", fields
+        assert message in got.error.message, (fields, got.error.message)
+    many = {f"s{i}": 1 for i in range(1025)}  # past the frame's map limit by default
+    (big,) = Decoder(Limits(max_map_len=2048)).feed(
+        encode_request(20, "match", {"tokens": tokens, "after_seq": many}))
+    assert isinstance(big, BadMessage) and isinstance(big.error, TooLarge)
