@@ -31,7 +31,8 @@ from sarpd.errors import BadRequest, SarpError
 from sarpd.model import ids_to_bytes
 from sarpd.protocol.wire import encode_request, error_from_code
 
-__all__ = ["Client", "ConnectFailed", "ConnectionLost", "SarpConnectionError", "SyncClient"]
+__all__ = ["Client", "ClusterClient", "ConnectFailed", "ConnectionLost", "SarpConnectionError",
+           "SyncClient"]
 
 Tokens: TypeAlias = "Sequence[int] | np.ndarray[Any, Any] | bytes"
 Ids: TypeAlias = "Sequence[int | bytes] | np.ndarray[Any, Any] | bytes"
@@ -164,6 +165,12 @@ class Client:
     @property
     def path(self) -> str:
         return self._conn.path
+
+    @classmethod
+    async def cluster(cls, urls: str | Sequence[str], *, timeout: float = 30.0,
+                      ) -> ClusterClient:
+        """A client over a whole cluster (NATS URLs; `ClusterClient`)."""
+        return await ClusterClient.open(urls, timeout=timeout)
 
     @classmethod
     async def connect(cls, path: str | os.PathLike[str], *, timeout: float = 10.0) -> Client:
@@ -398,6 +405,94 @@ def decode_match(result: Result) -> Result:
     return result
 
 
+# ------------------------------------------------------------------ a whole cluster
+
+
+class ClusterClient(Client):
+    """`Client`'s methods over a whole cluster (issue 15): each request goes, by NATS
+    request/reply, to a replica of the shard that holds its sequence
+    (`sarpd.cluster.route`), or to every shard when its block 0 is unknown (answers
+    merged). Every match carries `after_seq` with the newest `seq` this client got
+    from each shard, so it sees every write whose answer this client already has,
+    whichever replica took it (PROTOCOL.md "Cluster mode")."""
+
+    def __init__(self, nc: Any, shards: list[str], block_tokens: int,
+                 timeout: float) -> None:
+        self._nc, self.shards, self.block_tokens = nc, shards, block_tokens
+        self.timeout = timeout
+        self._next_id = 1
+        self.newest: dict[str, int] = {}  # shard -> the newest write seq answered
+
+    @classmethod
+    async def open(cls, urls: str | Sequence[str], *, timeout: float = 30.0) -> ClusterClient:
+        """Connect to the NATS cluster at `urls` (comma-separated, or a list) and read
+        its shard map."""
+        import json
+
+        from sarpd.cluster import log, route
+
+        servers = [u for u in (urls.split(",") if isinstance(urls, str) else urls) if u]
+        try:
+            async with asyncio.timeout(timeout):
+                nc = await log.connect(servers, name="sarp-client")
+        except TimeoutError as exc:
+            raise ConnectFailed(f"no NATS server of {','.join(servers)} answered in "
+                                f"{timeout:g} s") from exc
+        try:
+            kv = await nc.jetstream(timeout=timeout).key_value(route.SHARD_BUCKET)
+            entry = await kv.get(route.SHARD_KEY)
+            names = route.check_map(json.loads(entry.value or b"null"))
+            self = cls(nc, names, 16, timeout)
+            self.block_tokens = int((await self.request("hello"))["block_tokens"])
+        except BaseException:
+            await nc.close()
+            raise
+        return self
+
+    @property
+    def path(self) -> str:
+        return ",".join(self.shards)
+
+    async def request(self, op: str, **fields: Any) -> Result:
+        from sarpd.cluster import route
+
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if op == "match" and self.newest:
+            fields["after_seq"] = dict(self.newest)
+        shard = route.target(op, fields, self.shards, self.block_tokens)
+        targets = [shard] if shard is not None else self.shards
+        answers = await asyncio.gather(*(self._one(s, op, fields) for s in targets))
+        got = answers[0] if len(answers) == 1 else route.merge(op, list(answers))
+        if isinstance(got, SarpError):
+            raise got
+        return got
+
+    async def _one(self, shard: str, op: str, fields: dict[str, Any]) -> Result | SarpError:
+        from sarpd.cluster import route
+
+        rid = self._next_id
+        self._next_id = rid + 1 if rid < 2**64 - 1 else 1
+        try:
+            msg = await self._nc.request(route.request_subject(shard),
+                                         encode_request(rid, op, fields), timeout=self.timeout)
+        except Exception as exc:  # no replica answered in time (down, or no quorum)
+            return error_from_code("unavailable", f"shard {shard}: no replica answered "
+                                   f"{op} in {self.timeout:g} s: {type(exc).__name__}: {exc}")
+        resp = msgpack.unpackb(msg.data, raw=False)
+        if resp.get("ok") is not True:
+            error = resp.get("error") or {}
+            return error_from_code(str(error.get("code")), str(error.get("message")))
+        seq = resp.get("seq")
+        if isinstance(seq, int):
+            self.newest[shard] = max(seq, self.newest.get(shard, 0))
+        resp.pop("id", None)
+        resp.pop("ok", None)
+        return cast(Result, resp)
+
+    async def close(self) -> None:
+        await self._nc.close()
+
+
 # ----------------------------------------------------------------------- sync wrapper
 
 
@@ -413,6 +508,19 @@ class SyncClient:
             self._runner.close()
             raise
         self._closed = False
+
+    @classmethod
+    def cluster(cls, urls: str | Sequence[str], *, timeout: float = 30.0) -> SyncClient:
+        """A SyncClient over a whole cluster (`ClusterClient`)."""
+        self = cls.__new__(cls)
+        self._runner = asyncio.Runner()
+        try:
+            self._client = self._runner.run(ClusterClient.open(urls, timeout=timeout))
+        except BaseException:
+            self._runner.close()
+            raise
+        self._closed = False
+        return self
 
     @property
     def path(self) -> str:

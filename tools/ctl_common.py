@@ -36,11 +36,13 @@ def fail(message: str) -> None:
 
 @contextmanager
 def connect(ctx: click.Context) -> Iterator[SyncClient]:
-    """A SyncClient on the group's --socket; errors become a message and exit 2."""
-    path: str = ctx.obj["socket"]
+    """A SyncClient on the group's --socket, or over the whole cluster with --cluster;
+    errors become a message and exit 2."""
+    cluster: str | None = ctx.obj.get("cluster")
+    path: str = cluster or ctx.obj["socket"]
     client: SyncClient | None = None
     try:
-        client = SyncClient(path)
+        client = _cluster_client(cluster) if cluster else SyncClient(path)
         yield client
     except SarpConnectionError as exc:
         fail(str(exc))
@@ -49,6 +51,16 @@ def connect(ctx: click.Context) -> Iterator[SyncClient]:
     finally:
         if client is not None:
             client.close()
+
+
+def _cluster_client(urls: str) -> SyncClient:
+    try:
+        return SyncClient.cluster(urls, timeout=10)
+    except SarpError:
+        raise
+    except Exception as exc:  # NATS unreachable, no shard map, nats-py missing
+        raise SarpConnectionError(f"cannot use the cluster at {urls}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
 
 
 def read_tokens(source: IO[str]) -> list[int]:

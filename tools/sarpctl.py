@@ -39,8 +39,12 @@ SOCKET_HELP = (
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--socket", "socket_path", envvar="SARPD_SOCKET", help=SOCKET_HELP)
+@click.option("--cluster", "cluster_urls", envvar="SARP_CLUSTER", metavar="URL[,URL...]",
+              help="Talk to a whole cluster (its NATS URLs) instead of one sarpd's socket: "
+              "requests go to the replicas of the shard that holds their sequence. "
+              "[env SARP_CLUSTER]")
 @click.pass_context
-def main(ctx: click.Context, socket_path: str | None) -> None:
+def main(ctx: click.Context, socket_path: str | None, cluster_urls: str | None) -> None:
     """Administer a running sarpd (the SARP prefix index of KV-cache blocks).
 
     \b
@@ -49,9 +53,11 @@ def main(ctx: click.Context, socket_path: str | None) -> None:
       echo '[1, 2, 3, ...]' | sarpctl insert --meta 7
       sarpctl match prompt.json --json
       sarpctl check
+      sarpctl --cluster nats://10.0.0.1:4222 match prompt.json
     """
     ctx.ensure_object(dict)
     ctx.obj["socket"] = socket_path or default_socket()
+    ctx.obj["cluster"] = cluster_urls
 
 
 @main.command()

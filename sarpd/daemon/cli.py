@@ -39,6 +39,7 @@ from sarpd.errors import BadRequest, ConfigError, SarpError
 
 if TYPE_CHECKING:
     from sarpd.cluster.node import ClusterNode
+    from sarpd.daemon.nats_front import NatsFront
 
 log = logging.getLogger("sarpd")
 
@@ -85,6 +86,7 @@ class Daemon:
         self._last_progress = 0.0
         self._recovery_started = time.monotonic()
         self._metrics_http: Any = None
+        self._front: NatsFront | None = None  # cluster mode: requests over NATS
 
     def request_stop(self, signame: str) -> None:
         if not self._stop.is_set():
@@ -158,6 +160,8 @@ class Daemon:
         snapshots = asyncio.create_task(self._periodic_snapshots(service))
         await self._stop.wait()
         sdnotify.notify("STOPPING=1", "STATUS=shutting down")
+        if self._front is not None:
+            await self._front.stop()  # no new remote requests
         snapshots.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await snapshots
@@ -175,6 +179,7 @@ class Daemon:
         (None, logged, when that fails or a stop signal came)."""
         from sarpd.cluster.node import ClusterNode
         from sarpd.daemon.forward import Forwarder
+        from sarpd.daemon.nats_front import NatsFront
 
         c = self.config.cluster
         self.server.status = f"catching up with shard {c.shard}'s log"
@@ -196,6 +201,8 @@ class Daemon:
                       ",".join(c.urls), c.shard, c.replica_id, exc)
             return None
         self.server.forwarder = Forwarder(self.server, node.replica, c.write_timeout_s)
+        self._front = NatsFront(self.server, node.nc, c.shard)
+        await self._front.start()  # requests of routers on other hosts
         log.info("replica %s of shard %s: applied seq %d", c.replica_id, c.shard,
                  node.replica.applied_seq)
         return node

@@ -59,3 +59,26 @@ def test_cluster_local_runs_then_stops_everything(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert not any(alive(p) for p in pids)
+
+
+def test_sarpctl_cluster_flag_reaches_the_whole_cluster(tmp_path: Path) -> None:
+    """`sarpctl --cluster URL insert|match` as today's commands, over NATS; an
+    unreachable cluster is one clear error, exit 2."""
+    from tools.cluster.local import local_sarp_cluster
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ctl = [sys.executable, "-m", "tools.sarpctl"]
+    with local_sarp_cluster(tmp_path / "cl", nats_nodes=1, replicas=1, shards=2) as lc:
+        assert lc.nats is not None
+        urls = ",".join(lc.nats.urls)
+        tokens = json.dumps(list(range(48)))
+        ins = subprocess.run([*ctl, "--cluster", urls, "insert", "--meta", "7", "--json"],
+                             input=tokens, capture_output=True, text=True, env=env, cwd=REPO)
+        assert ins.returncode == 0, ins.stderr
+        assert json.loads(ins.stdout)["new_blocks"] == 3
+        hit = subprocess.run([*ctl, "--cluster", urls, "match", "--json"], input=tokens,
+                             capture_output=True, text=True, env=env, cwd=REPO)
+        assert hit.returncode == 0 and json.loads(hit.stdout)["blocks"] == 3, hit.stderr
+    down = subprocess.run([*ctl, "--cluster", "nats://127.0.0.1:1", "match"], input=tokens,
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert down.returncode == 2 and "cannot use the cluster at nats://127.0.0.1:1" in down.stderr

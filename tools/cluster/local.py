@@ -15,6 +15,7 @@ replica i, `restart(i)` starts it again on its data; `stop()` stops the replicas
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sarpd.client import SarpConnectionError, SyncClient
+from sarpd.cluster import log
+from sarpd.cluster.node import write_shard_map
 from sarpd.errors import SarpError
 from tools.cluster.nats_local import NatsCluster, log_tail
 
@@ -73,6 +76,7 @@ class LocalCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.nats = NatsCluster(self.directory / "nats", self.nats_nodes)
         self.nats.start()
+        asyncio.run(self._write_shard_map())
         self._sock_dir = Path(tempfile.mkdtemp(prefix="sarp-cl-", dir="/tmp"))
         for s in range(self.shards):
             for r in range(self.replicas):
@@ -84,6 +88,19 @@ class LocalCluster:
             self._spawn(i)
         for p in self.procs:
             self._wait_ready(p)
+
+    async def _write_shard_map(self) -> None:
+        assert self.nats is not None
+        nc = await log.connect(self.nats.urls, name="sarpctl-cluster-local")
+        try:
+            await write_shard_map(nc.jetstream(timeout=10), self.shard_names,
+                                  min(3, self.nats_nodes))
+        finally:
+            await nc.close()
+
+    @property
+    def shard_names(self) -> list[str]:
+        return [f"s{s}" for s in range(self.shards)]
 
     def argv(self, p: ReplicaProc) -> list[str]:
         assert self.nats is not None

@@ -119,9 +119,11 @@ class Node:
 
 
 def node_config(node: Node, routes: list[int]) -> str:
-    """One node's nats-server config (the format's own syntax; JSON strings are valid)."""
+    """One node's nats-server config (the format's own syntax; JSON strings are valid).
+    A cluster of one node is a standalone server (no cluster block: a server routed
+    only to itself waits for routes forever)."""
     route_list = ", ".join(json.dumps(f"nats-route://127.0.0.1:{p}") for p in routes)
-    return (
+    text = (
         f"server_name: {json.dumps(node.name)}\n"
         f"listen: \"127.0.0.1:{node.client_port}\"\n"
         f"http: \"127.0.0.1:{node.http_port}\"\n"
@@ -129,6 +131,10 @@ def node_config(node: Node, routes: list[int]) -> str:
         f"  store_dir: {json.dumps(str(node.store))}\n"
         "  sync_interval: always\n"
         "}\n"
+    )
+    if len(routes) == 1:
+        return text
+    return text + (
         "cluster {\n"
         f"  name: {CLUSTER_NAME}\n"
         f"  listen: \"127.0.0.1:{node.cluster_port}\"\n"
@@ -250,6 +256,8 @@ class NatsCluster:
         health = _get_json(f"{base}/healthz?js-enabled-only=true")
         if health is None or health.get("status") != "ok":
             return None
+        if len(self.nodes) == 1:  # standalone: healthy is ready, it leads itself
+            return {"leader": self.nodes[i].name, "cluster_size": 1}
         jsz = _get_json(f"{base}/jsz")
         meta = None if jsz is None else jsz.get("meta_cluster")
         return meta if isinstance(meta, dict) else None

@@ -1,0 +1,116 @@
+"""Where a cluster client sends a request: sans-I/O (no asyncio, no NATS).
+
+The shard map is an ordered list of shard names (the NATS KV bucket SHARD_BUCKET, key
+SHARD_KEY: a JSON list, written once by whoever creates the cluster: `sarpctl cluster
+local`, or an operator). A request that carries a sequence from its block 0 goes to
+`names[shard_of(first block id, len(names))]` (sarpd.core.shards: THE rule); one
+whose block 0 the client cannot know goes to every shard (`None`):
+
+- `insert` after a `parent` (its tokens continue a chain the client did not keep):
+  every shard but the chain's answers `unknown_parent`, and `merge` keeps the one
+  that took it;
+- `remove` by bare `ids`, and `clear`: every shard, `removed` summed;
+- a sequence shorter than one block matches nothing and writes nothing: shard 0.
+
+Subjects: a replica of shard S serves requests on `request_subject(S)` in the queue
+group `queue_group(S)` (NATS load-balances a group and skips replicas that are down).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sarpd.core.ids import chain_ids, ns_root, salt_ids
+from sarpd.core.shards import check_shards, shard_of
+from sarpd.errors import BadRequest, SarpError, UnknownParent
+from sarpd.model import IdArray
+
+SHARD_BUCKET = "sarp"
+SHARD_KEY = "shards"
+REQUEST_PREFIX = "sarp.req."
+SEQ_OPS = ("match", "insert", "remove", "dump")
+BROADCAST_OPS = ("clear",)
+
+
+def request_subject(shard: str) -> str:
+    return REQUEST_PREFIX + shard
+
+
+def queue_group(shard: str) -> str:
+    return "sarp-" + shard
+
+
+def check_map(names: object) -> list[str]:
+    """A shard map as read from the bucket: a non-empty list of distinct names."""
+    if (not isinstance(names, list) or not names
+            or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names)):
+        raise BadRequest(f"shard map: {names!r} is not a list of distinct shard names")
+    try:
+        check_shards(len(names))
+    except ValueError as exc:
+        raise BadRequest(f"shard map: {exc}") from exc
+    return names
+
+
+def first_block(fields: dict[str, Any], block_tokens: int) -> IdArray | None:
+    """The internal id of the request's block 0 ((1, 2) uint64), from its wire fields
+    (`tokens` as bin of uint32 LE, or `hashes` as bin of 16-byte ids or a list of
+    uints / 16-byte ids); None when it carries less than one block."""
+    ns = str(fields.get("ns", ""))
+    tokens, hashes = fields.get("tokens"), fields.get("hashes")
+    if tokens is not None:
+        raw = bytes(tokens)[: 4 * block_tokens]
+        if len(raw) < 4 * block_tokens:
+            return None
+        return chain_ids(ns_root(ns), np.frombuffer(raw, dtype="<u4").astype(np.uint32),
+                         block_tokens)
+    if hashes is None:
+        return None
+    if isinstance(hashes, bytes | bytearray):
+        if len(hashes) < 16:
+            return None
+        one = np.frombuffer(bytes(hashes[:16]), dtype="<u8").astype(np.uint64).reshape(1, 2)
+    else:
+        if not hashes:
+            return None
+        head = hashes[0]
+        if isinstance(head, bytes | bytearray) and len(head) == 16:
+            one = np.frombuffer(bytes(head), dtype="<u8").astype(np.uint64).reshape(1, 2)
+        elif isinstance(head, int) and 0 <= head < 2**64:
+            one = np.array([[head, 0]], dtype=np.uint64)
+        else:
+            raise BadRequest(f"hashes[0]: {head!r} is not a uint below 2**64 or 16 bytes")
+    return salt_ids(ns, one)
+
+
+def target(op: str, fields: dict[str, Any], names: list[str], block_tokens: int) -> str | None:
+    """The shard a request goes to, or None: every shard."""
+    if op in BROADCAST_OPS:
+        return None
+    if op not in SEQ_OPS:
+        return names[0]  # hello, ping, stats, ...: any replica answers
+    if op == "insert" and fields.get("parent") is not None:
+        return None
+    if op == "remove" and fields.get("ids") is not None:
+        return None
+    ids = first_block(fields, block_tokens)
+    index = shard_of(ids, len(names)) if ids is not None else None
+    return names[0] if index is None else names[index]
+
+
+def merge(op: str, answers: list[dict[str, Any] | SarpError]) -> dict[str, Any] | SarpError:
+    """One answer from every shard's answer to a broadcast request."""
+    if op == "insert":  # after a parent: the shard that has the chain took it
+        took = [a for a in answers if not isinstance(a, SarpError)]
+        if len(took) == 1:
+            return took[0]
+        errors = [a for a in answers if isinstance(a, SarpError)
+                  and not isinstance(a, UnknownParent)]
+        return errors[0] if errors else (took[0] if took else answers[0])
+    errors = [a for a in answers if isinstance(a, SarpError)]
+    if errors:
+        return errors[0]
+    ok = [a for a in answers if not isinstance(a, SarpError)]
+    return {"removed": sum(int(a.get("removed", 0)) for a in ok)}
