@@ -489,6 +489,13 @@ class ClusterClient(Client):
         resp.pop("ok", None)
         return cast(Result, resp)
 
+    async def cluster_status(self) -> Result:
+        """Per shard: the log's last sequence and leader, each replica's applied
+        sequence, lag and report age (`sarpd.cluster.node.read_status`)."""
+        from sarpd.cluster.node import read_status
+
+        return await read_status(self._nc.jetstream(timeout=self.timeout))
+
     async def close(self) -> None:
         await self._nc.close()
 
@@ -585,6 +592,13 @@ class SyncClient:
 
     def clear(self, ns: str, mask: int = 0, value: int = 0) -> Result:
         return self._runner.run(self._client.clear(ns, mask, value))
+
+    def cluster_status(self) -> Result:
+        """`ClusterClient.cluster_status` (a SyncClient made by `SyncClient.cluster`)."""
+        client = self._client
+        if not isinstance(client, ClusterClient):
+            raise BadRequest("cluster_status: this client talks to one sarpd, not a cluster")
+        return self._runner.run(client.cluster_status())
 
     def close(self) -> None:
         if self._closed:

@@ -14,7 +14,7 @@ import click
 
 from tools.cluster.local import LocalCluster, LocalClusterError
 from tools.cluster.nats_local import NatsClusterError
-from tools.ctl_common import EXIT_ERROR
+from tools.ctl_common import EXIT_ERROR, connect
 
 
 @click.group()
@@ -62,3 +62,30 @@ def local(directory: Path, nats_nodes: int, replicas: int, shards: int, backend:
     finally:
         click.echo("stopping", err=True)
         lc.stop()
+
+
+@cluster.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Per shard: the log's last sequence and its NATS leader, and each replica's applied
+    sequence, lag (entries behind the log) and the age of its last progress report
+    (replicas report every second while they apply, every 10 s when idle). Needs the
+    group's --cluster URL."""
+    if not (ctx.obj or {}).get("cluster"):
+        raise click.UsageError("cluster status needs --cluster URL (sarpctl --cluster URL "
+                               "cluster status)")
+    with connect(ctx) as client:
+        doc = client.cluster_status()
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    for sh in doc["shards"]:
+        click.echo(f"shard {sh['shard']}: log {sh['first_seq']}..{sh['last_seq']}, "
+                   f"leader {sh['leader']}")
+        for r in sh["replicas"] or [{"replica": "(no replica reported)"}]:
+            if "applied_seq" not in r:
+                click.echo(f"  {r['replica']}")
+                continue
+            click.echo(f"  {r['replica']}: applied {r['applied_seq']}, lag {r['lag']}, "
+                       f"report {r['report_age_s']:.1f} s ago")

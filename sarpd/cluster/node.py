@@ -4,15 +4,19 @@ applier (`Replica`), the catch-up a start does before it serves, and the shard m
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
+from nats.js.kv import KeyValue
 
 from sarpd.cluster import log, route
 from sarpd.cluster.log import LogConfigError
@@ -23,6 +27,13 @@ from sarpd.protocol.requests import Limits
 logger = logging.getLogger("sarpd.cluster.node")
 
 JS_TIMEOUT_S = 5.0  # one JetStream API call (log.retrying retries transient failures)
+REPORT_S = 1.0  # how often a replica reports its applied sequence (when it moved)
+REPORT_IDLE_S = 10.0  # ... and at least this often (its age says it is alive)
+
+
+def progress_key(shard: str, replica: str) -> str:
+    """The KV key of a replica's progress report: JSON {"applied_seq", "time"}."""
+    return f"applied.{shard}.{replica}"
 
 
 async def write_shard_map(js: JetStreamContext, names: list[str], replicas: int) -> None:
@@ -30,11 +41,7 @@ async def write_shard_map(js: JetStreamContext, names: list[str], replicas: int)
     shard names clients route by). Written once, by whoever creates the cluster: a
     different map over an existing one is refused (it would move every sequence)."""
     route.check_map(names)
-    try:
-        kv = await js.key_value(route.SHARD_BUCKET)
-    except nats.js.errors.BucketNotFoundError:
-        kv = await js.create_key_value(KeyValueConfig(bucket=route.SHARD_BUCKET, history=1,
-                                                      replicas=replicas))
+    kv = await _bucket(js, replicas)
     try:
         have = await kv.get(route.SHARD_KEY)
     except nats.js.errors.KeyNotFoundError:
@@ -44,6 +51,15 @@ async def write_shard_map(js: JetStreamContext, names: list[str], replicas: int)
     if old != names:
         raise LogConfigError(f"shard map: the cluster has {old}, not {names} (a shard map "
                              "is fixed: changing it would move sequences between shards)")
+
+
+async def _bucket(js: JetStreamContext, replicas: int) -> KeyValue:
+    """The cluster's KV bucket (the shard map, progress reports), created if missing."""
+    try:
+        return await js.key_value(route.SHARD_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        return await js.create_key_value(KeyValueConfig(bucket=route.SHARD_BUCKET, history=1,
+                                                        replicas=replicas))
 
 
 async def read_shard_map(js: JetStreamContext) -> list[str] | None:
@@ -60,6 +76,7 @@ async def read_shard_map(js: JetStreamContext) -> list[str] | None:
 class ClusterNode:
     nc: NATS
     replica: Replica
+    reporter: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, cfg: ClusterConfig, index: ReplicaIndex, limits: Limits,
@@ -86,8 +103,65 @@ class ClusterNode:
         except BaseException:
             await nc.close()
             raise
-        return cls(nc, replica)
+        node = cls(nc, replica)
+        node.reporter = asyncio.create_task(node._report(js, cfg))
+        return node
+
+    async def _report(self, js: JetStreamContext, cfg: ClusterConfig) -> None:
+        """Put this replica's applied sequence into the shard map's bucket (what
+        `sarpctl cluster status` and the lag figures read), when it moved or went
+        REPORT_IDLE_S without a report. Failures are logged, never fatal."""
+        key = progress_key(cfg.shard, cfg.replica_id)
+        last, at = -1, 0.0
+        while True:
+            now = time.monotonic()
+            seq = self.replica.applied_seq
+            if seq != last or now - at >= REPORT_IDLE_S:
+                try:
+                    kv = await _bucket(js, cfg.stream_replicas)
+                    await kv.put(key, json.dumps({"applied_seq": seq,
+                                                  "time": time.time()}).encode())
+                    last, at = seq, now
+                except Exception as exc:  # NATS down: the next round tries again
+                    logger.warning("shard %s: progress report failed: %s", cfg.shard, exc)
+            await asyncio.sleep(REPORT_S)
 
     async def stop(self) -> None:
+        if self.reporter is not None:
+            self.reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reporter
         await self.replica.stop()
         await self.nc.close()
+
+
+async def read_status(js: JetStreamContext, now: float | None = None) -> dict[str, object]:
+    """Per shard: the stream's last sequence and leader, and each replica's applied
+    sequence, lag (sequences behind the log) and report age (s) from the progress
+    reports. What `sarpctl cluster status` shows."""
+    names = await read_shard_map(js) or []
+    reports: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        kv = await js.key_value(route.SHARD_BUCKET)
+        keys = await kv.keys()
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NoKeysError):
+        keys = []
+    for key in keys:
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "applied":
+            entry = await kv.get(key)
+            reports.setdefault(parts[1], {})[parts[2]] = json.loads(entry.value or b"{}")
+    t = time.time() if now is None else now
+    shards = []
+    for shard in names or sorted(reports):
+        name = log.stream_name(shard)
+        info = await log.retrying(partial(js.stream_info, name), f"stream {name}")
+        last = int(info.state.last_seq)
+        replicas = [{"replica": r, "applied_seq": int(rep.get("applied_seq", 0)),
+                     "lag": last - int(rep.get("applied_seq", 0)),
+                     "report_age_s": round(t - float(rep.get("time", 0.0)), 3)}
+                    for r, rep in sorted(reports.get(shard, {}).items())]
+        shards.append({"shard": shard, "last_seq": last, "first_seq": int(info.state.first_seq),
+                       "leader": info.cluster.leader if info.cluster else None,
+                       "replicas": replicas})
+    return {"shard_map": names, "shards": shards}

@@ -133,6 +133,13 @@ class Forwarder:
         except Exception:  # metrics never cost an answer
             log.exception("metrics of a forwarded write failed")
 
+    def stats(self) -> dict[str, object]:
+        """What `stats` says of this replica (cluster mode)."""
+        r = self.replica
+        return {"shard": r.shard, "replica": r.replica_id, "applied_seq": r.applied_seq,
+                "forwarded_writes": self.forwarded, "writes_in_flight": len(self._tasks),
+                "failed": r.failed}
+
     async def stop(self) -> None:
         """Wait for the writes in flight (they end by answer or by timeout)."""
         if self._tasks:

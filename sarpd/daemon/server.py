@@ -224,6 +224,8 @@ class WriteRouter(Protocol):
 
     def takes(self, conn: Connection, req: Request) -> bool: ...
 
+    def stats(self) -> dict[str, object]: ...
+
     async def stop(self) -> None: ...
 
 
@@ -347,7 +349,10 @@ class Server:
 
     def extra_stats(self) -> dict[str, object]:
         """The server's part of the `stats` op: gauges and metrics counters."""
-        return {**self.gauges(), **self.metrics.snapshot()}
+        out: dict[str, object] = {**self.gauges(), **self.metrics.snapshot()}
+        if self.forwarder is not None:
+            out["cluster"] = self.forwarder.stats()
+        return out
 
     def reject(self, conn: Connection, req: Request, err: SarpError) -> None:
         self.metrics.record_rejected(op_name(req), err.code)

@@ -81,6 +81,10 @@ def test_writes_go_through_the_log_and_every_replica_converges(
         assert bad["error"]["code"] == "unknown_parent"  # the entry's outcome everywhere
     for proc in (a, b):
         converged(proc, acked)
+    with SyncClient(b.socket) as cb:
+        stats = cb.stats()["cluster"]
+        assert (stats["shard"], stats["replica"], stats["applied_seq"]) == ("s0", "b", 5)
+        assert stats["forwarded_writes"] == 1 and stats["failed"] == ""
 
 
 def test_a_replica_killed_under_writes_catches_up_before_it_serves(

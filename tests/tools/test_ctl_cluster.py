@@ -82,3 +82,36 @@ def test_sarpctl_cluster_flag_reaches_the_whole_cluster(tmp_path: Path) -> None:
     down = subprocess.run([*ctl, "--cluster", "nats://127.0.0.1:1", "match"], input=tokens,
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert down.returncode == 2 and "cannot use the cluster at nats://127.0.0.1:1" in down.stderr
+
+
+def test_cluster_status_shows_each_replica_s_progress(tmp_path: Path) -> None:
+    from tools.cluster.local import local_sarp_cluster
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ctl = [sys.executable, "-m", "tools.sarpctl"]
+    with local_sarp_cluster(tmp_path / "cl", nats_nodes=1, replicas=2, shards=1) as lc:
+        assert lc.nats is not None
+        urls = ",".join(lc.nats.urls)
+        with SyncClient.cluster(urls) as c:
+            for i in range(5):
+                c.insert(tokens=list(range(16 * i, 16 * i + 32)), meta=i)
+        deadline = time.monotonic() + 20
+        while True:
+            out = subprocess.run([*ctl, "--cluster", urls, "cluster", "status", "--json"],
+                                 capture_output=True, text=True, env=env, cwd=REPO)
+            assert out.returncode == 0, out.stderr
+            doc = json.loads(out.stdout)
+            (shard,) = doc["shards"]
+            if [r["applied_seq"] for r in shard["replicas"]] == [5, 5]:
+                break
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.2)
+        assert doc["shard_map"] == ["s0"] and shard["last_seq"] == 5
+        assert [r["replica"] for r in shard["replicas"]] == ["r0", "r1"]
+        assert all(r["lag"] == 0 and r["report_age_s"] < 15 for r in shard["replicas"])
+        text = subprocess.run([*ctl, "--cluster", urls, "cluster", "status"],
+                              capture_output=True, text=True, env=env, cwd=REPO).stdout
+        assert "shard s0: log 1..5" in text and "r1: applied 5, lag 0" in text
+    bare = subprocess.run([*ctl, "cluster", "status"], capture_output=True, text=True,
+                          env=env, cwd=REPO)
+    assert bare.returncode == 2 and "needs --cluster URL" in bare.stderr
