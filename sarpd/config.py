@@ -93,6 +93,8 @@ class ClusterConfig:
     stream_replicas: int = 3  # the stream's copies (JetStream: 1..5; 3 on a 3-node cluster)
     write_timeout_s: float = 30.0  # a forwarded write's wait for its own application
     catch_up_timeout_s: float = 3600.0  # how long a start may replay before it serves
+    checkpoint_interval_s: float = 600.0  # publish a checkpoint this often (0: never)
+    checkpoint_keep: int = 2  # checkpoints kept per shard (the log is trimmed below them)
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -106,6 +108,9 @@ class ClusterConfig:
         for name in ("write_timeout_s", "catch_up_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"cluster: {name} {getattr(self, name)} must be > 0")
+        if self.checkpoint_interval_s < 0 or self.checkpoint_keep < 1:
+            raise ConfigError(f"cluster: checkpoint_interval_s {self.checkpoint_interval_s} "
+                              f"must be >= 0 and checkpoint_keep {self.checkpoint_keep} >= 1")
 
     @property
     def enabled(self) -> bool:

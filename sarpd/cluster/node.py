@@ -9,8 +9,10 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
@@ -18,10 +20,11 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 
-from sarpd.cluster import log, route
+from sarpd.cluster import checkpoints, log, route
 from sarpd.cluster.log import LogConfigError
 from sarpd.cluster.replica import Replica, ReplicaIndex, Runner
 from sarpd.config import ClusterConfig
+from sarpd.model import CheckpointResult
 from sarpd.protocol.requests import Limits
 
 logger = logging.getLogger("sarpd.cluster.node")
@@ -76,7 +79,7 @@ async def read_shard_map(js: JetStreamContext) -> list[str] | None:
 class ClusterNode:
     nc: NATS
     replica: Replica
-    reporter: asyncio.Task[None] | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
     async def start(cls, cfg: ClusterConfig, index: ReplicaIndex, limits: Limits,
@@ -104,8 +107,32 @@ class ClusterNode:
             await nc.close()
             raise
         node = cls(nc, replica)
-        node.reporter = asyncio.create_task(node._report(js, cfg))
+        node.tasks.append(asyncio.create_task(node._report(js, cfg)))
+        if cfg.checkpoint_interval_s > 0:
+            node.tasks.append(asyncio.create_task(node._checkpoints(js, cfg, index, run)))
         return node
+
+    async def _checkpoints(self, js: JetStreamContext, cfg: ClusterConfig,
+                           index: ReplicaIndex, run: Runner[object]) -> None:
+        """Every checkpoint_interval_s, when the applied sequence moved: publish a
+        checkpoint (sarpd.cluster.checkpoints). Failures are logged, never fatal."""
+        done = 0
+
+        async def take(dest: Path) -> CheckpointResult:
+            res = await run(lambda: index.checkpoint(dest))
+            assert isinstance(res, CheckpointResult)
+            return res
+
+        while True:
+            await asyncio.sleep(cfg.checkpoint_interval_s)
+            if self.replica.applied_seq <= done:
+                continue
+            try:
+                floor = await live_floor(js, cfg.shard)
+                done = await checkpoints.publish(js, cfg.shard, cfg.stream_replicas, take,
+                                                 cfg.checkpoint_keep, floor)
+            except Exception as exc:
+                logger.warning("shard %s: publishing a checkpoint failed: %s", cfg.shard, exc)
 
     async def _report(self, js: JetStreamContext, cfg: ClusterConfig) -> None:
         """Put this replica's applied sequence into the shard map's bucket (what
@@ -127,15 +154,24 @@ class ClusterNode:
             await asyncio.sleep(REPORT_S)
 
     async def stop(self) -> None:
-        if self.reporter is not None:
-            self.reporter.cancel()
+        for task in self.tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.reporter
+                await task
         await self.replica.stop()
         await self.nc.close()
 
 
-async def read_status(js: JetStreamContext, now: float | None = None) -> dict[str, object]:
+async def live_floor(js: JetStreamContext, shard: str) -> int | None:
+    """The lowest applied sequence among the shard's replicas that reported progress
+    in the last checkpoints.TRIM_GRACE_S (None: none did)."""
+    status = await read_status(js)
+    seqs = [int(r["applied_seq"]) for sh in status["shards"] if sh["shard"] == shard
+            for r in sh["replicas"] if float(r["report_age_s"]) < checkpoints.TRIM_GRACE_S]
+    return min(seqs) if seqs else None
+
+
+async def read_status(js: JetStreamContext, now: float | None = None) -> dict[str, Any]:
     """Per shard: the stream's last sequence and leader, and each replica's applied
     sequence, lag (sequences behind the log) and report age (s) from the progress
     reports. What `sarpctl cluster status` shows."""

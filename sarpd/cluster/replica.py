@@ -38,13 +38,14 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from nats.js import JetStreamContext
 
 from sarpd.cluster import entry, log
 from sarpd.errors import SarpError, StorageError, Unavailable
-from sarpd.model import Clear, Insert, InsertResult, Remove, RemoveResult
+from sarpd.model import CheckpointResult, Clear, Insert, InsertResult, Remove, RemoveResult
 from sarpd.protocol.requests import Limits
 
 logger = logging.getLogger("sarpd.cluster.replica")
@@ -69,6 +70,8 @@ class ReplicaIndex(Protocol):
 
     def write_many(self, ops: Sequence[Write], applied_seq: int | None = None,
                    ) -> Sequence[Result]: ...
+
+    def checkpoint(self, dest: Path) -> CheckpointResult: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,9 @@ class Daemon:
     async def _serve(self) -> int:
         cfg = self.config
         sdnotify.status("recovering")
+        if cfg.cluster.enabled and not await self._bootstrap():
+            await self.server.stop()
+            return 1
         try:
             index, backend_name = await self.server.run_exclusive(self._open)
         except (SarpError, OSError) as exc:
@@ -173,6 +176,36 @@ class Daemon:
         await self._close(index, snapshot=True)
         log.info("stopped")
         return 0
+
+    async def _bootstrap(self) -> bool:
+        """Cluster mode, a data directory without a backend yet: start from the shard's
+        newest published checkpoint (sarpd.cluster.checkpoints), if there is one.
+        False (logged) when the cluster cannot be read."""
+        from sarpd.cluster import checkpoints
+        from sarpd.cluster import log as cluster_log
+        from sarpd.core.store import data_paths
+
+        cfg = self.config
+        if data_paths(cfg.data_dir, cfg.backend)[0].exists():
+            return True
+        c = cfg.cluster
+        self.server.status = f"fetching shard {c.shard}'s newest checkpoint"
+        try:
+            async with asyncio.timeout(c.catch_up_timeout_s):
+                nc = await cluster_log.connect(list(c.urls), name=f"sarpd-{c.shard}-boot")
+                try:
+                    seq = await checkpoints.fetch_newest(nc.jetstream(timeout=30), c.shard,
+                                                         cfg.data_dir)
+                finally:
+                    await nc.close()
+        except Exception as exc:
+            log.error("cluster %s: cannot fetch shard %s's checkpoint: %s", ",".join(c.urls),
+                      c.shard, exc)
+            return False
+        if seq is None:
+            log.info("shard %s has no checkpoint yet: replaying its log from the start",
+                     c.shard)
+        return True
 
     async def _join_cluster(self, index: SarpIndex) -> ClusterNode | None:
         """Cluster mode: connect, catch up with the shard's log, forward writes to it

@@ -7,6 +7,7 @@ before it serves; every acknowledged insert then matches on every replica."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from sarpd.client import SyncClient
+from sarpd.cluster import log
 from tests.daemon_helpers import Launcher, RawConn, SarpdProc, launcher
 from tools.cluster.nats_local import NatsCluster, local_cluster
 
@@ -36,6 +38,18 @@ def launch(tmp_path: Path) -> Iterator[Launcher]:
 def replica(launch: Launcher, nats: NatsCluster, name: str) -> SarpdProc:
     return launch(extra_args=("--cluster", ",".join(nats.urls), "--shard", "s0",
                               "--replica-id", name, "--batch-window-ms", "0.2"))
+
+
+def first_seq(nats: NatsCluster, shard: str) -> int:
+    async def read() -> int:
+        nc = await log.connect(nats.urls)
+        try:
+            info = await nc.jetstream(timeout=5).stream_info(log.stream_name(shard))
+            return int(info.state.first_seq)
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
 
 
 def toks(seed: int, blocks: int) -> list[int]:
@@ -135,3 +149,31 @@ def test_a_single_node_ignores_after_seq(launch: Launcher) -> None:
         got = raw.call("match", 2, tokens=toks(1, 2), after_seq={"s0": 10**6})
         assert got["ok"] and got["blocks"] == 2 and "seq" not in raw.call(
             "insert", 3, tokens=toks(2, 1), meta=1)
+
+
+def test_a_new_replica_starts_from_a_published_checkpoint(
+        nats: NatsCluster, launch: Launcher) -> None:
+    """Replicas publish checkpoints (here every 0.5 s) and the log is trimmed below the
+    older kept one; a new replica on an empty data directory starts from the newest,
+    replays only what came after it, and answers every acknowledged insert."""
+    config = {"cluster": {"checkpoint_interval_s": 0.5, "checkpoint_keep": 2}}
+    a = launch(config=config, extra_args=("--cluster", ",".join(nats.urls), "--shard", "s0",
+                                          "--replica-id", "a"))
+    acked: list[tuple[list[int], int]] = []
+    with SyncClient(a.socket) as ca:
+        for round_ in range(3):
+            for i in range(10):
+                tokens = toks(1000 + 10 * round_ + i, 2)
+                ca.insert(tokens=tokens, meta=round_)
+                acked.append((tokens, round_))
+            time.sleep(1.2)  # a checkpoint after each round
+    deadline = time.monotonic() + 30
+    while "checkpoint at seq 30 published" not in a.log():
+        assert time.monotonic() < deadline, a.log()[-3000:]
+        time.sleep(0.1)
+    assert first_seq(nats, "s0") > 1  # trimmed below the older kept checkpoint
+    c = replica(launch, nats, "c")  # empty data directory
+    assert "started from the checkpoint at seq 30" in c.log()
+    converged(c, acked)
+    with SyncClient(c.socket) as cc:
+        assert cc.stats()["cluster"]["applied_seq"] == 30
