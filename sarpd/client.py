@@ -41,6 +41,7 @@ Meta: TypeAlias = "int | Sequence[int] | np.ndarray[Any, Any] | bytes"
 Result: TypeAlias = dict[str, Any]
 
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+ATTEMPT_S = 5.0  # a cluster request unanswered this long is sent again (same write id)
 _U32_LIMIT = 2**32
 
 
@@ -468,16 +469,31 @@ class ClusterClient(Client):
         return got
 
     async def _one(self, shard: str, op: str, fields: dict[str, Any]) -> Result | SarpError:
+        """One request to a replica of `shard`, sent again (to whichever replica NATS
+        picks) when an attempt goes unanswered: a node or a replica went down with it.
+        A write carries one write id in all its attempts, so the log applies it once."""
+        import uuid
+
         from sarpd.cluster import route
 
         rid = self._next_id
         self._next_id = rid + 1 if rid < 2**64 - 1 else 1
-        try:
-            msg = await self._nc.request(route.request_subject(shard),
-                                         encode_request(rid, op, fields), timeout=self.timeout)
-        except Exception as exc:  # no replica answered in time (down, or no quorum)
-            return error_from_code("unavailable", f"shard {shard}: no replica answered "
-                                   f"{op} in {self.timeout:g} s: {type(exc).__name__}: {exc}")
+        frame = encode_request(rid, op, fields)
+        headers = {route.WRITE_ID_HEADER: uuid.uuid4().hex} if op in route.WRITE_OPS else None
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                msg = await self._nc.request(route.request_subject(shard), frame,
+                                             timeout=max(0.05, min(ATTEMPT_S, left)),
+                                             headers=headers)
+                break
+            except Exception as exc:  # unanswered: try again until the deadline
+                if left <= ATTEMPT_S:
+                    return error_from_code("unavailable", (
+                        f"shard {shard}: no replica answered {op} in {self.timeout:g} s: "
+                        f"{type(exc).__name__}: {exc}"))
+                await asyncio.sleep(0.05)
         resp = msgpack.unpackb(msg.data, raw=False)
         if resp.get("ok") is not True:
             error = resp.get("error") or {}

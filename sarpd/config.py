@@ -92,6 +92,7 @@ class ClusterConfig:
     replica_id: str = ""
     stream_replicas: int = 3  # the stream's copies (JetStream: 1..5; 3 on a 3-node cluster)
     write_timeout_s: float = 30.0  # a forwarded write's wait for its own application
+    publish_retry_s: float = 15.0  # resending a write to the log (no quorum: then unavailable)
     catch_up_timeout_s: float = 3600.0  # how long a start may replay before it serves
     checkpoint_interval_s: float = 600.0  # publish a checkpoint this often (0: never)
     checkpoint_keep: int = 2  # checkpoints kept per shard (the log is trimmed below them)
@@ -105,6 +106,9 @@ class ClusterConfig:
         if not 1 <= self.stream_replicas <= 5:
             raise ConfigError(f"cluster: stream_replicas {self.stream_replicas} is outside "
                               "1..5 (JetStream's limit)")
+        if not 0 < self.publish_retry_s < 300:
+            raise ConfigError(f"cluster: publish_retry_s {self.publish_retry_s} must be in "
+                              "(0, 300): below the log's duplicate window")
         for name in ("write_timeout_s", "catch_up_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"cluster: {name} {getattr(self, name)} must be > 0")

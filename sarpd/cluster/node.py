@@ -95,7 +95,8 @@ class ClusterNode:
                 raise LogConfigError(f"shard {cfg.shard}: not in the cluster's shard map "
                                      f"{names}")
             info = await log.ensure_stream(js, cfg.shard, cfg.stream_replicas)
-            replica = Replica(index, js, cfg.shard, cfg.replica_id, limits, run)
+            replica = Replica(index, js, cfg.shard, cfg.replica_id, limits, run,
+                              cfg.publish_retry_s)
             await replica.start()
             t0, last = time.monotonic(), info.state.last_seq
             logger.info("shard %s: replica %s at seq %d, the log at %d: catching up",

@@ -19,8 +19,10 @@ What can go wrong, and what happens:
   applied again after RETRY_PAUSE_S (nothing was acknowledged to the log);
 - an entry that does not decode (a newer entry format): its answer is the error,
   and the replica goes on (every replica decodes it alike);
-- the log trimmed above where the replica stands (`LogGap`): the replica stops
-  applying and says so (`failed`); it needs a newer checkpoint;
+- the log trimmed above where the replica stands (`LogGap` when the reader is
+  reopened there): the replica stops applying and says so (`failed`); it needs a
+  newer checkpoint. A sequence missing from a delivery (a node went down with
+  entries in flight) is not that: the reader is reopened at `applied_seq + 1`;
 - NATS unreachable: `ShardReader` retries for `log.RETRY_S`, then the replica
   reopens its reader from `applied_seq + 1` and tries again.
 
@@ -85,9 +87,11 @@ class Applied:
 
 class Replica:
     def __init__(self, index: ReplicaIndex, js: JetStreamContext, shard: str,
-                 replica_id: str, limits: Limits, run: Runner[object]) -> None:
+                 replica_id: str, limits: Limits, run: Runner[object],
+                 publish_retry_s: float = log.RETRY_S) -> None:
         self.index, self.js, self.shard, self.replica_id = index, js, shard, replica_id
         self.limits = limits  # an entry's checks, and block_tokens
+        self.publish_retry_s = publish_retry_s
         self._run = run
         self._applied = index.applied_seq  # mirrors the index's, advanced by the applier
         self._recent: OrderedDict[int, Result] = OrderedDict()
@@ -120,7 +124,8 @@ class Replica:
         duplicate window is applied once); a fresh one when None."""
         raw = entry.encode(req, self.limits)  # BadRequest for a write no replica takes
         seq, duplicate = await log.publish(self.js, self.shard, raw,
-                                           msg_id or uuid.uuid4().hex)
+                                           msg_id or uuid.uuid4().hex,
+                                           retry_s=self.publish_retry_s)
         if duplicate:
             logger.info("shard %s: %s is a resend of seq %d", self.shard, msg_id, seq)
         await self.wait_applied(seq, timeout_s)
@@ -148,10 +153,9 @@ class Replica:
         while True:
             try:
                 run = await reader.fetch(timeout_s=FETCH_TIMEOUT_S)
-            except log.LogGap as exc:
-                await self._fail(str(exc))
-                return
-            except _PASSING as exc:
+            except _PASSING as exc:  # a LogGap too: a delivery cut by a node going down
+                # skips entries the log still holds; reopening at applied_seq + 1 tells
+                # (the reopen fails with LogGap only when the log was trimmed there)
                 logger.warning("shard %s: reading the log failed (%s); reopening at %d",
                                self.shard, exc, self._applied + 1)
                 again = await self._reopen(reader)

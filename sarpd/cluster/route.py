@@ -14,6 +14,7 @@ whose block 0 the client cannot know goes to every shard (`None`):
 
 Subjects: a replica of shard S serves requests on `request_subject(S)` in the queue
 group `queue_group(S)` (NATS load-balances a group and skips replicas that are down).
+A write carries WRITE_ID_HEADER, so that a client may resend it to any replica.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from sarpd.model import IdArray
 SHARD_BUCKET = "sarp"
 SHARD_KEY = "shards"
 REQUEST_PREFIX = "sarp.req."
+# a NATS request's header naming its write: a client that resends a write (its reply
+# was lost) sends the same id, and the log applies it once (its duplicate window)
+WRITE_ID_HEADER = "Sarp-Write-Id"
+WRITE_OPS = ("insert", "remove", "clear")
 SEQ_OPS = ("match", "insert", "remove", "dump")
 BROADCAST_OPS = ("clear",)
 

@@ -100,7 +100,7 @@ class Forwarder:
                 await asyncio.wait([last])
             while conn.batched:  # its earlier requests in the batcher are answered first
                 await conn.batch_idle.wait()
-            frame = await self._apply(req)
+            frame = await self._apply(req, conn.write_id)
             if not conn.closed:
                 conn.send(frame)
             conn.answered(1)
@@ -109,10 +109,10 @@ class Forwarder:
             if self._last.get(conn) is done:
                 del self._last[conn]
 
-    async def _apply(self, req: Insert | Remove | Clear) -> bytes:
+    async def _apply(self, req: Insert | Remove | Clear, write_id: str | None) -> bytes:
         block_tokens = self._server.config.index.block_tokens
         try:
-            applied = await self.replica.write(req, timeout_s=self._timeout)
+            applied = await self.replica.write(req, msg_id=write_id, timeout_s=self._timeout)
         except SarpError as exc:
             self._record(req, exc)
             return encode_error(req.id, exc)

@@ -4,8 +4,9 @@ A replica of shard S subscribes to `sarpd.cluster.route.request_subject(S)` in t
 queue group `queue_group(S)`, so NATS gives each request to one replica of the shard
 and skips replicas that are down. A request message holds ONE request frame exactly
 as on the socket (PROTOCOL.md), and the reply is its response frame; a client
-pipelines by having many requests in flight. Each message is its own connection to
-the server (`RemoteConn`): the batcher, the forwarder (writes go through the log,
+pipelines by having many requests in flight. A write's `Sarp-Write-Id` header is its
+id in the log, so that a resend (to any replica) is applied once. Each message is its
+own connection to the server (`RemoteConn`): the batcher, the forwarder (writes go through the log,
 `after_seq` waits) and every limit treat it as a socket's request. A remote peer has
 no SO_PEERCRED: an access policy that checks credentials refuses its requests.
 """
@@ -19,7 +20,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from sarpd.cluster.route import queue_group, request_subject
+from sarpd.cluster.log import MAX_MSG_ID_BYTES
+from sarpd.cluster.route import WRITE_ID_HEADER, queue_group, request_subject
 from sarpd.daemon.server import Connection, Server
 from sarpd.errors import FrameError
 from sarpd.model import Request
@@ -32,10 +34,11 @@ _PUBLISHING: set[asyncio.Task[None]] = set()  # replies on their way (kept refer
 class RemoteConn(Connection):
     """One NATS request message as a connection: its one answer is the reply."""
 
-    def __init__(self, server: Server, nc: NATS, reply: str) -> None:
+    def __init__(self, server: Server, nc: NATS, reply: str, write_id: str | None) -> None:
         super().__init__(server)
         self.peer = f"nats {reply}"
         self._nc, self._reply = nc, reply
+        self.write_id = write_id
 
     def send(self, data: bytes) -> None:
         if self.closed:
@@ -83,7 +86,11 @@ class NatsFront:
         if len(items) != 1:
             items = [BadMessage(0, FrameError(
                 f"frame: a NATS request holds one request, this one {len(items)}"))]
-        conn = RemoteConn(self.server, self.nc, msg.reply)
+        write_id = (msg.headers or {}).get(WRITE_ID_HEADER) or None
+        if write_id is not None and len(write_id.encode()) > MAX_MSG_ID_BYTES:
+            items = [BadMessage(0, FrameError(f"{WRITE_ID_HEADER}: {len(write_id.encode())} "
+                                              f"bytes exceeds {MAX_MSG_ID_BYTES}"))]
+        conn = RemoteConn(self.server, self.nc, msg.reply, write_id)
         item = items[0]
         if isinstance(item, BadMessage):
             conn.send(encode_error(item.id, item.error))

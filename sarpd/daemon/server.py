@@ -72,6 +72,8 @@ T = TypeVar("T")
 class Connection(asyncio.Protocol):
     """One client. Owns its decoder; the server owns the queue."""
 
+    write_id: str | None = None  # a NATS request's write id (sarpd.daemon.nats_front)
+
     def __init__(self, server: Server) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None

@@ -64,6 +64,7 @@ class LocalCluster:
     replicas: int = 3  # per shard
     shards: int = 2
     backend: str = "rocksdb"
+    config: Path | None = None  # a TOML file every replica reads (--config)
     nats: NatsCluster | None = None
     procs: list[ReplicaProc] = field(default_factory=list)
     _sock_dir: Path | None = None
@@ -107,7 +108,8 @@ class LocalCluster:
         return [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(p.data_dir),
                 "--socket", str(p.socket), "--backend", self.backend, "--sync", "always",
                 "--cluster", ",".join(self.nats.urls), "--shard", p.shard,
-                "--replica-id", p.name, "--stream-replicas", str(min(3, self.nats_nodes))]
+                "--replica-id", p.name, "--stream-replicas", str(min(3, self.nats_nodes)),
+                *(["--config", str(self.config)] if self.config is not None else [])]
 
     def _spawn(self, i: int) -> None:
         p = self.procs[i]
@@ -168,7 +170,7 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def local_sarp_cluster(directory: Path, **kw: int | str) -> Iterator[LocalCluster]:
+def local_sarp_cluster(directory: Path, **kw: int | str | Path) -> Iterator[LocalCluster]:
     cluster = LocalCluster(directory, **kw)  # type: ignore[arg-type]
     try:
         cluster.start()
