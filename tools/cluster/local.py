@@ -147,10 +147,10 @@ class LocalCluster:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
 
-    def restart(self, i: int, wait: bool = True) -> None:
+    def restart(self, i: int, wait: bool = True, timeout_s: float = READY_TIMEOUT_S) -> None:
         self._spawn(i)
         if wait:
-            self._wait_ready(self.procs[i])
+            self._wait_ready(self.procs[i], timeout_s)
 
     def stop(self) -> None:
         """SIGTERM every replica (SIGKILL past STOP_TIMEOUT_S), then the NATS nodes."""

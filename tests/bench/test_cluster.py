@@ -1,0 +1,30 @@
+"""tools/bench/cluster.py on a tiny run: every configuration's figures in the JSON,
+every match answer checked against the fill, and a new replica's catch-up timed from
+the whole log and from a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from tools.bench.cluster import main
+
+
+def test_a_tiny_run_reports_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "cluster.json"
+    res = CliRunner().invoke(main, [
+        "--configs", "1x2", "--sequences", "30", "--clients", "2", "--seconds", "0.5",
+        "--catch-up", "1280", "--dir", str(tmp_path / "run"), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    single, cluster = doc["results"]
+    assert (single["shards"], cluster["shards"], cluster["replicas"]) == (0, 1, 2)
+    for r in (single, cluster):
+        assert r["writes"] == 30 and r["match_rps"] > 0
+        assert 0 < r["write_us_p50"] <= r["write_us_p99"] and r["match_us_p99"] > 0
+    assert cluster["lag_seq_p99"] >= 0 and doc["vs_single"][0]["match_rps_x"] > 0
+    (catch,) = doc["catch_up"]
+    assert catch["blocks"] == 1280
+    assert catch["catch_up_s"] > 0 and catch["catch_up_from_checkpoint_s"] > 0

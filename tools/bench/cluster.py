@@ -1,0 +1,300 @@
+"""The cluster benchmark (issue 15): replicas and shards against one sarpd, same run.
+
+    python -m tools.bench.cluster --json -
+    python -m tools.bench.cluster --configs 1x1,1x3,2x2 --seconds 5 --catch-up 1000000
+
+For each configuration SHARDSxREPLICAS (a local cluster, tools.cluster.local: 3 NATS
+nodes, the shard's stream with 3 copies fsync'd before each acknowledgement, the
+replicas with sync always), and for a single sarpd on its socket (sync always):
+
+1. **fill**: `--sequences` sequences of 4-12 blocks on 4 shared prompts, inserted
+   through the cluster client (one write at a time: the write latency to the
+   acknowledgement, `write_us_p50` / `write_us_p99`);
+2. **lag**: while writing, each replica's applied sequence is sampled from its
+   progress reports (`sarpctl cluster status`'s source) and `lag_seq_p99` is the
+   99th percentile of (log's last seq - applied seq) over samples and replicas;
+3. **matches**: `--clients` concurrent matchers, each its own cluster client, match
+   random filled sequences for `--seconds`: `match_rps`, `match_us_p99`. Every answer
+   is checked against what was filled (a wrong answer fails the run).
+
+`--catch-up BLOCKS[,BLOCKS]`: one shard, one replica, filled with BLOCKS blocks (writes
+of 64 blocks, 8 in flight), then a new replica joins: once from an empty data
+directory that replays the whole log, and once from a published checkpoint
+(`catch_up_s`, `catch_up_from_checkpoint_s`: from its spawn to its first answer).
+The 10M case takes hours here; it is a documented long run, not CI.
+
+On this machine every process shares 2 cores, so more replicas do not add CPU: the
+figures say what the cluster's path costs (NATS, the log, the forwarding), and
+`per_core` divides each rate by the 2 cores. On real hosts each replica has its own
+cores: reads scale with replicas per shard and with shards, writes with shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from sarpd.client import Client, ClusterClient
+from sarpd.cluster import log
+from sarpd.cluster.node import read_status
+from tools.bench.spawn import start_daemon, stop_daemon
+from tools.cluster.local import LocalCluster, ReplicaProc
+from tools.ctl_common import write_json
+
+BT = 16
+CORES = 2
+PROMPTS = 4
+CATCH_UP_TIMEOUT_S = 6 * 3600.0  # a whole-log replay of 10M blocks is long here
+
+
+def sequences(n: int, seed: int) -> list[list[int]]:
+    """n sequences of 4-12 blocks, each on one of PROMPTS shared 2-block prompts."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, 2**32, 2 * BT).tolist() for _ in range(PROMPTS)]
+    return [prompts[i % PROMPTS] + rng.integers(0, 2**32, int(rng.integers(2, 11)) * BT)
+            .tolist() for i in range(n)]
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else 0.0
+
+
+@dataclass
+class Measured:
+    write_us: list[float]
+    match_us: list[float]
+    matches: int
+    seconds: float
+    lag: list[int]
+
+
+async def _fill(c: Client, seqs: list[list[int]], lag_of: Any = None) -> tuple[list[float],
+                                                                                list[int]]:
+    lat: list[float] = []
+    lags: list[int] = []
+    for i, s in enumerate(seqs):
+        t0 = time.perf_counter()
+        await c.insert(tokens=s, meta=i + 1)
+        lat.append((time.perf_counter() - t0) * 1e6)
+        if lag_of is not None and i % 20 == 0:
+            lags.extend(await lag_of())
+    return lat, lags
+
+
+async def _matchers(make: Any, seqs: list[list[int]], clients: int,
+                    seconds: float) -> tuple[list[float], int, float]:
+    """`clients` concurrent matchers for `seconds`; answers checked."""
+    lat: list[float] = []
+    want = {i: len(s) // BT for i, s in enumerate(seqs)}
+
+    async def one(k: int) -> int:
+        c = await make()
+        rng = random.Random(k)
+        n = 0
+        try:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                i = rng.randrange(len(seqs))
+                t0 = time.perf_counter()
+                got = await c.match(tokens=seqs[i])
+                lat.append((time.perf_counter() - t0) * 1e6)
+                if got["blocks"] != want[i]:
+                    raise AssertionError(f"sequence {i}: {got['blocks']} blocks, "
+                                         f"expected {want[i]}")
+                n += 1
+        finally:
+            await c.close()
+        return n
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(one(k) for k in range(clients)))
+    return lat, sum(counts), time.perf_counter() - t0
+
+
+async def _lag_sampler(urls: list[str]) -> Any:
+    nc = await log.connect(urls)
+    js = nc.jetstream(timeout=5)
+
+    async def lags() -> list[int]:
+        status = await read_status(js)
+        return [int(r["lag"]) for sh in status["shards"] for r in sh["replicas"]]
+
+    return nc, lags
+
+
+def run_cluster(base: Path, shards: int, replicas: int, n: int, clients: int,
+                seconds: float) -> dict[str, Any]:
+    lc = LocalCluster(base / f"{shards}x{replicas}", 3, replicas, shards)
+    lc.start()
+    try:
+        assert lc.nats is not None
+        urls = lc.nats.urls
+        seqs = sequences(n, seed=shards * 10 + replicas)
+
+        async def go() -> Measured:
+            nc, lag_of = await _lag_sampler(urls)
+            c = await ClusterClient.open(urls)
+            try:
+                wlat, lags = await _fill(c, seqs, lag_of)
+            finally:
+                await c.close()
+                await nc.close()
+            mlat, count, secs = await _matchers(lambda: ClusterClient.open(urls), seqs,
+                                                clients, seconds)
+            return Measured(wlat, mlat, count, secs, lags)
+
+        m = asyncio.run(go())
+    finally:
+        lc.stop()
+    return _result(m, shards, replicas)
+
+
+def run_single(base: Path, n: int, clients: int, seconds: float) -> dict[str, Any]:
+    proc, sock = start_daemon(base / "single", sync="always")
+    try:
+        seqs = sequences(n, seed=0)
+
+        async def go() -> Measured:
+            c = await Client.connect(sock)
+            try:
+                wlat, _ = await _fill(c, seqs)
+            finally:
+                await c.close()
+            mlat, count, secs = await _matchers(lambda: Client.connect(sock), seqs, clients,
+                                                seconds)
+            return Measured(wlat, mlat, count, secs, [])
+
+        m = asyncio.run(go())
+    finally:
+        stop_daemon(proc, sock)
+    return _result(m, 0, 0)
+
+
+def _result(m: Measured, shards: int, replicas: int) -> dict[str, Any]:
+    rps = m.matches / m.seconds if m.seconds else 0.0
+    return {"shards": shards, "replicas": replicas, "match_rps": rps,
+            "match_rps_per_core": rps / CORES, "match_us_p50": pct(m.match_us, 50),
+            "match_us_p99": pct(m.match_us, 99), "write_us_p50": pct(m.write_us, 50),
+            "write_us_p99": pct(m.write_us, 99), "writes": len(m.write_us),
+            "lag_seq_p50": pct([float(x) for x in m.lag], 50),
+            "lag_seq_p99": pct([float(x) for x in m.lag], 99)}
+
+
+def catch_up(base: Path, blocks: int) -> dict[str, Any]:
+    """Fill one shard with `blocks` blocks, then time a new replica's start (spawn to
+    its first answer): first with no checkpoint anywhere (it replays the whole log),
+    then from a checkpoint the first replica publishes once restarted with
+    checkpoints on."""
+    off, on = base / "no-checkpoints.toml", base / "checkpoints.toml"
+    off.write_text("[cluster]\ncheckpoint_interval_s = 0\n")
+    on.write_text("[cluster]\ncheckpoint_interval_s = 1.0\n")
+    lc = LocalCluster(base / f"catchup-{blocks}", 3, 1, 1, config=off)
+    lc.start()
+    try:
+        assert lc.nats is not None
+        urls = lc.nats.urls
+        fill_s = asyncio.run(_fill_blocks(urls, blocks))
+        out: dict[str, Any] = {"blocks": blocks, "fill_s": fill_s}
+        out["catch_up_s"] = _join(lc, "whole-log")
+        lc.config = on  # the first replica restarts publishing checkpoints
+        lc.kill(0)
+        lc.restart(0)
+        deadline = time.monotonic() + 600
+        while "published" not in lc.procs[0].log_path.read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no checkpoint was published in 600 s")
+            time.sleep(0.2)
+        out["catch_up_from_checkpoint_s"] = _join(lc, "from-checkpoint")
+        return out
+    finally:
+        lc.stop()
+
+
+async def _fill_blocks(urls: list[str], blocks: int) -> float:
+    c = await ClusterClient.open(urls, timeout=120)
+    rng = np.random.default_rng(blocks)
+    sem = asyncio.Semaphore(8)
+    t0 = time.perf_counter()
+
+    async def one(i: int) -> None:
+        async with sem:
+            await c.insert(tokens=rng.integers(0, 2**32, 64 * BT).tolist(), meta=i)
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(blocks // 64)))
+    finally:
+        await c.close()
+    return time.perf_counter() - t0
+
+
+def _join(lc: LocalCluster, name: str) -> float:
+    """A new replica of shard s0 on an empty data directory: seconds to serving."""
+    first = lc.procs[0]
+    lc.procs.append(ReplicaProc("s0", name, lc.directory / name,
+                                first.socket.with_name(f"{name}.sock"),
+                                lc.directory / f"{name}.log"))
+    t0 = time.perf_counter()
+    lc.restart(len(lc.procs) - 1, timeout_s=CATCH_UP_TIMEOUT_S)
+    return time.perf_counter() - t0
+
+
+@click.command()
+@click.option("--configs", default="1x1,1x2,1x3,2x1,2x2,2x3", show_default=True,
+              help="Comma-separated SHARDSxREPLICAS configurations.")
+@click.option("--sequences", "n", default=400, show_default=True,
+              help="Sequences filled per configuration (one write each).")
+@click.option("--clients", default=8, show_default=True, help="Concurrent matchers.")
+@click.option("--seconds", default=5.0, show_default=True, help="Matching time per run.")
+@click.option("--catch-up", "catch_up_blocks", default="",
+              help="Comma-separated history sizes (blocks) for the new-replica catch-up "
+              "runs, e.g. 1000000 (10000000 is a long run).")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Where the clusters live (default: a temp directory).")
+@click.option("--json", "json_out", metavar="FILE|-", default=None,
+              help="Write the results as one JSON object to FILE, or stdout with '-'.")
+def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: str,
+         directory: Path | None, json_out: str | None) -> None:
+    """Match throughput and p99 against replicas and shards, write latency and
+    replication lag, and a new replica's catch-up time, against a single sarpd in the
+    same run. See the module docstring for what each figure means here."""
+    import tempfile
+
+    base = directory or Path(tempfile.mkdtemp(prefix="sarp-bench-cluster-"))
+    results = [run_single(base, n, clients, seconds)]
+    click.echo(_line(results[0]), err=True)
+    for spec in (c for c in configs.split(",") if c):
+        shards, replicas = (int(x) for x in spec.split("x"))
+        results.append(run_cluster(base, shards, replicas, n, clients, seconds))
+        click.echo(_line(results[-1]), err=True)
+    catch = [catch_up(base, int(b)) for b in catch_up_blocks.split(",") if b]
+    for c in catch:
+        click.echo(json.dumps(c), err=True)
+    single = results[0]
+    doc = {"benchmark": "cluster", "cores": CORES, "sequences": n, "clients": clients,
+           "seconds": seconds, "results": results, "catch_up": catch,
+           "vs_single": [{"shards": r["shards"], "replicas": r["replicas"],
+                          "match_rps_x": r["match_rps"] / single["match_rps"],
+                          "write_us_p50_x": r["write_us_p50"] / single["write_us_p50"]}
+                         for r in results[1:]],
+           "median_match_rps": statistics.median(r["match_rps"] for r in results)}
+    write_json(doc, json_out)
+
+
+def _line(r: dict[str, Any]) -> str:
+    what = "single sarpd" if not r["shards"] else f"{r['shards']}x{r['replicas']}"
+    return (f"{what:>12}: match {r['match_rps']:8,.0f}/s p99 {r['match_us_p99']:8,.0f} us; "
+            f"write p50 {r['write_us_p50']:7,.0f} us p99 {r['write_us_p99']:7,.0f} us; "
+            f"lag p99 {r['lag_seq_p99']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
