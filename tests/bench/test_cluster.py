@@ -28,3 +28,16 @@ def test_a_tiny_run_reports_every_figure(tmp_path: Path) -> None:
     (catch,) = doc["catch_up"]
     assert catch["blocks"] == 1280
     assert catch["catch_up_s"] > 0 and catch["catch_up_from_checkpoint_s"] > 0
+
+
+def test_skew_follows_block_0() -> None:
+    """Every codeact session starts on the same 1,024 common tokens (64 blocks): one
+    block 0 for every request, so one shard takes them all, at any shard count."""
+    from tools.bench.cluster import skew
+
+    got = skew("codeact")
+    assert got["requests"] > 100
+    for n in ("2", "4", "8"):
+        shares = got[n]["shares"]
+        assert len(shares) == int(n) and abs(sum(shares) - 1) < 1e-9
+        assert got[n]["max_share"] == 1.0

@@ -23,6 +23,11 @@ directory that replays the whole log, and once from a published checkpoint
 (`catch_up_s`, `catch_up_from_checkpoint_s`: from its spawn to its first answer).
 The 10M case takes hours here; it is a documented long run, not CI.
 
+`--skew W[,W]`: how a workload's requests spread over 2, 4 and 8 shards under the
+shard rule (block 0 decides; `skew` in the JSON: each shard's share of the requests,
+and `max_share`). Hot system prompts put every request of a trace on one shard; more
+replicas, not more shards, scale such a shard.
+
 On this machine every process shares 2 cores, so more replicas do not add CPU: the
 figures say what the cluster's path costs (NATS, the log, the forwarding), and
 `per_core` divides each rate by the 2 cores. On real hosts each replica has its own
@@ -247,6 +252,25 @@ def _join(lc: LocalCluster, name: str) -> float:
     return time.perf_counter() - t0
 
 
+def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
+    """Each shard's share of `workload`'s requests for each shard count (its block 0's
+    internal id under `sarpd.core.shards.shard_of`, as a cluster client routes it)."""
+    from sarpd.core.ids import salt_ids
+    from sarpd.core.shards import shard_of
+    from tools.bench.workloads import get_workload
+
+    heads = [(t.ns, int(t.prompt[0])) for t in get_workload(workload).turns() if len(t.prompt)]
+    out: dict[str, Any] = {"workload": workload, "requests": len(heads)}
+    for n in counts:
+        per = [0] * n
+        for ns, h in heads:
+            shard = shard_of(salt_ids(ns, np.array([[h, 0]], dtype=np.uint64)), n)
+            per[shard or 0] += 1
+        shares = [c / len(heads) if heads else 0.0 for c in per]
+        out[str(n)] = {"shares": shares, "max_share": max(shares)}
+    return out
+
+
 @click.command()
 @click.option("--configs", default="1x1,1x2,1x3,2x1,2x2,2x3", show_default=True,
               help="Comma-separated SHARDSxREPLICAS configurations.")
@@ -257,12 +281,15 @@ def _join(lc: LocalCluster, name: str) -> float:
 @click.option("--catch-up", "catch_up_blocks", default="",
               help="Comma-separated history sizes (blocks) for the new-replica catch-up "
               "runs, e.g. 1000000 (10000000 is a long run).")
+@click.option("--skew", "skew_workloads", default="",
+              help="Comma-separated workloads (or trace:FILE@B) whose spread over 2, 4 and "
+              "8 shards is reported.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Where the clusters live (default: a temp directory).")
 @click.option("--json", "json_out", metavar="FILE|-", default=None,
               help="Write the results as one JSON object to FILE, or stdout with '-'.")
 def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: str,
-         directory: Path | None, json_out: str | None) -> None:
+         skew_workloads: str, directory: Path | None, json_out: str | None) -> None:
     """Match throughput and p99 against replicas and shards, write latency and
     replication lag, and a new replica's catch-up time, against a single sarpd in the
     same run. See the module docstring for what each figure means here."""
@@ -276,11 +303,16 @@ def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: st
         results.append(run_cluster(base, shards, replicas, n, clients, seconds))
         click.echo(_line(results[-1]), err=True)
     catch = [catch_up(base, int(b)) for b in catch_up_blocks.split(",") if b]
+    spread = [skew(w) for w in skew_workloads.split(",") if w]
+    for sk in spread:
+        click.echo(f"{sk['workload']}: max shard share " + ", ".join(
+            f"{k} shards {v['max_share']:.2f}" for k, v in sk.items() if k.isdigit()),
+            err=True)
     for c in catch:
         click.echo(json.dumps(c), err=True)
     single = results[0]
     doc = {"benchmark": "cluster", "cores": CORES, "sequences": n, "clients": clients,
-           "seconds": seconds, "results": results, "catch_up": catch,
+           "seconds": seconds, "results": results, "catch_up": catch, "skew": spread,
            "vs_single": [{"shards": r["shards"], "replicas": r["replicas"],
                           "match_rps_x": r["match_rps"] / single["match_rps"],
                           "write_us_p50_x": r["write_us_p50"] / single["write_us_p50"]}
