@@ -384,12 +384,6 @@ def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
                   seq: int | None = None) -> bytes:
     """A typed index result (or a dict, None, or a SarpError) -> response bytes.
     `seq`: a write's sequence in its shard's log (cluster mode, PROTOCOL.md)."""
-    if seq is not None and isinstance(result, InsertResult | RemoveResult):
-        fields: dict[str, Any] = ({"blocks": result.blocks, "new_blocks": result.new_blocks,
-                                   "matched_blocks": result.matched_blocks}
-                                  if isinstance(result, InsertResult)
-                                  else {"removed": result.removed})
-        return encode_ok(req_id, {**fields, "seq": seq})
     if isinstance(result, MatchResult):  # the response map built at once (hot path)
         blocks = int(result.blocks)
         msg: dict[str, Any] = {
@@ -405,15 +399,19 @@ def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
             msg["holders"] = [[m, b] for m, b in result.holders]
         return _pack(msg)
     if isinstance(result, InsertResult):
-        return _pack({
+        msg = {
             "id": req_id,
             "ok": True,
             "blocks": result.blocks,
             "new_blocks": result.new_blocks,
             "matched_blocks": result.matched_blocks,
-        })
+        }
+        if seq is not None:
+            msg["seq"] = seq
+        return _pack(msg)
     if isinstance(result, RemoveResult):
-        return encode_ok(req_id, {"removed": result.removed})
+        return encode_ok(req_id, {"removed": result.removed} if seq is None
+                         else {"removed": result.removed, "seq": seq})
     if isinstance(result, SnapshotResult):
         return encode_ok(
             req_id, {"segment_id": result.segment_id, "seconds": float(result.seconds)}
