@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeAlias, cast
@@ -27,6 +28,7 @@ from typing import Any, TypeAlias, cast
 import msgpack
 import numpy as np
 
+from sarpd.cluster import route
 from sarpd.errors import BadRequest, SarpError
 from sarpd.model import ids_to_bytes
 from sarpd.protocol.wire import encode_request, error_from_code
@@ -430,7 +432,7 @@ class ClusterClient(Client):
         its shard map."""
         import json
 
-        from sarpd.cluster import log, route
+        from sarpd.cluster import log  # nats: loaded only for a cluster
 
         servers = [u for u in (urls.split(",") if isinstance(urls, str) else urls) if u]
         try:
@@ -454,9 +456,15 @@ class ClusterClient(Client):
     def path(self) -> str:
         return ",".join(self.shards)
 
-    async def request(self, op: str, **fields: Any) -> Result:
-        from sarpd.cluster import route
+    def shard_for(self, tokens: Tokens | None = None, hashes: Ids | None = None,
+                  ns: str = "") -> str:
+        """The shard that holds this sequence (the one its requests go to)."""
+        shard = route.target("match", seq_fields(tokens, hashes, ns), self.shards,
+                             self.block_tokens)
+        assert shard is not None  # a match always has one shard
+        return shard
 
+    async def request(self, op: str, **fields: Any) -> Result:
         fields = {k: v for k, v in fields.items() if v is not None}
         if op == "match" and self.newest:
             fields["after_seq"] = dict(self.newest)
@@ -472,10 +480,6 @@ class ClusterClient(Client):
         """One request to a replica of `shard`, sent again (to whichever replica NATS
         picks) when an attempt goes unanswered: a node or a replica went down with it.
         A write carries one write id in all its attempts, so the log applies it once."""
-        import uuid
-
-        from sarpd.cluster import route
-
         rid = self._next_id
         self._next_id = rid + 1 if rid < 2**64 - 1 else 1
         frame = encode_request(rid, op, fields)
@@ -506,8 +510,9 @@ class ClusterClient(Client):
         return cast(Result, resp)
 
     async def cluster_status(self) -> Result:
-        """Per shard: the log's last sequence and leader, each replica's applied
-        sequence, lag and report age (`sarpd.cluster.node.read_status`)."""
+        """Per shard: the log's range and leader, the newest checkpoint, each
+        replica's applied sequence, lag and report age
+        (`sarpd.cluster.node.read_status`)."""
         from sarpd.cluster.node import read_status
 
         return await read_status(self._nc.jetstream(timeout=self.timeout))
@@ -615,6 +620,14 @@ class SyncClient:
         if not isinstance(client, ClusterClient):
             raise BadRequest("cluster_status: this client talks to one sarpd, not a cluster")
         return self._runner.run(client.cluster_status())
+
+    def shard_for(self, tokens: Tokens | None = None, hashes: Ids | None = None,
+                  ns: str = "") -> str:
+        """`ClusterClient.shard_for` (a SyncClient made by `SyncClient.cluster`)."""
+        client = self._client
+        if not isinstance(client, ClusterClient):
+            raise BadRequest("shard_for: this client talks to one sarpd, not a cluster")
+        return client.shard_for(tokens, hashes, ns)
 
     def close(self) -> None:
         if self._closed:

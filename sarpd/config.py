@@ -18,6 +18,8 @@ from typing import Any, Literal
 from sarpd.errors import ConfigError
 
 SyncPolicy = Literal["always", "none"]
+# cluster mode: the shortest `trim_grace_s` (replicas report progress every second)
+MIN_TRIM_GRACE_S = 2.0
 LogFormat = Literal["text", "json"]
 
 
@@ -96,6 +98,10 @@ class ClusterConfig:
     catch_up_timeout_s: float = 3600.0  # how long a start may replay before it serves
     checkpoint_interval_s: float = 600.0  # publish a checkpoint this often (0: never)
     checkpoint_keep: int = 2  # checkpoints kept per shard (the log is trimmed below them)
+    # a replica silent this long no longer holds the log's trim back (it will need a
+    # checkpoint when it returns: `rebootstrap`)
+    trim_grace_s: float = 300.0
+    rebootstrap: bool = True  # log trimmed past this replica: restart from a checkpoint
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -109,6 +115,10 @@ class ClusterConfig:
         if not 0 < self.publish_retry_s < 300:
             raise ConfigError(f"cluster: publish_retry_s {self.publish_retry_s} must be in "
                               "(0, 300): below the log's duplicate window")
+        if not self.trim_grace_s >= MIN_TRIM_GRACE_S:
+            raise ConfigError(f"cluster: trim_grace_s {self.trim_grace_s} must be >= "
+                              f"{MIN_TRIM_GRACE_S} (replicas report their progress every "
+                              "second; a live one must never look silent)")
         for name in ("write_timeout_s", "catch_up_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"cluster: {name} {getattr(self, name)} must be > 0")

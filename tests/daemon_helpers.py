@@ -17,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgpack
+from prometheus_client.parser import text_string_to_metric_families
 
 READY_TIMEOUT_S = 60.0
 REPO = Path(__file__).resolve().parent.parent
@@ -215,3 +217,22 @@ def launcher(base: Path) -> Iterator[Launcher]:
         yield lau
     finally:
         lau.cleanup()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample as 'name{label="v",...}' -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out

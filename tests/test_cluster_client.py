@@ -45,7 +45,9 @@ def test_today_s_methods_over_the_whole_cluster(cluster: LocalCluster) -> None:
         held = {p.shard: 0 for p in cluster.procs}
         for p in cluster.procs:  # every sequence on exactly one shard, on both replicas
             with SyncClient(p.socket) as local:
-                held[p.shard] = sum(local.match(tokens=s)["blocks"] > 0 for s in seqs)
+                here = [local.match(tokens=s)["blocks"] > 0 for s in seqs]
+            held[p.shard] = sum(here)
+            assert here == [c.shard_for(tokens=s) == p.shard for s in seqs]  # where it said
         assert held["s0"] + held["s1"] == 24 and min(held.values()) > 0
         parent = c.match(tokens=seqs[0], with_ids=True)["ids"][-1]
         after = c.insert(tokens=toks(99, 2), meta=7, parent=parent)  # broadcast, one takes it

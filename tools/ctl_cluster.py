@@ -68,10 +68,10 @@ def local(directory: Path, nats_nodes: int, replicas: int, shards: int, backend:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Per shard: the log's last sequence and its NATS leader, and each replica's applied
-    sequence, lag (entries behind the log) and the age of its last progress report
-    (replicas report every second while they apply, every 10 s when idle). Needs the
-    group's --cluster URL."""
+    """Per shard: the log's sequence range and its NATS leader, the newest published
+    checkpoint (its sequence and age), and each replica's applied sequence, lag
+    (entries behind the log) and the age of its last progress report (replicas
+    report every second). Needs the group's --cluster URL."""
     if not (ctx.obj or {}).get("cluster"):
         raise click.UsageError("cluster status needs --cluster URL (sarpctl --cluster URL "
                                "cluster status)")
@@ -82,10 +82,17 @@ def status(ctx: click.Context, as_json: bool) -> None:
         return
     for sh in doc["shards"]:
         click.echo(f"shard {sh['shard']}: log {sh['first_seq']}..{sh['last_seq']}, "
-                   f"leader {sh['leader']}")
+                   f"leader {sh['leader']}, {_checkpoint(sh['checkpoint'])}")
         for r in sh["replicas"] or [{"replica": "(no replica reported)"}]:
             if "applied_seq" not in r:
                 click.echo(f"  {r['replica']}")
                 continue
             click.echo(f"  {r['replica']}: applied {r['applied_seq']}, lag {r['lag']}, "
                        f"report {r['report_age_s']:.1f} s ago")
+
+
+def _checkpoint(ckpt: dict[str, float] | None) -> str:
+    if ckpt is None:
+        return "no checkpoint"
+    age = ckpt["age_s"]
+    return f"checkpoint at {ckpt['seq']}" + ("" if age is None else f" ({age:.0f} s old)")

@@ -14,8 +14,9 @@ copy, and the applied sequence in it.
 - **Trimming.** The stream is trimmed below the oldest kept checkpoint's sequence +
   1. Those entries are in every kept checkpoint, so no new replica would read them.
   The trim never goes past the lowest applied sequence of a replica that reported
-  progress in the last TRIM_GRACE_S. A replica that stays down longer than that,
-  while the log moves on, finds the log trimmed (`LogGap`) and needs a checkpoint.
+  progress in the last `[cluster] trim_grace_s`. A replica that stays down longer
+  than that, while the log moves on, finds the log trimmed (`LogGap`) and starts
+  again from a checkpoint (sarpd.daemon.cluster_mode).
 - **Bootstrap.** A replica whose data directory has no backend yet fetches its
   shard's newest checkpoint into the data directory before it opens the index. It
   then replays the log from that checkpoint's `applied_seq + 1`.
@@ -30,11 +31,12 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import ObjectMeta, ObjectStoreConfig
+from nats.js.api import ObjectInfo, ObjectMeta, ObjectStoreConfig
 from nats.js.object_store import ObjectStore
 
 from sarpd.cluster import log
@@ -44,7 +46,6 @@ logger = logging.getLogger("sarpd.cluster.checkpoints")
 
 CKPT_BUCKET = "sarp-ckpt"
 SEQ_DIGITS = 20
-TRIM_GRACE_S = 300.0  # a replica silent this long no longer holds the trim back
 
 
 def object_name(shard: str, seq: int) -> str:
@@ -66,13 +67,46 @@ async def store(js: JetStreamContext, replicas: int) -> ObjectStore:
         return await js.create_object_store(CKPT_BUCKET, ObjectStoreConfig(replicas=replicas))
 
 
-async def listed(obs: ObjectStore, shard: str) -> list[int]:
-    """The sequences of the shard's checkpoints, oldest first."""
+async def _infos(obs: ObjectStore) -> list[ObjectInfo]:
     try:
-        infos = await obs.list(ignore_deletes=True)
+        return list(await obs.list(ignore_deletes=True))
     except nats.js.errors.NotFoundError:  # an empty store
         return []
-    return sorted(s for i in infos if (s := seq_of(i.name, shard)) is not None)
+
+
+async def listed(obs: ObjectStore, shard: str) -> list[int]:
+    """The sequences of the shard's checkpoints, oldest first."""
+    return sorted(s for i in await _infos(obs) if (s := seq_of(i.name, shard)) is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A published checkpoint: its applied sequence and when it was published (epoch
+    seconds, the publisher's clock; None when its description does not say)."""
+
+    seq: int
+    time: float | None
+
+
+async def newest(js: JetStreamContext, shard: str) -> Published | None:
+    """The shard's newest published checkpoint (None: none, or no store yet)."""
+    try:
+        obs = await js.object_store(CKPT_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        return None
+    best: ObjectInfo | None = None
+    best_seq = -1
+    for info in await _infos(obs):
+        seq = seq_of(info.name, shard)
+        if seq is not None and seq > best_seq:
+            best, best_seq = info, seq
+    if best is None:
+        return None
+    try:
+        when = float(json.loads(best.description or "")["time"])
+    except (ValueError, KeyError, TypeError):
+        when = None
+    return Published(best_seq, when)
 
 
 async def publish(js: JetStreamContext, shard: str, replicas: int,

@@ -16,6 +16,9 @@ One stream per shard: `SARP_<shard>` on the subject `sarp.log.<shard>`, file sto
   every `open` at the sequence the caller gives (its last applied + 1: the replica's
   own durable number, never the consumer's memory), yielding `(seq, payload)`
   strictly in order, with explicit acks the caller sends once it applied an entry.
+  It also says how far behind the log it is (`pending`: entries the log holds past
+  the newest one pulled, as JetStream counted them) and when the log stored an entry
+  it holds (`stored_at`), which the replica's lag figures are made of.
 - `trim_below`: purge the entries below a sequence (once checkpoints cover them).
 """
 
@@ -217,6 +220,9 @@ class ShardReader:
     _sub: JetStreamContext.PullSubscription
     _unacked: dict[int, Msg] = field(default_factory=dict)
     _ready: deque[tuple[int, bytes]] = field(default_factory=deque)  # pulled, not yielded
+    # entries the log held past the newest pulled one (JetStream's num_pending of it);
+    # 0 after a pull that found nothing
+    pending: int = 0
 
     @classmethod
     async def open(cls, js: JetStreamContext, shard: str, replica: str,
@@ -268,6 +274,7 @@ class ShardReader:
         try:
             msgs = await self._sub.fetch(min(batch, MAX_ACK_PENDING), timeout=timeout_s)
         except TimeoutError:  # nothing arrived (nats-py raises its own subclass, or this)
+            self.pending = 0
             return
         for msg in msgs:
             seq = msg.metadata.sequence.stream
@@ -278,7 +285,14 @@ class ShardReader:
                              f"{self.next_seq}, the log gave {seq}")
             self._unacked[seq] = msg
             self.next_seq = seq + 1
+            self.pending = msg.metadata.num_pending
             self._ready.append((seq, msg.data))
+
+    def stored_at(self, seq: int) -> float | None:
+        """When the log stored entry `seq` (epoch seconds, the NATS server's clock), for
+        an entry pulled and not yet acked; None otherwise."""
+        msg = self._unacked.get(seq)
+        return None if msg is None else msg.metadata.timestamp.timestamp()
 
     async def ack(self, seq: int) -> None:
         """The caller applied every entry up to `seq`: ack them (explicit acks)."""

@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,8 +31,10 @@ from sarpd.protocol.requests import Limits
 logger = logging.getLogger("sarpd.cluster.node")
 
 JS_TIMEOUT_S = 5.0  # one JetStream API call (log.retrying retries transient failures)
-REPORT_S = 1.0  # how often a replica reports its applied sequence (when it moved)
-REPORT_IDLE_S = 10.0  # ... and at least this often (its age says it is alive)
+# how often a replica reports its applied sequence (the report's age says it is alive:
+# `[cluster] trim_grace_s`, at least config.MIN_TRIM_GRACE_S, must exceed it)
+REPORT_S = 1.0
+CHECKPOINT_POLL_S = 30.0  # how often a replica looks for its shard's newest checkpoint
 
 
 def progress_key(shard: str, replica: str) -> str:
@@ -80,13 +83,23 @@ class ClusterNode:
     nc: NATS
     replica: Replica
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # the shard's newest published checkpoint (by any replica), as last seen
+    checkpoint: checkpoints.Published | None = None
+
+    def checkpoint_age_s(self, now: float) -> float | None:
+        """Seconds since the shard's newest checkpoint was published (epoch `now`)."""
+        ckpt = self.checkpoint
+        return None if ckpt is None or ckpt.time is None else max(0.0, now - ckpt.time)
 
     @classmethod
     async def start(cls, cfg: ClusterConfig, index: ReplicaIndex, limits: Limits,
-                    run: Runner[object]) -> ClusterNode:
+                    run: Runner[object],
+                    observe: Callable[[Sequence[float]], None] | None = None) -> ClusterNode:
         """Connect, make sure the shard's stream exists, start applying from the
         index's `applied_seq + 1`, and return once the replica applied everything the
-        stream held when it started (a restarted or new replica serves caught up)."""
+        stream held when it started (a restarted or new replica serves caught up).
+        `observe`: the replica's apply delays, per run (sarpd.cluster.replica).
+        `LogGap` when the log was trimmed past the index's applied sequence."""
         nc = await log.connect(list(cfg.urls), name=f"sarpd-{cfg.shard}-{cfg.replica_id}")
         try:
             js = nc.jetstream(timeout=JS_TIMEOUT_S)
@@ -96,7 +109,7 @@ class ClusterNode:
                                      f"{names}")
             info = await log.ensure_stream(js, cfg.shard, cfg.stream_replicas)
             replica = Replica(index, js, cfg.shard, cfg.replica_id, limits, run,
-                              cfg.publish_retry_s)
+                              cfg.publish_retry_s, observe)
             await replica.start()
             t0, last = time.monotonic(), info.state.last_seq
             logger.info("shard %s: replica %s at seq %d, the log at %d: catching up",
@@ -109,6 +122,7 @@ class ClusterNode:
             raise
         node = cls(nc, replica)
         node.tasks.append(asyncio.create_task(node._report(js, cfg)))
+        node.tasks.append(asyncio.create_task(node._watch_checkpoints(js, cfg.shard)))
         if cfg.checkpoint_interval_s > 0:
             node.tasks.append(asyncio.create_task(node._checkpoints(js, cfg, index, run)))
         return node
@@ -129,29 +143,38 @@ class ClusterNode:
             if self.replica.applied_seq <= done:
                 continue
             try:
-                floor = await live_floor(js, cfg.shard)
+                floor = await live_floor(js, cfg.shard, cfg.trim_grace_s)
                 done = await checkpoints.publish(js, cfg.shard, cfg.stream_replicas, take,
                                                  cfg.checkpoint_keep, floor)
+                self.checkpoint = checkpoints.Published(done, time.time())
             except Exception as exc:
                 logger.warning("shard %s: publishing a checkpoint failed: %s", cfg.shard, exc)
 
+    async def _watch_checkpoints(self, js: JetStreamContext, shard: str) -> None:
+        """Every CHECKPOINT_POLL_S: the shard's newest checkpoint, whoever published it
+        (what the checkpoint age metric reads). Failures are logged, never fatal."""
+        while True:
+            try:
+                newest = await checkpoints.newest(js, shard)
+                mine = self.checkpoint
+                if newest is not None and (mine is None or newest.seq >= mine.seq):
+                    self.checkpoint = newest
+            except Exception as exc:
+                logger.warning("shard %s: reading the checkpoints failed: %s", shard, exc)
+            await asyncio.sleep(CHECKPOINT_POLL_S)
+
     async def _report(self, js: JetStreamContext, cfg: ClusterConfig) -> None:
         """Put this replica's applied sequence into the shard map's bucket (what
-        `sarpctl cluster status` and the lag figures read), when it moved or went
-        REPORT_IDLE_S without a report. Failures are logged, never fatal."""
+        `sarpctl cluster status`, the trim's live floor and the lag figures read) every
+        REPORT_S. Failures are logged, never fatal."""
         key = progress_key(cfg.shard, cfg.replica_id)
-        last, at = -1, 0.0
         while True:
-            now = time.monotonic()
-            seq = self.replica.applied_seq
-            if seq != last or now - at >= REPORT_IDLE_S:
-                try:
-                    kv = await _bucket(js, cfg.stream_replicas)
-                    await kv.put(key, json.dumps({"applied_seq": seq,
-                                                  "time": time.time()}).encode())
-                    last, at = seq, now
-                except Exception as exc:  # NATS down: the next round tries again
-                    logger.warning("shard %s: progress report failed: %s", cfg.shard, exc)
+            try:
+                kv = await _bucket(js, cfg.stream_replicas)
+                await kv.put(key, json.dumps({"applied_seq": self.replica.applied_seq,
+                                              "time": time.time()}).encode())
+            except Exception as exc:  # NATS down: the next round tries again
+                logger.warning("shard %s: progress report failed: %s", cfg.shard, exc)
             await asyncio.sleep(REPORT_S)
 
     async def stop(self) -> None:
@@ -163,19 +186,20 @@ class ClusterNode:
         await self.nc.close()
 
 
-async def live_floor(js: JetStreamContext, shard: str) -> int | None:
+async def live_floor(js: JetStreamContext, shard: str, grace_s: float) -> int | None:
     """The lowest applied sequence among the shard's replicas that reported progress
-    in the last checkpoints.TRIM_GRACE_S (None: none did)."""
+    in the last `grace_s` (None: none did)."""
     status = await read_status(js)
     seqs = [int(r["applied_seq"]) for sh in status["shards"] if sh["shard"] == shard
-            for r in sh["replicas"] if float(r["report_age_s"]) < checkpoints.TRIM_GRACE_S]
+            for r in sh["replicas"] if float(r["report_age_s"]) < grace_s]
     return min(seqs) if seqs else None
 
 
 async def read_status(js: JetStreamContext, now: float | None = None) -> dict[str, Any]:
-    """Per shard: the stream's last sequence and leader, and each replica's applied
-    sequence, lag (sequences behind the log) and report age (s) from the progress
-    reports. What `sarpctl cluster status` shows."""
+    """Per shard: the stream's first and last sequence and leader, each replica's
+    applied sequence, lag (sequences behind the log) and report age (s) from the
+    progress reports, and the newest published checkpoint (its sequence and age, s).
+    What `sarpctl cluster status` shows."""
     names = await read_shard_map(js) or []
     reports: dict[str, dict[str, dict[str, float]]] = {}
     try:
@@ -198,7 +222,11 @@ async def read_status(js: JetStreamContext, now: float | None = None) -> dict[st
                      "lag": last - int(rep.get("applied_seq", 0)),
                      "report_age_s": round(t - float(rep.get("time", 0.0)), 3)}
                     for r, rep in sorted(reports.get(shard, {}).items())]
+        ckpt = await checkpoints.newest(js, shard)
         shards.append({"shard": shard, "last_seq": last, "first_seq": int(info.state.first_seq),
                        "leader": info.cluster.leader if info.cluster else None,
-                       "replicas": replicas})
+                       "replicas": replicas,
+                       "checkpoint": None if ckpt is None else {
+                           "seq": ckpt.seq,
+                           "age_s": None if ckpt.time is None else round(t - ckpt.time, 3)}})
     return {"shard_map": names, "shards": shards}

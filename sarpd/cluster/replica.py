@@ -20,11 +20,21 @@ What can go wrong, and what happens:
 - an entry that does not decode (a newer entry format): its answer is the error,
   and the replica goes on (every replica decodes it alike);
 - the log trimmed above where the replica stands (`LogGap` when the reader is
-  reopened there): the replica stops applying and says so (`failed`); it needs a
-  newer checkpoint. A sequence missing from a delivery (a node went down with
-  entries in flight) is not that: the reader is reopened at `applied_seq + 1`;
+  reopened there): the replica stops applying and says so (`failed`, `halted`); it
+  needs a newer checkpoint (the daemon starts again from one:
+  sarpd.daemon.cluster_mode). A sequence missing from a delivery (a node went down
+  with entries in flight) is not that: the reader is reopened at `applied_seq + 1`;
 - NATS unreachable: `ShardReader` retries for `log.RETRY_S`, then the replica
   reopens its reader from `applied_seq + 1` and tries again.
+
+How far behind the log it is (the metrics, `stats`): `lag_seqs`, the entries the log
+holds that the replica has not applied (JetStream's count past the newest entry
+pulled, plus those pulled and not applied), and `lag_s(now)`, how long ago the log
+stored the oldest entry not applied (0 when caught up; between two runs it is bounded
+by the newest applied entry's store time). `entries_applied` counts entries applied
+since start (its rate is the apply rate), and `observe`, when given, gets each run's
+apply delays: per entry, the time from the log storing it to this replica applying it.
+Store times are the NATS server's clock, so across hosts they include clock offset.
 
 All of it runs on the event loop; the index is touched only through `run`, the
 server's one worker thread (`Server.run_exclusive`), so the applier never overlaps a
@@ -36,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -88,7 +99,8 @@ class Applied:
 class Replica:
     def __init__(self, index: ReplicaIndex, js: JetStreamContext, shard: str,
                  replica_id: str, limits: Limits, run: Runner[object],
-                 publish_retry_s: float = log.RETRY_S) -> None:
+                 publish_retry_s: float = log.RETRY_S,
+                 observe: Callable[[Sequence[float]], None] | None = None) -> None:
         self.index, self.js, self.shard, self.replica_id = index, js, shard, replica_id
         self.limits = limits  # an entry's checks, and block_tokens
         self.publish_retry_s = publish_retry_s
@@ -97,17 +109,37 @@ class Replica:
         self._recent: OrderedDict[int, Result] = OrderedDict()
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._reader: log.ShardReader | None = None
+        self._observe = observe
+        self.entries_applied = 0  # since start
+        self._behind_since: float | None = None  # store time bounding the oldest unapplied
         self.failed = ""  # why the applier stopped for good (a gap in the log)
+        self.halted = asyncio.Event()  # set with `failed` (what a re-bootstrap waits on)
 
     @property
     def applied_seq(self) -> int:
         return self._applied
 
+    @property
+    def lag_seqs(self) -> int:
+        """Entries the log holds that this replica has not applied."""
+        reader = self._reader
+        if reader is None:
+            return 0
+        return max(0, reader.next_seq - 1 - self._applied) + reader.pending
+
+    def lag_s(self, now: float) -> float:
+        """Seconds since the log stored the oldest entry not applied (epoch `now`)."""
+        since = self._behind_since
+        if since is None or self.lag_seqs == 0:
+            return 0.0
+        return max(0.0, now - since)
+
     async def start(self) -> None:
         """Open the reader at `applied_seq + 1` and apply in the background."""
-        reader = await log.ShardReader.open(self.js, self.shard, self.replica_id,
-                                            self._applied + 1)
-        self._task = asyncio.create_task(self._apply_loop(reader))
+        self._reader = await log.ShardReader.open(self.js, self.shard, self.replica_id,
+                                                  self._applied + 1)
+        self._task = asyncio.create_task(self._apply_loop(self._reader))
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -161,7 +193,7 @@ class Replica:
                 again = await self._reopen(reader)
                 if again is None:
                     return
-                reader = again
+                reader = self._reader = again
                 continue
             if run:
                 await self._apply(reader, run)
@@ -183,6 +215,8 @@ class Replica:
 
     async def _apply(self, reader: log.ShardReader, run: list[tuple[int, bytes]]) -> None:
         seqs = [seq for seq, _ in run]
+        stored = [reader.stored_at(seq) for seq in seqs]
+        self._behind_since = stored[0]
         decoded: list[Write | SarpError] = []
         for seq, raw in run:
             try:
@@ -204,10 +238,15 @@ class Replica:
         answers = iter(results)
         for seq, op in zip(seqs, decoded, strict=True):
             self._remember(seq, op if isinstance(op, SarpError) else next(answers))
+        now = time.time()
         await reader.ack(seqs[-1])
         async with self._changed:
             self._applied = seqs[-1]
             self._changed.notify_all()
+        self.entries_applied += len(seqs)
+        self._behind_since = stored[-1]  # entry seqs[-1] + 1 was stored no earlier
+        if self._observe is not None:
+            self._observe([now - t for t in stored if t is not None])
 
     def _remember(self, seq: int, result: Result) -> None:
         self._recent[seq] = result
@@ -220,6 +259,7 @@ class Replica:
         async with self._changed:
             self.failed = why
             self._changed.notify_all()
+        self.halted.set()
 
 
 def _nothing_new(req: Write, block_tokens: int) -> Result:

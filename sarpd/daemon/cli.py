@@ -39,7 +39,6 @@ from sarpd.errors import BadRequest, ConfigError, SarpError
 
 if TYPE_CHECKING:
     from sarpd.cluster.node import ClusterNode
-    from sarpd.daemon.nats_front import NatsFront
 
 log = logging.getLogger("sarpd")
 
@@ -86,7 +85,6 @@ class Daemon:
         self._last_progress = 0.0
         self._recovery_started = time.monotonic()
         self._metrics_http: Any = None
-        self._front: NatsFront | None = None  # cluster mode: requests over NATS
 
     def request_stop(self, signame: str) -> None:
         if not self._stop.is_set():
@@ -131,9 +129,26 @@ class Daemon:
         log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
 
     async def _serve(self) -> int:
-        cfg = self.config
         sdnotify.status("recovering")
-        if cfg.cluster.enabled and not await self._bootstrap():
+        if not self.config.cluster.enabled:
+            return await self._serve_once()
+        from sarpd.daemon.cluster_mode import Rebootstrap, set_aside
+
+        while True:
+            try:
+                return await self._serve_once()
+            except Rebootstrap as exc:  # cluster mode: the log moved on without us
+                log.warning("shard %s: %s: starting again from the newest checkpoint",
+                            self.config.cluster.shard, exc)
+                set_aside(self.config.data_dir, self.config.backend)
+
+    async def _serve_once(self) -> int:
+        """Open, recover, (cluster mode: bootstrap and join), serve until a stop
+        signal; `Rebootstrap` once the index is closed, when its data must go."""
+        cfg = self.config
+        if cfg.cluster.enabled:  # nats and the cluster code load only in cluster mode
+            from sarpd.daemon.cluster_mode import Rebootstrap, bootstrap, join, leave
+        if cfg.cluster.enabled and not await bootstrap(cfg, self.server):
             await self.server.stop()
             return 1
         try:
@@ -151,94 +166,53 @@ class Daemon:
             index, cfg, backend_name,
             recovered_in_s=report.seconds, extra_stats=self.server.extra_stats,
         )
-        node = await self._join_cluster(index) if cfg.cluster.enabled else None
-        if cfg.cluster.enabled and node is None:
-            await self.server.stop()
-            await self._close(index, snapshot=False)
-            return 0 if self._stop.is_set() else 1
+        joined = None
+        if cfg.cluster.enabled:
+            try:
+                joined = await join(cfg, self.server, index, self._stop)
+            except Rebootstrap:
+                await self._close(index, snapshot=False)
+                raise
+            if joined is None:
+                await self.server.stop()
+                await self._close(index, snapshot=False)
+                return 0 if self._stop.is_set() else 1
         self.server.metrics.set_ready(report.seconds)
         self.server.set_ready(service)
         sdnotify.notify("READY=1", f"STATUS=serving on {cfg.socket}")
         log.info("ready: serving on %s (backend %s, sync %s)", cfg.socket, backend_name, cfg.sync)
         snapshots = asyncio.create_task(self._periodic_snapshots(service))
-        await self._stop.wait()
-        sdnotify.notify("STOPPING=1", "STATUS=shutting down")
-        if self._front is not None:
-            await self._front.stop()  # no new remote requests
+        gap = await self._until_stop(joined[0] if joined else None)
         snapshots.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await snapshots
-        await self.server.stop()
-        if node is not None:
-            if self.server.forwarder is not None:
-                await self.server.forwarder.stop()  # the writes in flight end first
-            await node.stop()
-        await self._close(index, snapshot=True)
+        if gap:  # the replica's log was trimmed past it while it ran
+            await self.server.suspend(f"shard {cfg.cluster.shard}: re-bootstrapping ({gap})")
+        else:
+            sdnotify.notify("STOPPING=1", "STATUS=shutting down")
+            if joined is not None:
+                await joined[1].stop()  # no new remote requests
+            await self.server.stop()
+        if joined is not None:
+            await leave(self.server, *joined)  # the writes in flight end first
+        await self._close(index, snapshot=not gap)
+        if gap:
+            raise Rebootstrap(gap)
         log.info("stopped")
         return 0
 
-    async def _bootstrap(self) -> bool:
-        """Cluster mode, a data directory without a backend yet: start from the shard's
-        newest published checkpoint (sarpd.cluster.checkpoints), if there is one.
-        False (logged) when the cluster cannot be read."""
-        from sarpd.cluster import checkpoints
-        from sarpd.cluster import log as cluster_log
-        from sarpd.core.store import data_paths
-
-        cfg = self.config
-        if data_paths(cfg.data_dir, cfg.backend)[0].exists():
-            return True
-        c = cfg.cluster
-        self.server.status = f"fetching shard {c.shard}'s newest checkpoint"
-        try:
-            async with asyncio.timeout(c.catch_up_timeout_s):
-                nc = await cluster_log.connect(list(c.urls), name=f"sarpd-{c.shard}-boot")
-                try:
-                    seq = await checkpoints.fetch_newest(nc.jetstream(timeout=30), c.shard,
-                                                         cfg.data_dir)
-                finally:
-                    await nc.close()
-        except Exception as exc:
-            log.error("cluster %s: cannot fetch shard %s's checkpoint: %s", ",".join(c.urls),
-                      c.shard, exc)
-            return False
-        if seq is None:
-            log.info("shard %s has no checkpoint yet: replaying its log from the start",
-                     c.shard)
-        return True
-
-    async def _join_cluster(self, index: SarpIndex) -> ClusterNode | None:
-        """Cluster mode: connect, catch up with the shard's log, forward writes to it
-        (None, logged, when that fails or a stop signal came)."""
-        from sarpd.cluster.node import ClusterNode
-        from sarpd.daemon.forward import Forwarder
-        from sarpd.daemon.nats_front import NatsFront
-
-        c = self.config.cluster
-        self.server.status = f"catching up with shard {c.shard}'s log"
-        sdnotify.status(self.server.status)
-        join = asyncio.create_task(ClusterNode.start(c, index, self.server.limits,
-                                                     self.server.run_exclusive))
-        stop = asyncio.create_task(self._stop.wait())
-        await asyncio.wait([join, stop], return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if not join.done():
-            join.cancel()
-            with contextlib.suppress(BaseException):
-                await join
-            return None
-        try:
-            node = join.result()
-        except Exception as exc:
-            log.error("cluster %s: cannot join shard %s as replica %s: %s",
-                      ",".join(c.urls), c.shard, c.replica_id, exc)
-            return None
-        self.server.forwarder = Forwarder(self.server, node.replica, c.write_timeout_s)
-        self._front = NatsFront(self.server, node.nc, c.shard)
-        await self._front.start()  # requests of routers on other hosts
-        log.info("replica %s of shard %s: applied seq %d", c.replica_id, c.shard,
-                 node.replica.applied_seq)
-        return node
+    async def _until_stop(self, node: ClusterNode | None) -> str:
+        """Wait for a stop signal, or (cluster mode, `rebootstrap` on) for the replica
+        to halt on a gap in its log: why it halted, "" for a stop."""
+        if node is None or not self.config.cluster.rebootstrap:
+            await self._stop.wait()
+            return ""
+        waits = [asyncio.create_task(self._stop.wait()),
+                 asyncio.create_task(node.replica.halted.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in waits:
+            task.cancel()
+        return "" if self._stop.is_set() else node.replica.failed
 
     def _open(self) -> tuple[SarpIndex, str]:
         from sarpd.core.store import data_paths, open_backend

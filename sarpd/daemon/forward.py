@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
-from sarpd.cluster.replica import Replica
+from sarpd.cluster.node import ClusterNode
 from sarpd.errors import Internal, SarpError
 from sarpd.model import Clear, Insert, Match, Remove, Request
 from sarpd.protocol.wire import encode_error, encode_result
@@ -40,8 +41,8 @@ WRITES = (Insert, Remove, Clear)
 
 
 class Forwarder:
-    def __init__(self, server: Server, replica: Replica, write_timeout_s: float) -> None:
-        self._server, self.replica = server, replica
+    def __init__(self, server: Server, node: ClusterNode, write_timeout_s: float) -> None:
+        self._server, self.node, self.replica = server, node, node.replica
         self._timeout = write_timeout_s
         # per connection: its last forwarded write, done once applied and answered
         self._last: dict[Connection, asyncio.Future[None]] = {}
@@ -134,11 +135,17 @@ class Forwarder:
             log.exception("metrics of a forwarded write failed")
 
     def stats(self) -> dict[str, object]:
-        """What `stats` says of this replica (cluster mode)."""
-        r = self.replica
+        """What `stats` and the metrics say of this replica (cluster mode; safe from
+        any thread: plain reads). The lag and checkpoint figures: sarpd.cluster.replica
+        and sarpd.cluster.node."""
+        r, now = self.replica, time.time()
+        ckpt = self.node.checkpoint
         return {"shard": r.shard, "replica": r.replica_id, "applied_seq": r.applied_seq,
+                "lag_seqs": r.lag_seqs, "lag_s": r.lag_s(now),
+                "entries_applied": r.entries_applied,
                 "forwarded_writes": self.forwarded, "writes_in_flight": len(self._tasks),
-                "failed": r.failed}
+                "checkpoint_seq": None if ckpt is None else ckpt.seq,
+                "checkpoint_age_s": self.node.checkpoint_age_s(now), "failed": r.failed}
 
     async def stop(self) -> None:
         """Wait for the writes in flight (they end by answer or by timeout)."""

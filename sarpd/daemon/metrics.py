@@ -29,6 +29,18 @@ Exported (all prefixed ``sarpd_``):
     ready                           1 once recovered
     recovery_segments_done / _total, recovery_seconds, recovery_eta_seconds
     index_blocks, index_segments, index_routing_points, directory_bytes, segment_reads_total
+
+Cluster mode only (issue 15), labelled {shard, replica}, read from the replica's
+`stats` (sarpd.daemon.forward.Forwarder.stats):
+
+    cluster_applied_seq             the newest log sequence this replica applied
+    cluster_lag_seqs                log entries of the shard not applied yet
+    cluster_lag_seconds             since the log stored the oldest entry not applied
+    cluster_applied_entries_total   entries applied since start: rate() is the apply rate
+    cluster_forwarded_writes_total  writes this replica took and published
+    cluster_checkpoint_seq / cluster_checkpoint_age_seconds
+                                    the shard's newest published checkpoint (absent: none)
+    cluster_apply_delay_seconds     histogram: per entry, log store to this replica's apply
 """
 
 from __future__ import annotations
@@ -56,6 +68,25 @@ INDEX_STATS_EVERY_S = 1.0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384, 65536)
 READS_BUCKETS = (0, 0.25, 0.5, 1, 2, 4, 8, 16)
+DELAY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60)
+# cluster mode: (key of the replica's stats, metric, counter?, help)
+CLUSTER_FIGURES = (
+    ("applied_seq", "sarpd_cluster_applied_seq", False,
+     "The newest log sequence this replica applied."),
+    ("lag_seqs", "sarpd_cluster_lag_seqs", False,
+     "Entries of the shard's log this replica has not applied."),
+    ("lag_s", "sarpd_cluster_lag_seconds", False,
+     "Seconds since the log stored the oldest entry this replica has not applied (0: "
+     "caught up)."),
+    ("entries_applied", "sarpd_cluster_applied_entries", True,
+     "Log entries applied since start (its rate is the apply rate)."),
+    ("forwarded_writes", "sarpd_cluster_forwarded_writes", True,
+     "Writes this replica took and published to the log."),
+    ("checkpoint_seq", "sarpd_cluster_checkpoint_seq", False,
+     "Applied sequence of the shard's newest published checkpoint."),
+    ("checkpoint_age_s", "sarpd_cluster_checkpoint_age_seconds", False,
+     "Seconds since the shard's newest checkpoint was published."),
+)
 
 
 class Activity(Protocol):
@@ -86,6 +117,10 @@ class Sources(Protocol):
         """The index's activity counters, once the index is serving."""
         ...
 
+    def cluster(self) -> Mapping[str, object] | None:
+        """The replica's own figures (cluster mode), else None."""
+        ...
+
 
 class NoSources:
     """`Sources` of nothing (a `Metrics` on its own, e.g. in tests)."""
@@ -97,6 +132,9 @@ class NoSources:
         return {}
 
     def activity(self) -> Activity | None:
+        return None
+
+    def cluster(self) -> Mapping[str, object] | None:
         return None
 
 
@@ -120,11 +158,16 @@ class _Hist:
             np.add.at(self.counts, np.searchsorted(self.edges, arr, side="left"), 1)
             self.sum += float(arr.sum())
 
-    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+    def family(self, name: str, doc: str,
+               labels: Mapping[str, str] | None = None) -> HistogramMetricFamily:
         cum = np.cumsum(self.counts).tolist()
         buckets = [(_fmt(e), c) for e, c in zip(self.edges.tolist(), cum, strict=False)]
         buckets.append(("+Inf", cum[-1]))
-        return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=self.sum)
+        if not labels:
+            return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=self.sum)
+        fam = HistogramMetricFamily(name, doc, labels=list(labels))
+        fam.add_metric(list(labels.values()), buckets, self.sum)
+        return fam
 
 
 def _fmt(edge: float) -> str:
@@ -154,6 +197,7 @@ class Metrics:
         self.batch = _Hist(BATCH_BUCKETS)
         self.depth = _Hist(DEPTH_BUCKETS)
         self.reads = _Hist(READS_BUCKETS)
+        self.apply_delay = _Hist(DELAY_BUCKETS)
         self.recovery = Recovery()
         self.index_stats: dict[str, Any] = {}
         self._index_stats_at = float("-inf")
@@ -190,6 +234,11 @@ class Metrics:
                 self.reads.add([(reads - self._last_reads) / matches])
             if reads is not None:
                 self._last_reads = reads
+
+    def record_apply(self, delays: Sequence[float]) -> None:
+        """Cluster mode: the apply delays of one run of log entries (seconds each)."""
+        with self._lock:
+            self.apply_delay.add(delays)
 
     def record_rejected(self, op: str, code: str) -> None:
         """A request answered outside a batch (busy, unavailable, forbidden)."""
@@ -251,6 +300,9 @@ class Metrics:
             )
             yield from self._recovery()
             yield from self._index()
+        cluster = self._sources.cluster()
+        if cluster is not None:
+            yield from self._cluster(cluster)
         for name, value in self._sources.gauges().items():
             yield GaugeMetricFamily(f"sarpd_{name}", f"sarpd {name.replace('_', ' ')}.", value)
         rep = GaugeMetricFamily(
@@ -291,6 +343,22 @@ class Metrics:
         yield GaugeMetricFamily(
             "sarpd_recovery_eta_seconds", "Estimated recovery time left.", r.eta_s or 0.0
         )
+
+    def _cluster(self, stats: Mapping[str, object]) -> Iterable[Metric]:
+        """The replica's figures, labelled by shard and replica."""
+        labels = {"shard": str(stats.get("shard", "")), "replica": str(stats.get("replica", ""))}
+        for key, name, counter, doc in CLUSTER_FIGURES:
+            value = stats.get(key)
+            if not isinstance(value, int | float):  # e.g. no checkpoint yet
+                continue
+            kind = CounterMetricFamily if counter else GaugeMetricFamily
+            fam = kind(name, doc, labels=list(labels))
+            fam.add_metric(list(labels.values()), float(value))
+            yield fam
+        with self._lock:
+            yield self.apply_delay.family(
+                "sarpd_cluster_apply_delay_seconds",
+                "Per log entry: from the log storing it to this replica applying it.", labels)
 
     def _index(self) -> Iterable[Metric]:
         s = self.index_stats

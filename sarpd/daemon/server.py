@@ -241,6 +241,7 @@ class Server:
         self.forwarder: WriteRouter | None = None  # cluster mode: writes go to the log
         self.status = "starting"
         self.stopping = False
+        self.suspended = False  # `suspend`: no new requests until `set_ready`
         self.conns: set[Connection] = set()
         self.queue: deque[Queued] = deque()
         self.queue_bytes = 0  # decoded array bytes of the queued requests
@@ -283,6 +284,19 @@ class Server:
         """Serve `service` (build it with ``extra_stats=server.extra_stats``)."""
         self.service = service
         self.status = "ready"
+        self.suspended = False
+
+    async def suspend(self, why: str) -> None:
+        """Stop serving the current service, keeping the socket and the connections:
+        requests from now on answer `unavailable` (`why`); those already queued are
+        answered first. `set_ready` serves again (cluster mode's re-bootstrap)."""
+        self.status = why
+        self.suspended = True
+        self._full.set()
+        while self.queue or self._busy:
+            self._idle.clear()
+            await self._idle.wait()
+        self.service = None
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run `fn` in the worker thread, between batches."""
@@ -349,11 +363,17 @@ class Server:
         service = self.service
         return None if service is None else service.index.activity
 
+    def cluster(self) -> Mapping[str, object] | None:
+        """What the replica says of itself (cluster mode; None on a single node)."""
+        forwarder = self.forwarder
+        return None if forwarder is None else forwarder.stats()
+
     def extra_stats(self) -> dict[str, object]:
         """The server's part of the `stats` op: gauges and metrics counters."""
         out: dict[str, object] = {**self.gauges(), **self.metrics.snapshot()}
-        if self.forwarder is not None:
-            out["cluster"] = self.forwarder.stats()
+        cluster = self.cluster()
+        if cluster is not None:
+            out["cluster"] = dict(cluster)
         return out
 
     def reject(self, conn: Connection, req: Request, err: SarpError) -> None:
@@ -361,7 +381,7 @@ class Server:
         conn.send(encode_error(req.id, err))
 
     def submit(self, conn: Connection, req: Request) -> None:
-        if self.service is None or self.stopping:
+        if self.service is None or self.stopping or self.suspended:
             self.reject(conn, req, Unavailable(self.status))
             return
         if self.policy.checks_requests:

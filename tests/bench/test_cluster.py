@@ -25,6 +25,8 @@ def test_a_tiny_run_reports_every_figure(tmp_path: Path) -> None:
         assert r["writes"] == 30 and r["match_rps"] > 0
         assert 0 < r["write_us_p50"] <= r["write_us_p99"] and r["match_us_p99"] > 0
     assert cluster["lag_seq_p99"] >= 0 and doc["vs_single"][0]["match_rps_x"] > 0
+    # every write timed on both replicas: its seq visible there after the ack
+    assert 0 < cluster["lag_ms_p50"] <= cluster["lag_ms_p99"] < 60_000
     (catch,) = doc["catch_up"]
     assert catch["blocks"] == 1280
     assert catch["catch_up_s"] > 0 and catch["catch_up_from_checkpoint_s"] > 0

@@ -3,18 +3,12 @@ the status line, and the Prometheus export."""
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from sarpd.bridge.stats import BridgeStats, serve_metrics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.daemon_helpers import free_port
 
 
 def sample_stats() -> BridgeStats:

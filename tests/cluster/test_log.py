@@ -186,6 +186,32 @@ def test_a_reader_resumed_at_k_yields_k_on_and_nothing_before(cluster: NatsClust
     run(cluster, body)
 
 
+def test_a_reader_says_how_far_behind_it_is_and_when_entries_were_stored(
+        cluster: NatsCluster) -> None:
+    async def body(js: JetStreamContext) -> None:
+        await log.ensure_stream(js, "s5", 3)
+        before = time.time()
+        acked = await publish_many(js, "s5", 10, "p")
+        after = time.time()
+        reader = await ShardReader.open(js, "s5", "r0", 1)
+        got = await reader.fetch(timeout_s=2, batch=4)
+        assert [s for s, _ in got] == [1, 2, 3, 4]
+        assert reader.pending == 6  # 5..10 wait in the log
+        stamps = [reader.stored_at(s) for s, _ in got]
+        assert all(t is not None and before - 1 <= t <= after + 1 for t in stamps), stamps
+        assert stamps == sorted(stamps)
+        await reader.ack(4)
+        assert reader.stored_at(4) is None  # acked: no longer held
+        while reader.next_seq <= 10:
+            await reader.fetch(timeout_s=2)
+        assert reader.pending == 0
+        assert await reader.fetch(timeout_s=0.2) == [] and reader.pending == 0
+        assert reader.stored_at(99) is None and len(acked) == 10
+        await reader.close()
+
+    run(cluster, body)
+
+
 def test_trim_below_purges_older_entries(cluster: NatsCluster) -> None:
     async def body(js: JetStreamContext) -> None:
         await log.ensure_stream(js, "s3", 3)

@@ -7,6 +7,7 @@ waiting past a timeout is `unavailable`."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from nats.js import JetStreamContext
 
-from sarpd.cluster import log
+from sarpd.cluster import entry, log
 from sarpd.cluster.replica import Applied, Replica
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
@@ -224,5 +225,90 @@ def test_a_stopped_replica_and_a_new_one_from_a_checkpoint_catch_up(
                 await r.stop()
             for n in (a, b, c):
                 n.close()
+
+    in_cluster(cluster, body)
+
+
+class Gate:
+    """A runner that holds each write batch until released (the worker thread busy)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node, self.open = node, asyncio.Event()
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        await self.open.wait()
+        return await self.node.run(fn)
+
+
+def test_a_replica_says_how_far_behind_it_is(cluster: NatsCluster, tmp_path: Path) -> None:
+    """lag_seqs counts what the log holds past the applied sequence, lag_s how long ago
+    the oldest of it was stored; observe gets one apply delay per entry."""
+    rng = np.random.default_rng(6)
+
+    async def body(js: JetStreamContext) -> None:
+        await log.ensure_stream(js, "rep4", 3)
+        node = Node(tmp_path / "n")
+        gate = Gate(node)
+        delays: list[float] = []
+        rep = Replica(node.index, js, "rep4", "r0", LIMITS, gate.run, observe=delays.extend)
+        assert (rep.lag_seqs, rep.lag_s(0.0), rep.entries_applied) == (0, 0.0, 0)
+        for i in range(20):
+            await log.publish(js, "rep4", entry.encode(insert(tokens(rng, 2), i), LIMITS),
+                              f"w{i}")
+        await asyncio.sleep(0.3)
+        await rep.start()
+        try:
+            for _ in range(100):  # the applier pulled a run and waits at the gate
+                if rep.lag_seqs == 20 and rep.lag_s(time.time()) > 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert rep.lag_seqs == 20 and rep.applied_seq == 0
+            assert rep.lag_s(time.time()) >= 0.3
+            gate.open.set()
+            await rep.wait_applied(20, timeout_s=20)
+            assert (rep.lag_seqs, rep.lag_s(time.time()), rep.entries_applied) == (0, 0.0, 20)
+            assert len(delays) == 20 and min(delays) >= 0.3 and max(delays) < 30
+        finally:
+            await rep.stop()
+            node.close()
+
+    in_cluster(cluster, body)
+
+
+def test_a_log_trimmed_past_a_running_replica_halts_it(cluster: NatsCluster,
+                                                       tmp_path: Path) -> None:
+    """Entries the replica still needs are purged while it applies: it stops applying
+    (halted, failed says why) rather than skip them, and waits answer unavailable."""
+    rng = np.random.default_rng(7)
+
+    async def body(js: JetStreamContext) -> None:
+        await log.ensure_stream(js, "rep5", 3)
+
+        async def put(i: int) -> None:
+            await log.publish(js, "rep5", entry.encode(insert(tokens(rng, 2), i), LIMITS),
+                              f"t{i}")
+
+        for i in range(5):
+            await put(i)
+        node = Node(tmp_path / "n")
+        gate = Gate(node)
+        rep = Replica(node.index, js, "rep5", "r0", LIMITS, gate.run)
+        await rep.start()
+        try:
+            for _ in range(100):  # entries 1-5 pulled, held at the gate
+                if rep.lag_seqs == 5:
+                    break
+                await asyncio.sleep(0.02)
+            for i in range(5, 12):
+                await put(i)
+            await log.trim_below(js, "rep5", 10)  # 6-9 gone before the replica read them
+            gate.open.set()
+            await asyncio.wait_for(rep.halted.wait(), timeout=20)
+            assert rep.applied_seq == 5 and "trimmed below 10" in rep.failed
+            with pytest.raises(Unavailable, match="stopped applying"):
+                await rep.wait_applied(12, timeout_s=5)
+        finally:
+            await rep.stop()
+            node.close()
 
     in_cluster(cluster, body)

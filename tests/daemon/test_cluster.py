@@ -8,6 +8,7 @@ before it serves; every acknowledged insert then matches on every replica."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 
 from sarpd.client import SyncClient
 from sarpd.cluster import log
-from tests.daemon_helpers import Launcher, RawConn, SarpdProc, launcher
+from sarpd.errors import Unavailable
+from tests.daemon_helpers import Launcher, RawConn, SarpdProc, free_port, launcher, scrape
 from tools.cluster.nats_local import NatsCluster, local_cluster
 
 BT = 16
@@ -157,8 +159,9 @@ def test_a_new_replica_starts_from_a_published_checkpoint(
     older kept one; a new replica on an empty data directory starts from the newest,
     replays only what came after it, and answers every acknowledged insert."""
     config = {"cluster": {"checkpoint_interval_s": 0.5, "checkpoint_keep": 2}}
+    port = free_port()
     a = launch(config=config, extra_args=("--cluster", ",".join(nats.urls), "--shard", "s0",
-                                          "--replica-id", "a"))
+                                          "--replica-id", "a", "--metrics-port", str(port)))
     acked: list[tuple[list[int], int]] = []
     with SyncClient(a.socket) as ca:
         for round_ in range(3):
@@ -177,3 +180,74 @@ def test_a_new_replica_starts_from_a_published_checkpoint(
     converged(c, acked)
     with SyncClient(c.socket) as cc:
         assert cc.stats()["cluster"]["applied_seq"] == 30
+    got = scrape(port)  # a's metrics: caught up, 30 entries applied, a checkpoint at 30
+    lab = '{replica="a",shard="s0"}'
+    assert got[f"sarpd_cluster_applied_seq{lab}"] == 30
+    assert got[f"sarpd_cluster_lag_seqs{lab}"] == 0 and got[f"sarpd_cluster_lag_seconds{lab}"] == 0
+    assert got[f"sarpd_cluster_applied_entries_total{lab}"] == 30
+    assert got[f"sarpd_cluster_apply_delay_seconds_count{lab}"] == 30
+    assert got[f"sarpd_cluster_checkpoint_seq{lab}"] == 30
+    assert 0 <= got[f"sarpd_cluster_checkpoint_age_seconds{lab}"] < 60
+
+
+def caught_up(proc: SarpdProc, acked: list[tuple[list[int], int]], timeout: float = 60) -> None:
+    """`converged`, through a re-bootstrap: `unavailable` answers meanwhile are waited out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            converged(proc, acked, timeout=max(1.0, deadline - time.monotonic()))
+            return
+        except (Unavailable, OSError):
+            assert time.monotonic() < deadline, proc.log()[-3000:]
+            time.sleep(0.2)
+
+
+def test_a_replica_the_log_moved_past_starts_again_from_a_checkpoint(
+        nats: NatsCluster, launch: Launcher) -> None:
+    """Replica b is silent longer than trim_grace_s while a writes and publishes
+    checkpoints, so the log is trimmed past b's applied sequence. b then sets its data
+    aside and starts from the newest checkpoint: when restarted after a SIGKILL, and
+    while it runs (SIGSTOP, SIGCONT). Every acknowledged insert matches on b after."""
+    config = {"cluster": {"checkpoint_interval_s": 0.3, "checkpoint_keep": 2,
+                          "trim_grace_s": 2.0}}
+    a, b = (launch(config=config, extra_args=(
+        "--cluster", ",".join(nats.urls), "--shard", "s0", "--replica-id", name,
+        "--batch-window-ms", "0.2")) for name in ("a", "b"))
+    acked: list[tuple[list[int], int]] = []
+
+    def write_past(seq_floor: int, start: int) -> int:
+        """Insert on a until the log is trimmed above `seq_floor`; the next seed."""
+        i, deadline = start, time.monotonic() + 60
+        with SyncClient(a.socket) as ca:
+            while first_seq(nats, "s0") <= seq_floor:
+                assert time.monotonic() < deadline, a.log()[-3000:]
+                for _ in range(5):
+                    ca.insert(tokens=toks(3000 + i, 2), meta=i)
+                    acked.append((toks(3000 + i, 2), i))
+                    i += 1
+                time.sleep(0.3)
+        return i
+
+    with SyncClient(a.socket) as ca:
+        for i in range(10):
+            ca.insert(tokens=toks(3000 + i, 2), meta=i)
+            acked.append((toks(3000 + i, 2), i))
+    converged(b, acked)
+    b.kill()
+    nxt = write_past(11, 10)  # b needs 11 next: gone
+    b.start()
+    assert "starting again from the newest checkpoint" in b.log()
+    assert list((b.data_dir / "stale").iterdir())  # the old data, set aside
+    converged(b, acked)
+    with SyncClient(b.socket) as cb:
+        seen = cb.stats()["cluster"]["applied_seq"]
+    b.send_signal(signal.SIGSTOP)  # b runs, but says nothing (cut off)
+    try:
+        write_past(seen + 1, nxt)
+    finally:
+        b.send_signal(signal.SIGCONT)
+    caught_up(b, acked)
+    assert b.log().count("starting again from the newest checkpoint") == 2
+    with SyncClient(b.socket) as cb:
+        st = cb.stats()["cluster"]
+        assert st["failed"] == "" and st["lag_seqs"] == 0 and st["applied_seq"] >= len(acked)

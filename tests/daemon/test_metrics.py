@@ -5,40 +5,19 @@ never copied."""
 from __future__ import annotations
 
 import socket
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from sarpd.client import SyncClient
 from sarpd.daemon.metrics import Activity, Metrics
 from sarpd.daemon.reports import Reports
 from sarpd.errors import SarpError
 from sarpd.model import Match, MatchResult, Ping, Report, SeqSpec
-from tests.daemon_helpers import Launcher, RawConn, SarpdProc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Every sample as 'name{label="v",...}' -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
+from tests.daemon_helpers import Launcher, RawConn, SarpdProc, free_port, scrape
 
 
 def toks(n: int, start: int) -> list[int]:
@@ -58,6 +37,7 @@ class FakeSources:
 
     index: FakeActivity | None = None
     reports: Reports | None = None
+    replica: dict[str, object] | None = None  # cluster mode: the replica's stats
 
     def gauges(self) -> Mapping[str, float]:
         return {"queue_depth": 2.0}
@@ -67,6 +47,9 @@ class FakeSources:
 
     def activity(self) -> Activity | None:
         return self.index
+
+    def cluster(self) -> Mapping[str, object] | None:
+        return self.replica
 
 
 def family(metrics: Metrics, name: str) -> Any:
@@ -166,6 +149,38 @@ def test_gauges_and_reports_are_read_from_their_owners() -> None:
     got = {(s.labels["source"], s.labels["name"]): s.value
            for s in family(metrics, "sarpd_reported").samples}
     assert got == {("bridge-a", "gaps"): 3.0, ("bridge-a", "age_s"): 0.0}
+
+
+def test_a_replica_exports_its_lag_apply_count_and_checkpoint_age() -> None:
+    replica: dict[str, object] = {
+        "shard": "s1", "replica": "r2", "applied_seq": 40, "lag_seqs": 3, "lag_s": 0.25,
+        "entries_applied": 38, "forwarded_writes": 5, "checkpoint_seq": None,
+        "checkpoint_age_s": None, "failed": ""}
+    metrics = Metrics(FakeSources(replica=replica))
+    metrics.record_apply([0.002, 0.002, 0.7])
+    metrics.record_apply([])
+
+    def sample(name: str) -> Any:
+        (s,) = [s for f in metrics.families() for s in f.samples if s.name == name]
+        assert s.labels == {"shard": "s1", "replica": "r2"}
+        return s.value
+
+    assert sample("sarpd_cluster_applied_seq") == 40
+    assert sample("sarpd_cluster_lag_seqs") == 3 and sample("sarpd_cluster_lag_seconds") == 0.25
+    assert sample("sarpd_cluster_applied_entries_total") == 38
+    assert sample("sarpd_cluster_forwarded_writes_total") == 5
+    assert sample("sarpd_cluster_apply_delay_seconds_count") == 3
+    assert sample("sarpd_cluster_apply_delay_seconds_sum") == pytest.approx(0.704)
+    buckets = {s.labels["le"]: s.value for f in metrics.families() for s in f.samples
+               if s.name == "sarpd_cluster_apply_delay_seconds_bucket"}
+    assert (buckets["0.001"], buckets["0.0025"], buckets["0.5"], buckets["1"]) == (0, 2, 2, 3)
+    names = {f.name for f in metrics.families()}
+    assert "sarpd_cluster_checkpoint_age_seconds" not in names  # none published yet
+    replica.update(checkpoint_seq=30, checkpoint_age_s=12.5)
+    assert sample("sarpd_cluster_checkpoint_seq") == 30
+    assert sample("sarpd_cluster_checkpoint_age_seconds") == 12.5
+    assert not any(n.startswith("sarpd_cluster") for n in
+                   (f.name for f in Metrics(FakeSources()).families()))  # a single node
 
 
 def test_index_stats_refresh_at_most_once_per_interval() -> None:

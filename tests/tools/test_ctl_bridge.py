@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from sarpd.client import SyncClient
-from tests.daemon_helpers import REPO, SarpdProc
+from tests.daemon_helpers import REPO, SarpdProc, free_port
 from tools.bench.vllm_publisher import Publisher, encode_batch, stored
 from tools.sarpctl import main
 
@@ -29,12 +28,6 @@ def publisher() -> Iterator[Publisher]:
     pub = Publisher()
     yield pub
     pub.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_path: Path) -> None:

@@ -89,7 +89,10 @@ def test_cluster_status_shows_each_replica_s_progress(tmp_path: Path) -> None:
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ctl = [sys.executable, "-m", "tools.sarpctl"]
-    with local_sarp_cluster(tmp_path / "cl", nats_nodes=1, replicas=2, shards=1) as lc:
+    conf = tmp_path / "ckpt.toml"
+    conf.write_text("[cluster]\ncheckpoint_interval_s = 0.3\n")
+    with local_sarp_cluster(tmp_path / "cl", nats_nodes=1, replicas=2, shards=1,
+                            config=conf) as lc:
         assert lc.nats is not None
         urls = ",".join(lc.nats.urls)
         with SyncClient.cluster(urls) as c:
@@ -102,16 +105,20 @@ def test_cluster_status_shows_each_replica_s_progress(tmp_path: Path) -> None:
             assert out.returncode == 0, out.stderr
             doc = json.loads(out.stdout)
             (shard,) = doc["shards"]
-            if [r["applied_seq"] for r in shard["replicas"]] == [5, 5]:
+            if ([r["applied_seq"] for r in shard["replicas"]] == [5, 5]
+                    and shard["checkpoint"] is not None):
                 break
             assert time.monotonic() < deadline, doc
             time.sleep(0.2)
         assert doc["shard_map"] == ["s0"] and shard["last_seq"] == 5
+        assert shard["first_seq"] in (1, 6)  # trimmed below the checkpoint at 5, or not yet
         assert [r["replica"] for r in shard["replicas"]] == ["r0", "r1"]
         assert all(r["lag"] == 0 and r["report_age_s"] < 15 for r in shard["replicas"])
         text = subprocess.run([*ctl, "--cluster", urls, "cluster", "status"],
                               capture_output=True, text=True, env=env, cwd=REPO).stdout
-        assert "shard s0: log 1..5" in text and "r1: applied 5, lag 0" in text
+        assert shard["checkpoint"]["seq"] == 5 and 0 <= shard["checkpoint"]["age_s"] < 60
+        assert "shard s0: log " in text and "r1: applied 5, lag 0" in text
+        assert "checkpoint at 5 (" in text
     bare = subprocess.run([*ctl, "cluster", "status"], capture_output=True, text=True,
                           env=env, cwd=REPO)
     assert bare.returncode == 2 and "needs --cluster URL" in bare.stderr

@@ -10,9 +10,12 @@ replicas with sync always), and for a single sarpd on its socket (sync always):
 1. **fill**: `--sequences` sequences of 4-12 blocks on 4 shared prompts, inserted
    through the cluster client (one write at a time: the write latency to the
    acknowledgement, `write_us_p50` / `write_us_p99`);
-2. **lag**: while writing, each replica's applied sequence is sampled from its
-   progress reports (`sarpctl cluster status`'s source) and `lag_seq_p99` is the
-   99th percentile of (log's last seq - applied seq) over samples and replicas;
+2. **lag**: after each acknowledged write, every replica of its shard is asked, on its
+   own socket, for a match with `after_seq` at the write's seq: `lag_ms_p50` /
+   `lag_ms_p99` are the times from the acknowledgement to those answers (the write
+   visible there; a match's round trip included), over writes and replicas. Every
+   20 writes each replica's `stats` gives its `lag_seqs` (entries of the log it has
+   not applied): `lag_seq_p50` / `lag_seq_p99` over samples and replicas;
 3. **matches**: `--clients` concurrent matchers, each its own cluster client, match
    random filled sequences for `--seconds`: `match_rps`, `match_us_p99`. Every answer
    is checked against what was filled (a wrong answer fails the run).
@@ -41,7 +44,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +52,6 @@ import click
 import numpy as np
 
 from sarpd.client import Client, ClusterClient
-from sarpd.cluster import log
-from sarpd.cluster.node import read_status
 from tools.bench.spawn import start_daemon, stop_daemon
 from tools.cluster.local import LocalCluster, ReplicaProc
 from tools.ctl_common import write_json
@@ -80,20 +81,60 @@ class Measured:
     match_us: list[float]
     matches: int
     seconds: float
-    lag: list[int]
+    lag: list[int] = field(default_factory=list)  # lag_seqs samples
+    lag_ms: list[float] = field(default_factory=list)  # per write and replica
 
 
-async def _fill(c: Client, seqs: list[list[int]], lag_of: Any = None) -> tuple[list[float],
-                                                                                list[int]]:
+class Probes:
+    """Replication lag as a reader sees it, from each replica's own socket."""
+
+    def __init__(self, sockets: dict[str, list[Path]]) -> None:
+        self.sockets = sockets  # shard -> its replicas' sockets
+        self.clients: dict[str, list[Client]] = {}
+        self.visible_ms: list[float] = []
+        self.lag_seqs: list[int] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def open(self) -> None:
+        for shard, socks in self.sockets.items():
+            self.clients[shard] = [await Client.connect(s) for s in socks]
+
+    def written(self, shard: str, seq: int, tokens: list[int]) -> None:
+        """A write to `shard` was acknowledged with `seq` just now: time its arrival
+        on every replica of the shard."""
+        acked = time.perf_counter()
+
+        async def seen(c: Client) -> None:
+            await c.request("match", tokens=tokens[:BT], after_seq={shard: seq},
+                            after_seq_wait_ms=60_000)
+            self.visible_ms.append((time.perf_counter() - acked) * 1e3)
+
+        self._tasks += [asyncio.create_task(seen(c)) for c in self.clients[shard]]
+
+    async def sample(self) -> None:
+        for clients in self.clients.values():
+            for c in clients:
+                self.lag_seqs.append(int((await c.stats())["cluster"]["lag_seqs"]))
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._tasks)
+        for clients in self.clients.values():
+            for c in clients:
+                await c.close()
+
+
+async def _fill(c: Client, seqs: list[list[int]], probes: Probes | None = None,
+                ) -> list[float]:
     lat: list[float] = []
-    lags: list[int] = []
     for i, s in enumerate(seqs):
         t0 = time.perf_counter()
-        await c.insert(tokens=s, meta=i + 1)
+        got = await c.insert(tokens=s, meta=i + 1)
         lat.append((time.perf_counter() - t0) * 1e6)
-        if lag_of is not None and i % 20 == 0:
-            lags.extend(await lag_of())
-    return lat, lags
+        if probes is not None and isinstance(c, ClusterClient):
+            probes.written(c.shard_for(tokens=s), int(got["seq"]), s)
+            if i % 20 == 0:
+                await probes.sample()
+    return lat
 
 
 async def _matchers(make: Any, seqs: list[list[int]], clients: int,
@@ -126,17 +167,6 @@ async def _matchers(make: Any, seqs: list[list[int]], clients: int,
     return lat, sum(counts), time.perf_counter() - t0
 
 
-async def _lag_sampler(urls: list[str]) -> Any:
-    nc = await log.connect(urls)
-    js = nc.jetstream(timeout=5)
-
-    async def lags() -> list[int]:
-        status = await read_status(js)
-        return [int(r["lag"]) for sh in status["shards"] for r in sh["replicas"]]
-
-    return nc, lags
-
-
 def run_cluster(base: Path, shards: int, replicas: int, n: int, clients: int,
                 seconds: float) -> dict[str, Any]:
     lc = LocalCluster(base / f"{shards}x{replicas}", 3, replicas, shards)
@@ -147,16 +177,20 @@ def run_cluster(base: Path, shards: int, replicas: int, n: int, clients: int,
         seqs = sequences(n, seed=shards * 10 + replicas)
 
         async def go() -> Measured:
-            nc, lag_of = await _lag_sampler(urls)
+            socks: dict[str, list[Path]] = {}
+            for p in lc.procs:
+                socks.setdefault(p.shard, []).append(p.socket)
+            probes = Probes(socks)
+            await probes.open()
             c = await ClusterClient.open(urls)
             try:
-                wlat, lags = await _fill(c, seqs, lag_of)
+                wlat = await _fill(c, seqs, probes)
             finally:
                 await c.close()
-                await nc.close()
+                await probes.close()
             mlat, count, secs = await _matchers(lambda: ClusterClient.open(urls), seqs,
                                                 clients, seconds)
-            return Measured(wlat, mlat, count, secs, lags)
+            return Measured(wlat, mlat, count, secs, probes.lag_seqs, probes.visible_ms)
 
         m = asyncio.run(go())
     finally:
@@ -172,12 +206,12 @@ def run_single(base: Path, n: int, clients: int, seconds: float) -> dict[str, An
         async def go() -> Measured:
             c = await Client.connect(sock)
             try:
-                wlat, _ = await _fill(c, seqs)
+                wlat = await _fill(c, seqs)
             finally:
                 await c.close()
             mlat, count, secs = await _matchers(lambda: Client.connect(sock), seqs, clients,
                                                 seconds)
-            return Measured(wlat, mlat, count, secs, [])
+            return Measured(wlat, mlat, count, secs)
 
         m = asyncio.run(go())
     finally:
@@ -192,7 +226,8 @@ def _result(m: Measured, shards: int, replicas: int) -> dict[str, Any]:
             "match_us_p99": pct(m.match_us, 99), "write_us_p50": pct(m.write_us, 50),
             "write_us_p99": pct(m.write_us, 99), "writes": len(m.write_us),
             "lag_seq_p50": pct([float(x) for x in m.lag], 50),
-            "lag_seq_p99": pct([float(x) for x in m.lag], 99)}
+            "lag_seq_p99": pct([float(x) for x in m.lag], 99),
+            "lag_ms_p50": pct(m.lag_ms, 50), "lag_ms_p99": pct(m.lag_ms, 99)}
 
 
 def catch_up(base: Path, blocks: int) -> dict[str, Any]:
@@ -325,7 +360,7 @@ def _line(r: dict[str, Any]) -> str:
     what = "single sarpd" if not r["shards"] else f"{r['shards']}x{r['replicas']}"
     return (f"{what:>12}: match {r['match_rps']:8,.0f}/s p99 {r['match_us_p99']:8,.0f} us; "
             f"write p50 {r['write_us_p50']:7,.0f} us p99 {r['write_us_p99']:7,.0f} us; "
-            f"lag p99 {r['lag_seq_p99']:.0f}")
+            f"lag p99 {r['lag_seq_p99']:.0f} seqs, {r['lag_ms_p99']:.1f} ms")
 
 
 if __name__ == "__main__":
