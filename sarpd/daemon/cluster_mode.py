@@ -40,6 +40,7 @@ from sarpd.cluster.log import LogGap
 from sarpd.cluster.node import ClusterNode
 from sarpd.config import ServerConfig
 from sarpd.core.store import data_paths
+from sarpd.daemon import sdnotify
 from sarpd.daemon.forward import Forwarder
 from sarpd.daemon.nats_front import NatsFront
 
@@ -88,6 +89,7 @@ async def join(cfg: ServerConfig, server: Server, index: SarpIndex,
     trimmed past the index's applied sequence and `rebootstrap` is on."""
     c = cfg.cluster
     server.status = f"catching up with shard {c.shard}'s log"
+    sdnotify.status(server.status)
     starting = asyncio.create_task(ClusterNode.start(
         c, index, server.limits, server.run_exclusive, observe=server.metrics.record_apply))
     stopped = asyncio.create_task(stop.wait())
@@ -119,7 +121,8 @@ async def join(cfg: ServerConfig, server: Server, index: SarpIndex,
 
 
 async def leave(server: Server, node: ClusterNode, front: NatsFront) -> None:
-    """Stop taking remote requests, end the writes in flight, close the node."""
+    """Stop taking remote requests (again: a stop did it before the server's), end the
+    writes in flight, close the node."""
     await front.stop()
     forwarder = server.forwarder
     if forwarder is not None:

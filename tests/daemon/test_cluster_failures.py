@@ -9,10 +9,18 @@ one shard of 2 sarpd replicas, writers and a matcher through `SyncClient.cluster
    acknowledged and lost), matches keep answering from the replicas; writes resume
    once the quorum is back.
 After it all, every acknowledged insert matches in full, with its meta, on every
-replica."""
+replica.
+
+`make test` runs one round of kills 1 and 2 with 1.5 s of load before each. The long
+run repeats them (a different NATS node and replica each round):
+
+    SARP_CLUSTER_ROUNDS=10 SARP_CLUSTER_LOAD_S=10 .venv/bin/pytest -q \
+        tests/daemon/test_cluster_failures.py
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -24,6 +32,8 @@ from sarpd.errors import SarpError, Unavailable
 from tools.cluster.local import LocalCluster, local_sarp_cluster
 
 BT = 16
+ROUNDS = int(os.environ.get("SARP_CLUSTER_ROUNDS", "1"))  # rounds of kills 1 and 2
+LOAD_S = float(os.environ.get("SARP_CLUSTER_LOAD_S", "1.5"))  # load before each kill
 
 
 def toks(k: int, i: int) -> list[int]:
@@ -97,15 +107,17 @@ def test_kills_of_every_kind_lose_nothing_acknowledged(tmp_path: Path) -> None:
         assert lc.nats is not None
         urls = lc.nats.urls
         with Load(urls) as load:
-            time.sleep(1.5)
-            t_kill = time.monotonic()
-            lc.nats.kill(0)  # 1. one NATS node of three
-            wait_for_acks(load, t_kill)  # writes go on (after a leader election)
-            lc.nats.restart(0)
-            t_kill = time.monotonic()
-            lc.kill(0)  # 2. a sarpd replica
-            wait_for_acks(load, t_kill)  # the other replica takes them
-            lc.restart(0)
+            for r in range(ROUNDS):
+                time.sleep(LOAD_S)
+                t_kill = time.monotonic()
+                lc.nats.kill(r % 3)  # 1. one NATS node of three
+                wait_for_acks(load, t_kill)  # writes go on (after a leader election)
+                lc.nats.restart(r % 3)
+                time.sleep(LOAD_S)
+                t_kill = time.monotonic()
+                lc.kill(r % 2)  # 2. a sarpd replica
+                wait_for_acks(load, t_kill)  # the other replica takes them
+                lc.restart(r % 2)
             time.sleep(1.0)
         acked = list(load.acked)
         assert len(acked) > 20

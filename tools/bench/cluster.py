@@ -10,12 +10,14 @@ replicas with sync always), and for a single sarpd on its socket (sync always):
 1. **fill**: `--sequences` sequences of 4-12 blocks on 4 shared prompts, inserted
    through the cluster client (one write at a time: the write latency to the
    acknowledgement, `write_us_p50` / `write_us_p99`);
-2. **lag**: after each acknowledged write, every replica of its shard is asked, on its
-   own socket, for a match with `after_seq` at the write's seq: `lag_ms_p50` /
-   `lag_ms_p99` are the times from the acknowledgement to those answers (the write
-   visible there; a match's round trip included), over writes and replicas. Every
-   20 writes each replica's `stats` gives its `lag_seqs` (entries of the log it has
-   not applied): `lag_seq_p50` / `lag_seq_p99` over samples and replicas;
+2. **lag**: every 20 writes of the fill, each replica's `stats` gives its `lag_seqs`
+   (entries of the log it has not applied): `lag_seq_p50` / `lag_seq_p99` over
+   samples and replicas. Then `--sequences` / 4 more writes, one at a time, each
+   followed by a match with `after_seq` at the write's seq on every replica of its
+   shard, on the replica's own socket: `lag_ms_p50` / `lag_ms_p99` are the times
+   from the acknowledgement to those answers (the write visible there; a match's
+   round trip included), over writes and replicas. These probes run in a pass of
+   their own, so that they do not load the fill's write timings;
 3. **matches**: `--clients` concurrent matchers, each its own cluster client, match
    random filled sequences for `--seconds`: `match_rps`, `match_us_p99`. Every answer
    is checked against what was filled (a wrong answer fails the run).
@@ -93,13 +95,12 @@ class Probes:
         self.clients: dict[str, list[Client]] = {}
         self.visible_ms: list[float] = []
         self.lag_seqs: list[int] = []
-        self._tasks: list[asyncio.Task[None]] = []
 
     async def open(self) -> None:
         for shard, socks in self.sockets.items():
             self.clients[shard] = [await Client.connect(s) for s in socks]
 
-    def written(self, shard: str, seq: int, tokens: list[int]) -> None:
+    async def visible(self, shard: str, seq: int, tokens: list[int]) -> None:
         """A write to `shard` was acknowledged with `seq` just now: time its arrival
         on every replica of the shard."""
         acked = time.perf_counter()
@@ -109,7 +110,7 @@ class Probes:
                             after_seq_wait_ms=60_000)
             self.visible_ms.append((time.perf_counter() - acked) * 1e3)
 
-        self._tasks += [asyncio.create_task(seen(c)) for c in self.clients[shard]]
+        await asyncio.gather(*(seen(c) for c in self.clients[shard]))
 
     async def sample(self) -> None:
         for clients in self.clients.values():
@@ -117,7 +118,6 @@ class Probes:
                 self.lag_seqs.append(int((await c.stats())["cluster"]["lag_seqs"]))
 
     async def close(self) -> None:
-        await asyncio.gather(*self._tasks)
         for clients in self.clients.values():
             for c in clients:
                 await c.close()
@@ -128,13 +128,18 @@ async def _fill(c: Client, seqs: list[list[int]], probes: Probes | None = None,
     lat: list[float] = []
     for i, s in enumerate(seqs):
         t0 = time.perf_counter()
-        got = await c.insert(tokens=s, meta=i + 1)
+        await c.insert(tokens=s, meta=i + 1)
         lat.append((time.perf_counter() - t0) * 1e6)
-        if probes is not None and isinstance(c, ClusterClient):
-            probes.written(c.shard_for(tokens=s), int(got["seq"]), s)
-            if i % 20 == 0:
-                await probes.sample()
+        if probes is not None and i % 20 == 0:
+            await probes.sample()
     return lat
+
+
+async def _lag(c: ClusterClient, seqs: list[list[int]], probes: Probes) -> None:
+    """One write at a time, each timed to its arrival on every replica of its shard."""
+    for s in seqs:
+        got = await c.insert(tokens=s, meta=1)
+        await probes.visible(c.shard_for(tokens=s), int(got["seq"]), s)
 
 
 async def _matchers(make: Any, seqs: list[list[int]], clients: int,
@@ -185,6 +190,8 @@ def run_cluster(base: Path, shards: int, replicas: int, n: int, clients: int,
             c = await ClusterClient.open(urls)
             try:
                 wlat = await _fill(c, seqs, probes)
+                await _lag(c, sequences(max(1, n // 4), seed=1000 + shards * 10 + replicas),
+                           probes)
             finally:
                 await c.close()
                 await probes.close()
