@@ -268,6 +268,9 @@ def _nothing_new(req: Write, block_tokens: int) -> Result:
     removal removes nothing more."""
     if isinstance(req, Insert):
         seq = req.seq
-        n = len(seq.hashes) if seq.hashes is not None else len(seq.tokens or ()) // block_tokens
+        if seq.hashes is not None:
+            n = len(seq.hashes)
+        else:
+            n = 0 if seq.tokens is None else len(seq.tokens) // block_tokens
         return InsertResult(n, 0, n)
     return RemoveResult(0)

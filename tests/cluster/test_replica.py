@@ -179,6 +179,14 @@ def test_a_resend_is_applied_once_and_a_wait_times_out(cluster: NatsCluster,
             assert node.index.applied_seq == other.seq  # two entries, no more
             with pytest.raises(Unavailable, match=r"applied seq 2, not 99, within 0.2 s"):
                 await rep.wait_applied(99, timeout_s=0.2)
+            await rep.stop()
+            # restarted (its answers by seq are gone), it takes a resend of the first
+            rep = node.replica(js, "rep2", "r0")
+            await rep.start()
+            late = await rep.write(insert(s, 1), msg_id="client-7:42")
+            assert (late.seq, late.duplicate) == (one.seq, True)
+            assert late.result == InsertResult(3, 0, 3)  # all there, nothing new
+            assert node.index.applied_seq == other.seq
         finally:
             await rep.stop()
             node.close()
