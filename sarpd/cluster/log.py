@@ -276,6 +276,11 @@ class ShardReader:
         except TimeoutError:  # nothing arrived (nats-py raises its own subclass, or this)
             self.pending = 0
             return
+        except nats.js.errors.ServiceUnavailableError:  # 503: the consumer has no leader
+            # yet (just created on a replicated stream, or its node went down): nothing
+            # to read for now
+            await asyncio.sleep(min(timeout_s, RETRY_PAUSE_S))
+            return
         for msg in msgs:
             seq = msg.metadata.sequence.stream
             if seq < self.next_seq:  # delivered again (ack_wait ran out): pulled already
