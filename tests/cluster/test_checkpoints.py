@@ -5,7 +5,6 @@ it. A new replica's bootstrap from one runs in tests/daemon/test_cluster.py."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from nats.js import JetStreamContext
 from sarpd.cluster import checkpoints, log
 from sarpd.cluster.checkpoints import object_name, seq_of
 from sarpd.model import CheckpointResult
+from tests.cluster_helpers import in_cluster
 from tools.cluster.nats_local import local_cluster
 
 
@@ -59,11 +59,4 @@ def test_publish_keeps_the_newest_trims_the_log_and_newest_says_which(tmp_path: 
         assert (tmp_path / "boot" / "file").read_text() == "at 12"
 
     with local_cluster(tmp_path / "nats", 1) as cluster:
-        async def main() -> None:
-            nc = await log.connect(cluster.urls)
-            try:
-                await body(nc.jetstream(timeout=5))
-            finally:
-                await nc.close()
-
-        asyncio.run(main())
+        in_cluster(cluster, body, js_timeout_s=5.0)

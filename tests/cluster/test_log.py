@@ -17,6 +17,7 @@ from nats.js import JetStreamContext
 from sarpd.cluster import log
 from sarpd.cluster.log import LogConfigError, LogGap, ShardReader
 from sarpd.errors import Unavailable
+from tests.cluster_helpers import in_cluster
 from tools.cluster.nats_local import NatsCluster, local_cluster
 
 JS_TIMEOUT_S = 1.0  # one JetStream API attempt (log.retrying retries transient failures)
@@ -29,14 +30,7 @@ def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
 
 
 def run(cluster: NatsCluster, body: Callable[[JetStreamContext], Awaitable[None]]) -> None:
-    async def main() -> None:
-        nc = await log.connect(cluster.urls)
-        try:
-            await body(nc.jetstream(timeout=JS_TIMEOUT_S))
-        finally:
-            await nc.close()
-
-    asyncio.run(main())
+    in_cluster(cluster, body, JS_TIMEOUT_S)
 
 
 async def read_all(js: JetStreamContext, shard: str, replica: str, start: int,

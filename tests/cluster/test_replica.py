@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +34,7 @@ from sarpd.model import (
     SeqSpec,
 )
 from sarpd.protocol.requests import Limits
+from tests.cluster_helpers import in_cluster
 from tools.cluster.nats_local import NatsCluster, local_cluster
 
 T = TypeVar("T")
@@ -82,18 +83,6 @@ class Node:
     def close(self) -> None:
         self.index.close()
         self.pool.shutdown()
-
-
-def in_cluster(cluster: NatsCluster, body: Callable[[JetStreamContext], Awaitable[None]],
-               ) -> None:
-    async def main() -> None:
-        nc = await log.connect(cluster.urls)
-        try:
-            await body(nc.jetstream(timeout=2.0))
-        finally:
-            await nc.close()
-
-    asyncio.run(main())
 
 
 def tokens(rng: np.random.Generator, blocks: int) -> np.ndarray:

@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import importlib.metadata
 import json
+import random
 import re
 import signal
 import socket
@@ -97,10 +98,38 @@ def check_version(binary: Path) -> None:
 # -------------------------------------------------------------------------- the nodes
 
 
+PORTS_BELOW_EPHEMERAL = 12_000  # how many ports under the kernel's ephemeral range we use
+_given: set[int] = set()  # ports this process handed out (never twice)
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (32768 if unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port from below the kernel's ephemeral range, never one handed
+    out before by this process. A port from the ephemeral range, free when picked, can
+    be taken by any outgoing connection (a starting node's own route connections)
+    before its server binds it: "address already in use"."""
+    high = _ephemeral_low()
+    low = max(1024, high - PORTS_BELOW_EPHEMERAL)
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(low, high)
+        if port in _given:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise NatsClusterError(f"no free loopback port in {low}..{high - 1}")
 
 
 @dataclass(frozen=True, slots=True)

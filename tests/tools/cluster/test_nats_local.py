@@ -109,3 +109,12 @@ def test_a_node_that_never_gets_ready_times_out_naming_it(tmp_path: Path) -> Non
         cluster.start()
     assert cluster.running() == []  # start() stopped what it had spawned
 
+
+
+def test_ports_come_from_below_the_ephemeral_range_and_never_twice() -> None:
+    """Outgoing connections take ephemeral ports, so a node's port is picked below
+    that range (else a starting node's own route connection can take it first)."""
+    high = nats_local._ephemeral_low()
+    ports = [nats_local.free_port() for _ in range(300)]
+    assert len(set(ports)) == 300
+    assert all(max(1024, high - nats_local.PORTS_BELOW_EPHEMERAL) <= p < high for p in ports)
