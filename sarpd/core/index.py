@@ -47,6 +47,7 @@ from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Counters, Segment, log_key, seg_id_of_key
 from sarpd.core.snapshot import (
+    Loaded,
     SnapshotMeta,
     list_snapshots,
     load_newest,
@@ -100,6 +101,8 @@ class SarpIndex:
         self.router = Router(config)
         self.watermark = 0
         self.recovered_in_s: float | None = None
+        # when the newest directory snapshot was written (its file's mtime, epoch s)
+        self.snapshot_time: float | None = None
         self._stale = False  # memory may differ from the disk: a commit failed
         self._resume = False  # the backend must be made writable before the next write
 
@@ -146,15 +149,16 @@ class SarpIndex:
         t0 = time.perf_counter()
         self.store.copies.clear()  # the directory is rebuilt: posting order may change
         warning: str | None = None
-        meta, arrays = None, None
+        meta = None
         if self.snapshot_dir is not None:
             loaded = load_newest(self.snapshot_dir, self.cfg.block_tokens, self.cfg.segment_blocks)
-            if loaded[0] is not None:
-                meta, arrays = loaded
+            if isinstance(loaded, Loaded):
+                meta = loaded.meta
+                self.dir.load_arrays(loaded.arrays)
+                self.snapshot_time = _mtime(loaded.path)
             else:
-                warning = loaded[1]
-        if meta is not None and arrays is not None:
-            self.dir.load_arrays(arrays)
+                warning = loaded
+        if meta is not None:
             n = self._reroute_logged(meta.watermark, progress)
         else:
             if warning:
@@ -406,7 +410,8 @@ class SarpIndex:
             self._reload_or_raise(resume=False)
         t0 = time.perf_counter()
         meta = self._snapshot_meta()
-        write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2)
+        path = write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2)
+        self.snapshot_time = _mtime(path)
         self._gc_log()
         return SnapshotResult(meta.newest_seg, time.perf_counter() - t0)
 
@@ -486,7 +491,17 @@ class SarpIndex:
             out[f"backend_{k}"] = v
         if self.recovered_in_s is not None:
             out["recovered_in_s"] = round(self.recovered_in_s, 6)
+        if self.snapshot_time is not None:
+            out["snapshot_time"] = self.snapshot_time
         return out
 
     def close(self) -> None:
         self.store.close()
+
+
+def _mtime(path: Path) -> float | None:
+    """When a snapshot file was written (epoch seconds; None if it is gone)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None

@@ -150,9 +150,18 @@ def _map_body(fh: BufferedReader, n: int) -> npt.NDArray[np.uint64]:
     return np.frombuffer(mm, dtype="<u8", count=3 * n, offset=HEAD.size)
 
 
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A snapshot read back: its header, its directory, and its file."""
+
+    meta: SnapshotMeta
+    arrays: DirectoryArrays
+    path: Path
+
+
 def load_newest(directory: Path, block_tokens: int, segment_blocks: int
-                ) -> tuple[SnapshotMeta, DirectoryArrays] | tuple[None, str | None]:
-    """The newest valid snapshot, or (None, warning) when none could be used."""
+                ) -> Loaded | str | None:
+    """The newest valid snapshot; else why none could be used (None: there is none)."""
     warnings: list[str] = []
     for path in list_snapshots(directory):
         try:
@@ -165,5 +174,5 @@ def load_newest(directory: Path, block_tokens: int, segment_blocks: int
             warnings.append(f"{path}: geometry {meta.block_tokens}/{meta.segment_blocks} "
                             f"differs from {block_tokens}/{segment_blocks}")
             continue
-        return meta, arrays
-    return None, ("; ".join(warnings) or None)
+        return Loaded(meta, arrays, path)
+    return "; ".join(warnings) or None

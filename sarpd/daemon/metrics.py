@@ -29,6 +29,7 @@ Exported (all prefixed ``sarpd_``):
     ready                           1 once recovered
     recovery_segments_done / _total, recovery_seconds, recovery_eta_seconds
     index_blocks, index_segments, index_routing_points, directory_bytes, segment_reads_total
+    snapshot_age_seconds            since the newest directory snapshot was written
 
 Cluster mode only (issue 15), labelled {shard, replica}, read from the replica's
 `stats` (sarpd.daemon.forward.Forwarder.stats):
@@ -370,6 +371,10 @@ class Metrics:
         ):
             if isinstance(s.get(key), int | float):
                 yield GaugeMetricFamily(name, doc, s[key])
+        if isinstance(s.get("snapshot_time"), int | float):
+            yield GaugeMetricFamily(
+                "sarpd_snapshot_age_seconds", "Since the newest directory snapshot was "
+                "written (what a restart loads).", max(0.0, time.time() - s["snapshot_time"]))
         activity = self._sources.activity()
         if activity is not None:
             yield CounterMetricFamily(

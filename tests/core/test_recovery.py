@@ -62,9 +62,13 @@ def test_snapshot_then_change_log(tmp_path: Path) -> None:
     ix = open_index(tmp_path)
     ix.recover()
     first, second = workload(1), workload(2)
+    assert "snapshot_time" not in ix.stats()  # none written yet
     insert_all(ix, oracle, first)
     snap = ix.snapshot()
     assert snap.segment_id == ix.counters.next_seg - 1
+    (newest,) = list_snapshots(tmp_path / "snap")
+    assert ix.stats()["snapshot_time"] == newest.stat().st_mtime
+    os.utime(newest, (1_000_000.0, 1_000_000.0))  # an old snapshot, as a restart finds it
     insert_all(ix, oracle, second)
     logged = ix.counters.next_version - 1
     ix.close()
@@ -77,6 +81,7 @@ def test_snapshot_then_change_log(tmp_path: Path) -> None:
     assert_exact(ix, oracle, first + second)
     assert ix.check().clean
     assert ix.stats()["recovered_in_s"] >= 0
+    assert ix.stats()["snapshot_time"] == 1_000_000.0  # the loaded one's
     ix.close()
 
 
@@ -118,6 +123,7 @@ def test_corrupt_snapshot_falls_back_to_full_scan(tmp_path: Path, damage: str) -
     ix = open_index(tmp_path)
     rep = ix.recover()
     assert rep.full_scan and rep.warning
+    assert "snapshot_time" not in ix.stats()  # nothing usable was loaded
     assert_exact(ix, oracle, seqs)
     problems = ix.check().problems  # the bad snapshot is reported until fixed
     assert problems and all(p.startswith("snapshot dir-") for p in problems), problems

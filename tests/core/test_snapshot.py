@@ -17,6 +17,7 @@ from sarpd.core.snapshot import (
     HEAD,
     MAGIC,
     SNAP_FORMAT,
+    Loaded,
     SnapshotMeta,
     list_snapshots,
     load_newest,
@@ -115,14 +116,15 @@ def test_unsorted_keys_are_refused(tmp_path: Path) -> None:
 
 
 def test_load_newest_skips_bad_files_and_other_geometries(tmp_path: Path) -> None:
-    write_snapshot(tmp_path, arrays(4, 1), meta(1), keep=3)
+    oldest = write_snapshot(tmp_path, arrays(4, 1), meta(1), keep=3)
     write_snapshot(tmp_path, arrays(4, 2), SnapshotMeta(2, 0, 32, 64), keep=3)
     newest = write_snapshot(tmp_path, arrays(4, 3), meta(3), keep=3)
     damaged(newest, "body")
-    got, arr = load_newest(tmp_path, 16, 64)
-    assert got == meta(1) and arr is not None
-    assert load_newest(tmp_path, 16, 32)[0] is None
-    none, warning = load_newest(tmp_path, 8, 8)
-    assert none is None and isinstance(warning, str)
+    got = load_newest(tmp_path, 16, 64)
+    assert isinstance(got, Loaded) and got.meta == meta(1) and got.path == oldest
+    assert np.array_equal(got.arrays.keys, arrays(4, 1).keys)
+    assert not isinstance(load_newest(tmp_path, 16, 32), Loaded)
+    warning = load_newest(tmp_path, 8, 8)
+    assert isinstance(warning, str)
     assert "body checksum mismatch" in warning and "geometry 32/64 differs from 8/8" in warning
-    assert load_newest(tmp_path / "empty", 16, 64) == (None, None)
+    assert load_newest(tmp_path / "empty", 16, 64) is None

@@ -5,6 +5,7 @@ never copied."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -181,6 +182,18 @@ def test_a_replica_exports_its_lag_apply_count_and_checkpoint_age() -> None:
     assert sample("sarpd_cluster_checkpoint_age_seconds") == 12.5
     assert not any(n.startswith("sarpd_cluster") for n in
                    (f.name for f in Metrics(FakeSources()).families()))  # a single node
+
+
+def test_the_snapshot_age_is_read_from_the_index_s_snapshot_time() -> None:
+    metrics = Metrics()
+    metrics.exported = True
+    metrics.refresh_index(lambda: {"blocks": 1})
+    assert "sarpd_snapshot_age_seconds" not in {f.name for f in metrics.families()}
+    metrics = Metrics()
+    metrics.exported = True
+    metrics.refresh_index(lambda: {"blocks": 1, "snapshot_time": time.time() - 30})
+    age = family(metrics, "sarpd_snapshot_age_seconds").samples[0].value
+    assert 29 <= age < 60
 
 
 def test_index_stats_refresh_at_most_once_per_interval() -> None:
