@@ -68,10 +68,15 @@ async def store(js: JetStreamContext, replicas: int) -> ObjectStore:
 
 
 async def _infos(obs: ObjectStore) -> list[ObjectInfo]:
-    try:
-        return list(await obs.list(ignore_deletes=True))
-    except nats.js.errors.NotFoundError:  # an empty store
-        return []
+    """Every object's info (transient failures retried: a store just created on a
+    replicated stream answers nothing until its leader is elected)."""
+    async def once() -> list[ObjectInfo]:
+        try:
+            return list(await obs.list(ignore_deletes=True))
+        except nats.js.errors.NotFoundError:  # an empty store
+            return []
+
+    return await log.retrying(once, f"object store {CKPT_BUCKET}: list")
 
 
 async def listed(obs: ObjectStore, shard: str) -> list[int]:
@@ -87,26 +92,37 @@ class Published:
     seq: int
     time: float | None
 
+    def age_s(self, now: float) -> float | None:
+        """Seconds since it was published (epoch `now`); None when unknown."""
+        return None if self.time is None else max(0.0, now - self.time)
 
-async def newest(js: JetStreamContext, shard: str) -> Published | None:
-    """The shard's newest published checkpoint (None: none, or no store yet)."""
+
+async def newest_of(js: JetStreamContext, shards: list[str]) -> dict[str, Published]:
+    """Each shard's newest published checkpoint (one listing of the store; a shard
+    with none is left out)."""
     try:
         obs = await js.object_store(CKPT_BUCKET)
     except nats.js.errors.BucketNotFoundError:
-        return None
-    best: ObjectInfo | None = None
-    best_seq = -1
+        return {}
+    best: dict[str, tuple[int, ObjectInfo]] = {}
     for info in await _infos(obs):
-        seq = seq_of(info.name, shard)
-        if seq is not None and seq > best_seq:
-            best, best_seq = info, seq
-    if best is None:
-        return None
+        shard, _, _ = info.name.rpartition(".")
+        seq = seq_of(info.name, shard) if shard in shards else None
+        if seq is not None and seq > best.get(shard, (-1, info))[0]:
+            best[shard] = (seq, info)
+    return {shard: Published(seq, _published_time(info)) for shard, (seq, info) in best.items()}
+
+
+async def newest(js: JetStreamContext, shard: str) -> Published | None:
+    """The shard's newest published checkpoint (None: none, or no store yet)."""
+    return (await newest_of(js, [shard])).get(shard)
+
+
+def _published_time(info: ObjectInfo) -> float | None:
     try:
-        when = float(json.loads(best.description or "")["time"])
+        return float(json.loads(info.description or "")["time"])
     except (ValueError, KeyError, TypeError):
-        when = None
-    return Published(best_seq, when)
+        return None
 
 
 async def publish(js: JetStreamContext, shard: str, replicas: int,

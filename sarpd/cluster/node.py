@@ -89,7 +89,7 @@ class ClusterNode:
     def checkpoint_age_s(self, now: float) -> float | None:
         """Seconds since the shard's newest checkpoint was published (epoch `now`)."""
         ckpt = self.checkpoint
-        return None if ckpt is None or ckpt.time is None else max(0.0, now - ckpt.time)
+        return None if ckpt is None else ckpt.age_s(now)
 
     @classmethod
     async def start(cls, cfg: ClusterConfig, index: ReplicaIndex, limits: Limits,
@@ -189,10 +189,29 @@ class ClusterNode:
 async def live_floor(js: JetStreamContext, shard: str, grace_s: float) -> int | None:
     """The lowest applied sequence among the shard's replicas that reported progress
     in the last `grace_s` (None: none did)."""
-    status = await read_status(js)
-    seqs = [int(r["applied_seq"]) for sh in status["shards"] if sh["shard"] == shard
-            for r in sh["replicas"] if float(r["report_age_s"]) < grace_s]
+    now = time.time()
+    seqs = [int(rep.get("applied_seq", 0))
+            for rep in (await read_reports(js, shard)).get(shard, {}).values()
+            if now - float(rep.get("time", 0.0)) < grace_s]
     return min(seqs) if seqs else None
+
+
+async def read_reports(js: JetStreamContext, shard: str | None = None,
+                       ) -> dict[str, dict[str, dict[str, float]]]:
+    """shard -> replica -> its last progress report ({"applied_seq", "time"}), of
+    every shard or of `shard` alone."""
+    reports: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        kv = await js.key_value(route.SHARD_BUCKET)
+        keys = await kv.keys()
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NoKeysError):
+        return reports
+    for key in keys:
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "applied" and shard in (None, parts[1]):
+            entry = await kv.get(key)
+            reports.setdefault(parts[1], {})[parts[2]] = json.loads(entry.value or b"{}")
+    return reports
 
 
 async def read_status(js: JetStreamContext, now: float | None = None) -> dict[str, Any]:
@@ -201,20 +220,12 @@ async def read_status(js: JetStreamContext, now: float | None = None) -> dict[st
     progress reports, and the newest published checkpoint (its sequence and age, s).
     What `sarpctl cluster status` shows."""
     names = await read_shard_map(js) or []
-    reports: dict[str, dict[str, dict[str, float]]] = {}
-    try:
-        kv = await js.key_value(route.SHARD_BUCKET)
-        keys = await kv.keys()
-    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NoKeysError):
-        keys = []
-    for key in keys:
-        parts = key.split(".")
-        if len(parts) == 3 and parts[0] == "applied":
-            entry = await kv.get(key)
-            reports.setdefault(parts[1], {})[parts[2]] = json.loads(entry.value or b"{}")
+    reports = await read_reports(js)
     t = time.time() if now is None else now
+    shown = names or sorted(reports)
+    newest = await checkpoints.newest_of(js, shown)
     shards = []
-    for shard in names or sorted(reports):
+    for shard in shown:
         name = log.stream_name(shard)
         info = await log.retrying(partial(js.stream_info, name), f"stream {name}")
         last = int(info.state.last_seq)
@@ -222,11 +233,11 @@ async def read_status(js: JetStreamContext, now: float | None = None) -> dict[st
                      "lag": last - int(rep.get("applied_seq", 0)),
                      "report_age_s": round(t - float(rep.get("time", 0.0)), 3)}
                     for r, rep in sorted(reports.get(shard, {}).items())]
-        ckpt = await checkpoints.newest(js, shard)
+        ckpt = newest.get(shard)
+        age = None if ckpt is None else ckpt.age_s(t)
         shards.append({"shard": shard, "last_seq": last, "first_seq": int(info.state.first_seq),
                        "leader": info.cluster.leader if info.cluster else None,
                        "replicas": replicas,
                        "checkpoint": None if ckpt is None else {
-                           "seq": ckpt.seq,
-                           "age_s": None if ckpt.time is None else round(t - ckpt.time, 3)}})
+                           "seq": ckpt.seq, "age_s": None if age is None else round(age, 3)}})
     return {"shard_map": names, "shards": shards}

@@ -292,11 +292,15 @@ class Server:
         answered first. `set_ready` serves again (cluster mode's re-bootstrap)."""
         self.status = why
         self.suspended = True
+        await self._drain()
+        self.service = None
+
+    async def _drain(self) -> None:
+        """Return once every queued request is answered (new ones are refused)."""
         self._full.set()
         while self.queue or self._busy:
             self._idle.clear()
             await self._idle.wait()
-        self.service = None
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run `fn` in the worker thread, between batches."""
@@ -309,10 +313,7 @@ class Server:
         self.status = "shutting down"
         if self._srv is not None:
             self._srv.close()
-        self._full.set()
-        while self.queue or self._busy:
-            self._idle.clear()
-            await self._idle.wait()
+        await self._drain()
         for conn in list(self.conns):
             conn.close()
         if self._batcher is not None:

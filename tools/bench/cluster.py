@@ -43,6 +43,7 @@ cores: reads scale with replicas per shard and with shards, writes with shards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -54,6 +55,8 @@ import click
 import numpy as np
 
 from sarpd.client import Client, ClusterClient
+from sarpd.cluster import checkpoints, log
+from sarpd.errors import Unavailable
 from tools.bench.spawn import start_daemon, stop_daemon
 from tools.cluster.local import LocalCluster, ReplicaProc
 from tools.ctl_common import write_json
@@ -256,15 +259,28 @@ def catch_up(base: Path, blocks: int) -> dict[str, Any]:
         lc.config = on  # the first replica restarts publishing checkpoints
         lc.kill(0)
         lc.restart(0)
-        deadline = time.monotonic() + PUBLISH_TIMEOUT_S
-        while "published" not in lc.procs[0].log_path.read_text(errors="replace"):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no checkpoint was published in {PUBLISH_TIMEOUT_S:g} s")
-            time.sleep(0.2)
+        asyncio.run(_published(urls, "s0", PUBLISH_TIMEOUT_S))
         out["catch_up_from_checkpoint_s"] = _join(lc, "from-checkpoint")
         return out
     finally:
         lc.stop()
+
+
+async def _published(urls: list[str], shard: str, timeout_s: float) -> None:
+    """Return once `shard` has a published checkpoint."""
+    nc = await log.connect(urls)
+    try:
+        js = nc.jetstream(timeout=5)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(Unavailable):  # the store is being created
+                if await checkpoints.newest(js, shard) is not None:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no checkpoint was published in {timeout_s:g} s")
+            await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
 
 
 async def _fill_blocks(urls: list[str], blocks: int) -> float:
@@ -297,18 +313,20 @@ def _join(lc: LocalCluster, name: str) -> float:
 
 def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
     """Each shard's share of `workload`'s requests for each shard count (its block 0's
-    internal id under `sarpd.core.shards.shard_of`, as a cluster client routes it)."""
-    from sarpd.core.ids import salt_ids
+    internal id under `sarpd.core.shards.shard_of`, as a cluster client routes it:
+    `sarpd.cluster.route.first_block`)."""
+    from sarpd.cluster.route import first_block
     from sarpd.core.shards import shard_of
     from tools.bench.workloads import get_workload
 
-    heads = [(t.ns, int(t.prompt[0])) for t in get_workload(workload).turns() if len(t.prompt)]
+    heads = [first_block({"ns": t.ns, "hashes": [int(t.prompt[0])]}, BT)
+             for t in get_workload(workload).turns() if len(t.prompt)]
     out: dict[str, Any] = {"workload": workload, "requests": len(heads)}
     for n in counts:
         per = [0] * n
-        for ns, h in heads:
-            shard = shard_of(salt_ids(ns, np.array([[h, 0]], dtype=np.uint64)), n)
-            per[shard or 0] += 1
+        for head in heads:
+            assert head is not None  # one block given
+            per[shard_of(head, n) or 0] += 1
         shares = [c / len(heads) if heads else 0.0 for c in per]
         out[str(n)] = {"shares": shares, "max_share": max(shares)}
     return out
