@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c sarpd/core/_chash
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	$(BIN)/python -m compileall -q sarpd backends bloomstore tools
 	$(BIN)/python -c 'from sarpd.core import native; print(native.summary())'
+	@echo 'installed in $(VENV): run `. $(VENV)/bin/activate` to put sarpd and sarpctl on PATH'
 	touch $(STAMP)
 
 # The wiredtiger backend's engine (optional: `make run` on rocksdb does not need it),

@@ -19,6 +19,7 @@ and a list as given (ints or 16-byte ids).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -31,10 +32,22 @@ import numpy as np
 from sarpd.cluster import route
 from sarpd.errors import BadRequest, SarpError
 from sarpd.model import ids_to_bytes
+from sarpd.protocol.requests import (
+    ID_RULE,
+    IDS_RULE,
+    META_RULE,
+    TOKENS_RULE,
+    check_uint,
+    first_bad,
+    id_items,
+    parse_report,
+    show,
+    uint_array,
+)
 from sarpd.protocol.wire import encode_request, error_from_code
 
-__all__ = ["Client", "ClusterClient", "ConnectFailed", "ConnectionLost", "SarpConnectionError",
-           "SyncClient"]
+__all__ = ["REQUEST_TIMEOUT_S", "Client", "ClusterClient", "ConnectFailed", "ConnectionLost",
+           "RequestTimeout", "SarpConnectionError", "SyncClient"]
 
 Tokens: TypeAlias = "Sequence[int] | np.ndarray[Any, Any] | bytes"
 Ids: TypeAlias = "Sequence[int | bytes] | np.ndarray[Any, Any] | bytes"
@@ -43,8 +56,17 @@ Meta: TypeAlias = "int | Sequence[int] | np.ndarray[Any, Any] | bytes"
 Result: TypeAlias = dict[str, Any]
 
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+# How long a request may go unanswered before `RequestTimeout`. A match or an insert
+# takes milliseconds, and tens of ms queued behind a full batch under load; a sync
+# insert waits for an fsync (tens of ms on a slow disk). 10 s is far past any of that,
+# yet short enough that a stuck daemon is reported before an operator gives up.
+# `check` and `snapshot` read or write the whole index: they wait without a limit by
+# default, once a `ping` within this timeout has shown that sarpd answers.
+REQUEST_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 1.0  # close: how long unsent bytes may take before they are dropped
 ATTEMPT_S = 5.0  # a cluster request unanswered this long is sent again (same write id)
 _U32_LIMIT = 2**32
+_U64_LIMIT = 2**64
 
 
 class SarpConnectionError(ConnectionError):
@@ -57,6 +79,20 @@ class ConnectFailed(SarpConnectionError):
 
 class ConnectionLost(SarpConnectionError):
     """The connection went away with requests in flight, or before a request."""
+
+
+class RequestTimeout(SarpConnectionError):
+    """sarpd did not answer a request in time (the message names the socket, the op and
+    the timeout). The connection stays usable: the late answer, if it comes, is dropped
+    (answers are matched by request id, never handed to a later request)."""
+
+
+def _timeout_arg(name: str, v: float | None) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
+        raise ValueError(f"{name}: {show(v)} is not a number of seconds > 0 (None: no limit)")
+    return float(v)
 
 
 class _Conn(asyncio.Protocol):
@@ -82,7 +118,7 @@ class _Conn(asyncio.Protocol):
             for msg in self._unpacker:
                 self._dispatch(msg)
         except Exception as exc:
-            self.abort(f"bad response from sarpd ({type(exc).__name__}: {exc})")
+            self.abort(f"bad response from sarpd ({exc or 'not a response map'})")
 
     def _dispatch(self, msg: object) -> None:
         if not isinstance(msg, dict) or type(msg.get("id")) is not int:
@@ -116,8 +152,10 @@ class _Conn(asyncio.Protocol):
         if self.server_error is not None:
             err = self.server_error
             reason = f"closed by sarpd after a stream error ({err.code}: {err.message})"
+        elif isinstance(exc, OSError) and exc.strerror:
+            reason = exc.strerror
         elif exc is not None:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = str(exc) or "the transport failed"
         else:
             reason = "closed by sarpd"
         self.lost = self.lost or reason
@@ -164,6 +202,7 @@ class Client:
     def __init__(self, conn: _Conn) -> None:
         self._conn = conn
         self._next_id = 1  # 0 is what the server uses for stream errors
+        self.request_timeout: float | None = REQUEST_TIMEOUT_S  # None: no limit
 
     @property
     def path(self) -> str:
@@ -176,9 +215,13 @@ class Client:
         return await ClusterClient.open(urls, timeout=timeout)
 
     @classmethod
-    async def connect(cls, path: str | os.PathLike[str], *, timeout: float = 10.0) -> Client:
-        """Connect to the sarpd socket at ``path``; `ConnectFailed` says why not."""
+    async def connect(cls, path: str | os.PathLike[str], *, timeout: float = 10.0,
+                      request_timeout: float | None = REQUEST_TIMEOUT_S) -> Client:
+        """Connect to the sarpd socket at ``path``; `ConnectFailed` says why not.
+        ``timeout``: for the connection; ``request_timeout``: how long each request may
+        go unanswered before `RequestTimeout` (None: no limit)."""
         spath = os.fspath(path)
+        request_timeout = _timeout_arg("request_timeout", request_timeout)
         loop = asyncio.get_running_loop()
         try:
             transport, conn = await asyncio.wait_for(
@@ -200,11 +243,17 @@ class Client:
             raise ConnectFailed(f"cannot connect to sarpd socket {spath}: {exc}") from exc
         if conn.transport is None:  # uvloop calls connection_made a little later
             conn.transport = transport
-        return cls(conn)
+        client = cls(conn)
+        client.request_timeout = request_timeout
+        return client
 
     async def request(self, op: str, **fields: Any) -> Result:
         """Send one request (fields whose value is None are left out) and wait for its
-        response. Returns the result fields; raises the SarpError of an error response."""
+        response, at most `request_timeout` seconds (then `RequestTimeout`). Returns the
+        result fields; raises the SarpError of an error response."""
+        return await self._send(op, fields, self.request_timeout)
+
+    async def _send(self, op: str, fields: dict[str, Any], timeout: float | None) -> Result:
         conn = self._conn
         if conn.lost is not None or conn.transport is None:
             raise conn.lost_error()
@@ -215,10 +264,15 @@ class Client:
         conn.pending[rid] = fut
         try:
             conn.transport.write(frame)
-            await conn.drain()
-            msg = await fut
+            async with asyncio.timeout(timeout):
+                await conn.drain()
+                msg = await fut
+        except TimeoutError as exc:
+            raise RequestTimeout(
+                f"sarpd at {conn.path} did not answer {op} within {timeout:g} s (the request "
+                "timeout): it is stuck, overloaded, or not sarpd") from exc
         finally:
-            conn.pending.pop(rid, None)
+            conn.pending.pop(rid, None)  # a late answer finds no request: dropped
         msg.pop("id", None)
         msg.pop("ok", None)
         return msg
@@ -229,7 +283,7 @@ class Client:
         "Holders"): the answer says ``protocol`` and ``holders``."""
         if protocol is None:
             return await self.request("hello")
-        return await self.request("hello", protocol=protocol)
+        return await self.request("hello", protocol=uint_arg("protocol", protocol))
 
     async def ping(self) -> Result:
         return await self.request("ping")
@@ -237,15 +291,26 @@ class Client:
     async def stats(self) -> Result:
         return await self.request("stats")
 
-    async def snapshot(self) -> Result:
-        return await self.request("snapshot")
+    async def snapshot(self, timeout: float | None = None) -> Result:
+        """Write a snapshot now. Waits without a limit by default (after a `ping` within
+        the request timeout shows sarpd answers); ``timeout`` sets one."""
+        return await self._admin("snapshot", {}, timeout)
 
-    async def check(self, fix: bool = False) -> Result:
-        return await self.request("check", fix=fix)
+    async def check(self, fix: bool = False, timeout: float | None = None) -> Result:
+        """Verify (``fix``: repair) every segment: as long as the index is large, so
+        without a limit by default, like `snapshot`; ``timeout`` sets one."""
+        return await self._admin("check", {"fix": bool_arg("fix", fix)}, timeout)
+
+    async def _admin(self, op: str, fields: dict[str, Any], timeout: float | None) -> Result:
+        timeout = _timeout_arg("timeout", timeout)
+        if timeout is None:
+            await self.ping()  # a daemon that answers nothing fails here, in time
+        return await self._send(op, fields, timeout)
 
     async def report(self, source: str, counters: Mapping[str, float]) -> Result:
         """Report this client's own counters (the `report` extension op): sarpd shows
         the newest report of each source in `stats` and its metrics."""
+        parse_report(0, {"source": source, "counters": counters})  # the server's rules
         return await self.request("report", source=source, counters=dict(counters))
 
     async def dump(
@@ -266,10 +331,10 @@ class Client:
         and, with ``with_ids``, ``ids`` (list of 16-byte ids); with ``holders=K``,
         ``holders``: up to K ``[meta, blocks]`` pairs, longest run first."""
         fields = seq_fields(tokens, hashes, ns)
-        if with_ids:
+        if bool_arg("with_ids", with_ids):
             fields["with_ids"] = True
-        if holders:
-            fields["holders"] = holders
+        if uint_arg("holders", holders):
+            fields["holders"] = int(holders)
         return decode_match(await self.request("match", **fields))
 
     async def insert(
@@ -300,18 +365,20 @@ class Client:
         """Remove blocks ``start``.. of a sequence, or the bare ``ids``: ``removed``
         (blocks left with no holder). ``meta``: take only that holder off."""
         fields = seq_fields(tokens, hashes, ns)
-        if start:
-            fields["from"] = start
+        if uint_arg("from", start):
+            fields["from"] = int(start)
         if ids is not None:
             fields["ids"] = ids_field(ids, "ids")
         if meta is not None:
-            fields["meta"] = meta
+            fields["meta"] = uint_arg("meta", meta)
         return await self.request("remove", **fields)
 
     async def clear(self, ns: str, mask: int = 0, value: int = 0) -> Result:
         """Take off every holder in ``ns`` whose ``meta & mask == value``: ``removed``
         (blocks left with no holder)."""
-        return await self.request("clear", ns=ns, mask=mask, value=value)
+        seq_fields(None, None, ns)  # the same check of ns
+        return await self.request("clear", ns=ns, mask=uint_arg("mask", mask),
+                                  value=uint_arg("value", value))
 
     async def close(self) -> None:
         """Close the connection; requests still in flight fail with ConnectionLost."""
@@ -319,6 +386,11 @@ class Client:
         if conn.transport is not None and not conn.closed.done():
             conn.lost = conn.lost or "closed by the client"
             conn.transport.close()
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await asyncio.shield(conn.closed)
+            except TimeoutError:  # sarpd reads nothing: drop the bytes it did not take
+                conn.transport.abort()
         await conn.closed
 
     async def __aenter__(self) -> Client:
@@ -335,6 +407,8 @@ class Client:
 
 def seq_fields(tokens: Tokens | None, hashes: Ids | None, ns: str) -> dict[str, Any]:
     """``ns`` plus ``tokens`` (bin of uint32 LE) and/or ``hashes``, as given."""
+    if type(ns) is not str:
+        raise BadRequest(f"ns: {show(ns)} is not a str (a namespace name)")
     fields: dict[str, Any] = {"ns": ns}
     if tokens is not None:
         fields["tokens"] = tokens_bin(tokens)
@@ -343,58 +417,105 @@ def seq_fields(tokens: Tokens | None, hashes: Ids | None, ns: str) -> dict[str, 
     return fields
 
 
+def _items(value: object, name: str, rule: str) -> list[Any]:
+    """A sequence of values (list, tuple, range, numpy array) as a list of plain
+    values (numpy ints -> ints), or a BadRequest naming `name` and `rule`."""
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1:
+            raise BadRequest(f"{name}: an array of {value.ndim} dimensions is not {rule}")
+        return list(value.tolist())
+    if isinstance(value, str | Mapping) or not isinstance(value, Sequence):
+        raise BadRequest(f"{name}: {show(value)} is not {rule}")
+    items = list(value)
+    if not set(map(type, items)) <= {int}:
+        items = [int(v) if isinstance(v, np.integer) else v for v in items]
+    return items
+
+
 def tokens_bin(tokens: Tokens) -> bytes:
-    """Token ids -> bin of little-endian uint32 (bytes pass through)."""
+    """Token ids -> bin of little-endian uint32 (bytes pass through); a BadRequest
+    names the first bad token: ``tokens[2]: 99999999999999999999999 is not a uint32``."""
     if isinstance(tokens, bytes | bytearray | memoryview):
-        return bytes(tokens)
-    arr = np.asarray(tokens)
-    if arr.size == 0:
-        return b""
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise BadRequest(f"tokens: expected a 1-D sequence of ints, got {arr.dtype} {arr.shape}")
-    if arr.dtype != np.uint32:
-        bad = (arr < 0) | (arr >= _U32_LIMIT)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise BadRequest(f"tokens[{i}]: {arr[i]} is not a uint32")
-    return arr.astype("<u4").tobytes()
+        raw = bytes(tokens)
+        if len(raw) % 4:
+            raise BadRequest(f"tokens: bin of {len(raw)} bytes is not a multiple of 4 "
+                             "(uint32 LE per token)")
+        return raw
+    if isinstance(tokens, np.ndarray) and tokens.ndim == 1 and tokens.dtype.kind in "iu":
+        arr = tokens  # the common case: checked with numpy, no Python object per token
+        if arr.dtype != np.uint32 and arr.size and (int(arr.min()) < 0
+                                                    or int(arr.max()) >= _U32_LIMIT):
+            raise first_bad(arr.tolist(), "tokens", _U32_LIMIT, "uint32")
+        return arr.astype("<u4").tobytes()
+    items = _items(tokens, "tokens", TOKENS_RULE)
+    return uint_array(items, "tokens", _U32_LIMIT, "uint32").astype("<u4").tobytes()
 
 
 def ids_field(ids: Ids, name: str) -> bytes | list[Any]:
-    """bytes / (n, 2) array -> bin of 16 B per id; 1-D array -> list of uints; a
-    list is sent as given (its items are ints or 16-byte ids)."""
+    """bytes / (n, 2) array -> bin of 16 B per id; any other sequence -> a list of
+    uints and 16-byte ids, each checked (``hashes[1]: -1 is not a uint64 ...``)."""
     if isinstance(ids, bytes | bytearray | memoryview):
-        return bytes(ids)
-    if isinstance(ids, np.ndarray):
-        if ids.dtype.kind not in "iu":
-            raise BadRequest(f"{name}: expected an integer array, got {ids.dtype}")
-        if ids.ndim == 2 and ids.shape[1] == 2:
-            return ids_to_bytes(ids)
-        if ids.ndim == 1:
-            return [int(x) for x in ids.tolist()]
-        raise BadRequest(f"{name}: expected an (n, 2) or 1-D array, got shape {ids.shape}")
-    return [bytes(x) if isinstance(x, bytearray | memoryview) else x for x in ids]
+        raw = bytes(ids)
+        if len(raw) % 16:
+            raise BadRequest(f"{name}: bin of {len(raw)} bytes is not a multiple of 16 "
+                             "(id size)")
+        return raw
+    if isinstance(ids, np.ndarray) and ids.ndim == 2:
+        if ids.shape[1] != 2 or ids.dtype.kind != "u":
+            raise BadRequest(f"{name}: an array of shape {ids.shape} is not a list of ids "
+                             "(an (n, 2) array of unsigned halves, or a flat list)")
+        return ids_to_bytes(ids)
+    items = _items(ids, name, IDS_RULE)
+    out = [bytes(x) if isinstance(x, bytearray | memoryview) else x for x in items]
+    id_items(out, name)  # the protocol's rule for each id: raises naming the first bad one
+    return out
 
 
 def one_id_field(v: OneId, name: str) -> int | bytes:
-    if isinstance(v, np.ndarray):
-        raw = ids_to_bytes(v.reshape(-1, 2))
-        if len(raw) != 16:
-            raise BadRequest(f"{name}: expected one id, got an array of shape {v.shape}")
-        return raw
-    return bytes(v) if isinstance(v, bytearray | memoryview) else v
+    """One block id (``parent``): a uint64, a 16-byte id or a (1, 2) / (2,) array."""
+    if isinstance(v, np.ndarray) and v.dtype.kind == "u" and v.size == 2:
+        return ids_to_bytes(v.reshape(1, 2))
+    if isinstance(v, np.ndarray | np.integer):
+        v = v.tolist()
+    one = bytes(v) if isinstance(v, bytearray | memoryview) else v
+    if not isinstance(one, bytes):
+        one = check_uint(name, one, what=ID_RULE)
+    elif len(one) != 16:
+        raise BadRequest(f"{name}: bin of {len(one)} bytes is not an id (an id takes 16)")
+    return one
 
 
 def meta_field(meta: Meta) -> int | bytes | list[int]:
-    if isinstance(meta, np.ndarray):
-        if meta.dtype.kind not in "iu":
-            raise BadRequest(f"meta: expected an integer array, got {meta.dtype}")
-        return np.ascontiguousarray(meta, dtype="<u8").tobytes()
+    """``meta``: one uint64 for every block, or one per block (list, array or bin)."""
+    if isinstance(meta, np.integer):
+        meta = int(meta)
     if isinstance(meta, bytes | bytearray | memoryview):
-        return bytes(meta)
-    if isinstance(meta, int):
-        return meta
-    return list(meta)
+        raw = bytes(meta)
+        if len(raw) % 8:
+            raise BadRequest(f"meta: bin of {len(raw)} bytes is not a multiple of 8 "
+                             "(uint64 LE per block)")
+        return raw
+    if isinstance(meta, np.ndarray) and meta.ndim == 1 and meta.dtype.kind in "iu":
+        if meta.dtype.kind == "i" and meta.size and int(meta.min()) < 0:
+            raise first_bad(meta.tolist(), "meta", _U64_LIMIT, "uint64")
+        return np.ascontiguousarray(meta, dtype="<u8").tobytes()
+    if isinstance(meta, np.ndarray) or (isinstance(meta, Sequence) and not isinstance(meta, str)):
+        items = _items(meta, "meta", META_RULE)
+        uint_array(items, "meta", _U64_LIMIT, "uint64")
+        return items
+    return check_uint("meta", meta)
+
+
+def bool_arg(name: str, v: object) -> bool:
+    if isinstance(v, bool | np.bool_):
+        return bool(v)
+    raise BadRequest(f"{name}: {show(v)} is not a bool (True or False)")
+
+
+def uint_arg(name: str, v: object) -> int:
+    """An optional uint64 argument (``from``, a holder's ``meta``, ``mask``,
+    ``value``, ``holders``, ``protocol``): numpy ints taken as ints."""
+    return check_uint(name, int(v) if isinstance(v, np.integer) else v)
 
 
 def decode_match(result: Result) -> Result:
@@ -422,7 +543,7 @@ class ClusterClient(Client):
     def __init__(self, nc: Any, shards: list[str], block_tokens: int,
                  timeout: float) -> None:
         self._nc, self.shards, self.block_tokens = nc, shards, block_tokens
-        self.timeout = timeout
+        self.timeout = self.request_timeout = timeout
         self._next_id = 1
         self.newest: dict[str, int] = {}  # shard -> the newest write seq answered
 
@@ -464,7 +585,8 @@ class ClusterClient(Client):
         assert shard is not None  # a match always has one shard
         return shard
 
-    async def request(self, op: str, **fields: Any) -> Result:
+    async def _send(self, op: str, fields: dict[str, Any], timeout: float | None) -> Result:
+        """One request to its shard(s); `self.timeout` bounds it (retries included)."""
         fields = {k: v for k, v in fields.items() if v is not None}
         if op == "match" and self.newest:
             fields["after_seq"] = dict(self.newest)
@@ -528,10 +650,13 @@ class SyncClient:
     """A blocking client with the methods of `Client`, running its own event loop in
     the calling thread (one SyncClient per thread). Usable as a context manager."""
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 10.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 10.0,
+                 request_timeout: float | None = REQUEST_TIMEOUT_S) -> None:
+        """``timeout``: to connect; ``request_timeout``: per request (`Client.connect`)."""
         self._runner = asyncio.Runner()
         try:
-            self._client = self._runner.run(Client.connect(path, timeout=timeout))
+            self._client = self._runner.run(
+                Client.connect(path, timeout=timeout, request_timeout=request_timeout))
         except BaseException:
             self._runner.close()
             raise
@@ -566,11 +691,11 @@ class SyncClient:
     def stats(self) -> Result:
         return self._runner.run(self._client.stats())
 
-    def snapshot(self) -> Result:
-        return self._runner.run(self._client.snapshot())
+    def snapshot(self, timeout: float | None = None) -> Result:
+        return self._runner.run(self._client.snapshot(timeout))
 
-    def check(self, fix: bool = False) -> Result:
-        return self._runner.run(self._client.check(fix))
+    def check(self, fix: bool = False, timeout: float | None = None) -> Result:
+        return self._runner.run(self._client.check(fix, timeout))
 
     def dump(
         self, tokens: Tokens | None = None, hashes: Ids | None = None, ns: str = ""

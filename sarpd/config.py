@@ -2,25 +2,150 @@
 
 `IndexConfig` shapes the index (it is recorded in the data directory: the block and
 segment geometry may not change under existing data). `ServerConfig` shapes the
-daemon. Both load from the `[index]` and `[server]` tables of a TOML file. A file that
-cannot be read or parsed, an unknown setting and a value out of range raise
-`ConfigError` (an operator's error, never a wire error) naming the setting and its
-limit.
+daemon, `ClusterConfig` its replica mode. They load from the `[server]`, `[index]` and
+`[cluster]` tables of a TOML file, then command-line flags override them.
+
+Every setting is checked when it is read, before anything starts: its type (msgspec
+converts each value to the field's annotated type: no string for an integer, no
+boolean for a count, no float for an integer) and its range (`__post_init__`, so a
+config built in code is checked the same way). An unreadable file, an unknown table
+or setting, a value of the wrong type or out of range raise `ConfigError` (an
+operator's error, never a wire error) naming where it came from, the setting, the
+value (cut short) and what is expected, e.g.
+``sarpd.toml [server] max_connections: "ten" is not an integer``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
+import math
+import os
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
+
+import msgspec
 
 from sarpd.errors import ConfigError
 
 SyncPolicy = Literal["always", "none"]
+LogFormat = Literal["text", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 # cluster mode: the shortest `trim_grace_s` (replicas report progress every second)
 MIN_TRIM_GRACE_S = 2.0
-LogFormat = Literal["text", "json"]
+SHOWN_CHARS = 40  # a value in a message is cut to this many characters
+MAX_ID = 2**32 - 1  # uids and gids
+
+
+class SettingError(ConfigError):
+    """One setting breaks its rule: ``[table] key: value rule``. `at_file` / `at_flag`
+    say where the value came from: ``sarpd.toml [server] batch_max: 0 must be >= 1``,
+    ``--batch-max: 0 must be >= 1`` (`flag` is then that flag)."""
+
+    def __init__(self, table: str, key: str, value: object, rule: str, *,
+                 file: Path | None = None, flag: str | None = None) -> None:
+        self.table, self.key, self.value, self.rule, self.flag = table, key, value, rule, flag
+        where = flag or f"{f'{file} ' if file else ''}[{table}] {key}"
+        super().__init__(f"{where}: {show(value)} {rule}")
+
+    def at_file(self, path: Path) -> SettingError:
+        return SettingError(self.table, self.key, self.value, self.rule, file=path)
+
+    def at_flag(self, flag: str) -> SettingError:
+        return SettingError(self.table, self.key, self.value, self.rule, flag=flag)
+
+
+def show(value: object) -> str:
+    """A value as the operator wrote it (TOML-like: strings quoted), cut short."""
+    try:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    except ValueError:  # a circular container
+        text = "..."
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+# --- range rules: each returns what the value breaks, or None ---------------------------
+
+Rule = Callable[[Any], str | None]
+
+
+def integer(low: int, high: int | None = None) -> Rule:
+    def rule(v: Any) -> str | None:
+        if not isinstance(v, int) or isinstance(v, bool):
+            return "is not an integer"
+        if high is not None and not low <= v <= high:
+            return f"is not in {low}..{high}"
+        return f"must be >= {low}" if v < low else None
+    return rule
+
+
+def file_mode(v: Any) -> str | None:
+    if integer(0, 0o777)(v) is None:
+        return None
+    return "is not a file mode in 0..0o777 (an octal string such as \"0660\", or a number)"
+
+
+def number(low: float = 0.0, *, above: bool = False, below: float | None = None) -> Rule:
+    """A finite number >= low (> low with `above`; < below)."""
+    def rule(v: Any) -> str | None:
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+            return "is not a finite number"
+        if (v <= low) if above else (v < low):
+            return f"must be {'>' if above else '>='} {low:g}"
+        if below is not None and v >= below:
+            return f"must be below {below:g}"
+        return None
+    return rule
+
+
+def choices(options: typing.Iterable[object]) -> str:
+    """`"always", "none"`: every option, never cut short."""
+    return ", ".join(json.dumps(o) for o in options)
+
+
+def one_of(hint: Any) -> Rule:
+    options = typing.get_args(hint)
+    return lambda v: None if v in options else f"is not one of {choices(options)}"
+
+
+def boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "is not true or false"
+
+
+def nonempty(v: Any) -> str | None:
+    return None if isinstance(v, str) and v.strip() else "is not a non-empty string"
+
+
+def optional(rule: Rule) -> Rule:
+    return lambda v: None if v is None else rule(v)
+
+
+def pathname(v: Any) -> str | None:
+    return None if isinstance(v, Path) and str(v) else "is not a path"
+
+
+def id_list(v: Any) -> str | None:
+    if not isinstance(v, tuple):
+        return "is not a list of ids"
+    bad = [i for i in v if integer(0, MAX_ID)(i) is not None]
+    return f"holds {show(bad[0])}, not an id in 0..{MAX_ID}" if bad else None
+
+
+def check(table: str, obj: object, rules: Mapping[str, Rule]) -> None:
+    """Raise `SettingError` for the first field of `obj` that breaks its rule."""
+    for key, rule in rules.items():
+        value = getattr(obj, key)
+        broken = rule(value)
+        if broken is not None:
+            raise SettingError(table, key, value, broken)
+
+
+# --- the settings -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,24 +180,17 @@ class IndexConfig:
     max_sequence_tokens: int = 1_048_576
 
     def __post_init__(self) -> None:
+        check("index", self, INDEX_RULES)
         if self.segment_blocks % self.routing_points:
-            raise ConfigError(
-                f"segment_blocks ({self.segment_blocks}) must be a multiple of "
-                f"routing_points ({self.routing_points})"
-            )
-        if not 1 <= self.segment_blocks <= 64:
-            raise ConfigError(f"segment_blocks {self.segment_blocks} not in 1..64")
-        if self.block_tokens < 1:
-            raise ConfigError(f"block_tokens {self.block_tokens} must be >= 1")
-        if self.window_cap < 1:
-            raise ConfigError(f"window_cap {self.window_cap} must be >= 1")
-        if not 1 <= self.max_holders <= 1 << 20:
-            raise ConfigError(f"max_holders {self.max_holders} not in 1..{1 << 20}")
-        quotas = {"namespace_quota_blocks": self.namespace_quota_blocks,
-                  **{f"namespace_quotas[{k!r}]": v for k, v in self.namespace_quotas.items()}}
-        for name, v in quotas.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ConfigError(f"{name}: {v!r} is not a block count >= 0")
+            raise SettingError("index", "segment_blocks", self.segment_blocks,
+                               f"must be a multiple of routing_points ({self.routing_points})")
+        if not isinstance(self.namespace_quotas, dict):
+            raise SettingError("index", "namespace_quotas", self.namespace_quotas,
+                               "is not a table of block counts")
+        for ns, quota in self.namespace_quotas.items():
+            if integer(0)(quota) is not None:
+                raise SettingError("index", f"namespace_quotas[{ns!r}]", quota,
+                                   "is not a block count >= 0")
 
     def quota(self, ns: str) -> int:
         """The most blocks namespace `ns` may hold (0: no quota)."""
@@ -81,6 +199,16 @@ class IndexConfig:
     @property
     def point_spacing(self) -> int:
         return self.segment_blocks // self.routing_points
+
+
+INDEX_RULES: dict[str, Rule] = {
+    "block_tokens": integer(1), "segment_blocks": integer(1, 64), "routing_points": integer(1, 64),
+    "refine_threshold": integer(0), "refine_min_gap": integer(1), "prune_max_pred": integer(0),
+    "window_cap": integer(1), "exact_match": boolean, "block_locators": boolean,
+    "namespace_quota_blocks": integer(0), "max_holders": integer(1, 1 << 20),
+    "delta_max_entries": integer(0), "snapshot_interval_s": number(0.0),
+    "max_sequence_tokens": integer(1),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,31 +232,32 @@ class ClusterConfig:
     rebootstrap: bool = True  # log trimmed past this replica: restart from a checkpoint
 
     def __post_init__(self) -> None:
-        if not self.urls:
-            return
-        if not self.shard or not self.replica_id:
-            raise ConfigError("cluster: urls given without shard and replica_id (a replica "
-                              "needs all three: --cluster URL --shard S --replica-id R)")
-        if not 1 <= self.stream_replicas <= 5:
-            raise ConfigError(f"cluster: stream_replicas {self.stream_replicas} is outside "
-                              "1..5 (JetStream's limit)")
-        if not 0 < self.publish_retry_s < 300:
-            raise ConfigError(f"cluster: publish_retry_s {self.publish_retry_s} must be in "
-                              "(0, 300): below the log's duplicate window")
-        if not self.trim_grace_s >= MIN_TRIM_GRACE_S:
-            raise ConfigError(f"cluster: trim_grace_s {self.trim_grace_s} must be >= "
-                              f"{MIN_TRIM_GRACE_S} (replicas report their progress every "
-                              "second; a live one must never look silent)")
-        for name in ("write_timeout_s", "catch_up_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"cluster: {name} {getattr(self, name)} must be > 0")
-        if self.checkpoint_interval_s < 0 or self.checkpoint_keep < 1:
-            raise ConfigError(f"cluster: checkpoint_interval_s {self.checkpoint_interval_s} "
-                              f"must be >= 0 and checkpoint_keep {self.checkpoint_keep} >= 1")
+        check("cluster", self, CLUSTER_RULES)
+        if self.urls and (not self.shard or not self.replica_id):
+            raise SettingError("cluster", "urls", list(self.urls), "given without shard and "
+                               "replica_id (a replica needs all three: --cluster URL "
+                               "--shard S --replica-id R)")
 
     @property
     def enabled(self) -> bool:
         return bool(self.urls)
+
+
+CLUSTER_RULES: dict[str, Rule] = {
+    "urls": lambda v: None if isinstance(v, tuple) and all(nonempty(u) is None for u in v)
+    else "is not a list of NATS URLs",
+    "shard": lambda v: None if isinstance(v, str) else "is not a string",
+    "replica_id": lambda v: None if isinstance(v, str) else "is not a string",
+    "stream_replicas": integer(1, 5),  # JetStream's limit
+    "write_timeout_s": number(above=True),
+    "publish_retry_s": number(above=True, below=300.0),  # the log's duplicate window
+    "catch_up_timeout_s": number(above=True),
+    "checkpoint_interval_s": number(0.0),
+    "checkpoint_keep": integer(1),
+    # replicas report their progress every second: a live one must never look silent
+    "trim_grace_s": number(MIN_TRIM_GRACE_S),
+    "rebootstrap": boolean,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,61 +287,169 @@ class ServerConfig:
     # the backend engine's whole memory budget (rocksdb: block cache + memtables + index
     # and filter partitions, backends/rocksdb.py; wiredtiger: its cache, >= 32 MiB)
     cache_bytes: int = 128 * 1024 * 1024
-    log_level: str = "INFO"
+    log_level: LogLevel = "INFO"
     index: IndexConfig = field(default_factory=IndexConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
+    def __post_init__(self) -> None:
+        check("server", self, SERVER_RULES)
 
-def _coerce(cls: type[Any], table: dict[str, Any], where: str) -> dict[str, Any]:
-    names = {f.name: f for f in dataclasses.fields(cls)}
+
+SERVER_RULES: dict[str, Rule] = {
+    "socket": pathname, "data_dir": pathname, "backend": nonempty, "sync": one_of(SyncPolicy),
+    "socket_mode": file_mode, "socket_group": optional(nonempty), "batch_window_ms": number(0.0),
+    **{key: integer(1) for key in ("batch_max", "max_frame_size", "max_connections",
+                                 "max_inflight_per_conn", "max_queue", "max_queue_bytes",
+                                 "max_buffered_bytes", "max_write_buffer")},
+    "allow_uids": id_list, "allow_gids": id_list, "admin_uids": id_list, "bind_namespaces": boolean,
+    "metrics_port": integer(0, 65535), "metrics_host": nonempty,
+    "log_format": one_of(LogFormat), "cache_bytes": integer(0), "log_level": one_of(LogLevel),
+}
+
+
+# --- loading -----------------------------------------------------------------------------
+
+TABLES: dict[str, type[Any]] = {"server": ServerConfig, "index": IndexConfig,
+                                "cluster": ClusterConfig}
+NESTED = ("index", "cluster")  # ServerConfig's fields that are tables of their own
+
+
+@cache
+def _hints(table: str) -> dict[str, Any]:
+    """`table`'s settings and their types."""
+    cls = TABLES[table]
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name not in NESTED}
+
+
+def describe(hint: Any) -> str:
+    """What a value of type `hint` is, in an operator's words."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return f"one of {choices(args)}"
+    if origin is tuple:
+        return f"a list of {_bare(describe(args[0]))}s"
+    if origin is dict:
+        return f"a table of {_bare(describe(args[1]))}s"
+    if type(None) in args:  # X | None
+        return describe(next(a for a in args if a is not type(None)))
+    return {int: "an integer", float: "a number", bool: "true or false",
+            str: "a string", Path: "a path"}.get(hint, "a valid value")
+
+
+def _bare(what: str) -> str:
+    return what.split(" ", 1)[1] if what.startswith(("a ", "an ")) else what
+
+
+def _to_path(kind: type, obj: Any) -> Any:
+    if kind is Path and isinstance(obj, str | os.PathLike) and str(obj):
+        return Path(obj)
+    raise TypeError("not a path")
+
+
+def typed(table: str, key: str, value: Any) -> Any:
+    """`value` converted to the type of `table`'s setting `key` (msgspec: exact types,
+    no coercion of strings or booleans), or `SettingError` naming the wrong item."""
+    hint = _hints(table)[key]
+    if key == "socket_mode" and isinstance(value, str):
+        try:
+            return int(value, 8)
+        except ValueError:
+            raise SettingError(table, key, value, file_mode(value) or "") from None
+    if key == "log_level" and isinstance(value, str):
+        value = value.upper()
+    if key == "urls" and isinstance(value, str):
+        value = [value]  # one URL
+    if typing.get_origin(hint) is dict and isinstance(value, dict):
+        return {k: typed_item(table, f"{key}[{k!r}]", v, typing.get_args(hint)[1])
+                for k, v in value.items()}
+    if typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
+        return tuple(typed_item(table, f"{key}[{i}]", v, typing.get_args(hint)[0])
+                     for i, v in enumerate(value))
+    return typed_item(table, key, value, hint)
+
+
+def typed_item(table: str, key: str, value: Any, hint: Any) -> Any:
+    try:
+        return msgspec.convert(value, hint, dec_hook=_to_path)
+    except msgspec.ValidationError as exc:
+        raise SettingError(table, key, value, f"is not {describe(hint)}") from exc
+
+
+def _table(table: str, values: object, where: str) -> dict[str, Any]:
+    """A TOML table's settings, each checked by name and converted to its type."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: [{table}] must be a table, not {show(values)}")
+    known = _hints(table)
     out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in names:
-            raise ConfigError(f"{where}: unknown setting {key!r} (known: {sorted(names)})")
-        out[key] = value
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{where} [{table}]: unknown setting {key!r}"
+                              f"{_close(key, known)} (known: {sorted(known)})")
+        out[key] = typed(table, key, value)
     return out
+
+
+def _close(name: str, known: Mapping[str, object]) -> str:
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def read_file(path: Path) -> dict[str, dict[str, Any]]:
+    """A TOML file's tables, checked: no unknown table, settings known and typed."""
+    import tomllib  # only a config file needs it (a cold start without one does not)
+
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config {path}: {exc}") from exc
+    known = ", ".join(f"[{t}]" for t in TABLES)
+    for name, value in doc.items():
+        if name in TABLES:
+            continue
+        if isinstance(value, dict):
+            raise ConfigError(f"{path}: unknown table [{name}]{_close(name, TABLES)} "
+                              f"(known: {known})")
+        raise ConfigError(f"{path}: setting {name!r} is outside any table (settings go "
+                          f"in {known})")
+    try:
+        return {name: _table(name, doc.get(name, {}), str(path)) for name in TABLES}
+    except SettingError as exc:
+        raise exc.at_file(path) from exc
+
+
+def flag_name(table: str, key: str) -> str:
+    """The command-line flag that sets `table`'s `key` (sarpd's and sarpctl's)."""
+    return "--cluster" if (table, key) == ("cluster", "urls") else "--" + key.replace("_", "-")
 
 
 def load_config(path: Path | None, cluster: dict[str, Any] | None = None,
                 **overrides: Any) -> ServerConfig:
     """Read a TOML file (`[server]`, `[index]` and `[cluster]` tables), then apply
     overrides (command-line flags; None means "not given"; `cluster`: the cluster
-    flags' settings)."""
-    server: dict[str, Any] = {}
-    index: dict[str, Any] = {}
-    clustered: dict[str, Any] = {}
-    if path is not None:
-        import tomllib  # only a config file needs it (a cold start without one does not)
-
+    flags' settings). Every value is checked; `ConfigError` names the first bad one
+    and where it came from (the file, or the flag)."""
+    tables = read_file(path) if path is not None else {name: {} for name in TABLES}
+    flags: dict[tuple[str, str], str] = {}
+    given = [("server", k, v) for k, v in overrides.items() if k not in NESTED]
+    given += [("cluster", k, v) for k, v in (cluster or {}).items()]
+    for table, key, value in given:
+        if value is None:
+            continue
+        if key not in _hints(table):
+            raise ConfigError(f"{flag_name(table, key)}: no such setting in [{table}]")
+        flags[table, key] = flag_name(table, key)
         try:
-            with open(path, "rb") as fh:
-                doc = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"config {path}: {exc}") from exc
-        server = _coerce(ServerConfig, dict(doc.get("server", {})), f"{path} [server]")
-        index = _coerce(IndexConfig, dict(doc.get("index", {})), f"{path} [index]")
-        clustered = _coerce(ClusterConfig, dict(doc.get("cluster", {})), f"{path} [cluster]")
-        if isinstance(clustered.get("urls"), list | str):
-            urls = clustered["urls"]
-            clustered["urls"] = tuple([urls] if isinstance(urls, str) else urls)
-        for k in ("socket", "data_dir"):
-            if k in server:
-                server[k] = Path(server[k])
-        if isinstance(server.get("socket_mode"), str):
-            server["socket_mode"] = int(server["socket_mode"], 8)
-        for k in ("allow_uids", "allow_gids", "admin_uids"):
-            if isinstance(server.get(k), list):
-                server[k] = tuple(server[k])
-    for key, value in overrides.items():
-        if value is not None:
-            server[key] = value
-    for key, value in (cluster or {}).items():
-        if value is not None:
-            clustered[key] = value
-    server.pop("index", None)
-    server.pop("cluster", None)
+            tables[table][key] = typed(table, key, value)
+        except SettingError as exc:
+            raise exc.at_flag(flags[table, key]) from exc
     try:
-        return ServerConfig(index=IndexConfig(**index), cluster=ClusterConfig(**clustered),
-                            **server)
-    except TypeError as exc:
-        raise ConfigError(f"config: {exc}") from exc
+        return ServerConfig(index=IndexConfig(**tables["index"]),
+                            cluster=ClusterConfig(**tables["cluster"]), **tables["server"])
+    except SettingError as exc:
+        if (exc.table, exc.key) in flags:
+            raise exc.at_flag(flags[exc.table, exc.key]) from exc
+        if path is None:
+            raise
+        raise exc.at_file(path) from exc

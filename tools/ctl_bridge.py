@@ -14,9 +14,10 @@ from pathlib import Path
 import click
 
 from sarpd.bridge.mapping import MAX_WORKER
+from sarpd.bridge.peers import check_endpoint
 from sarpd.bridge.stats import BridgeStats
 from sarpd.bridge.vllm import BridgeConfig, serve
-from sarpd.errors import SarpError
+from sarpd.errors import ConfigError, SarpError
 from tools.ctl_common import EXIT_ERROR
 
 
@@ -32,6 +33,17 @@ def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) 
         raise click.BadParameter(f"{path}: {exc}", param_hint="--config") from exc
     ctx.default_map = {k.replace("-", "_"): v for k, v in doc.items()}
     return path
+
+
+def _endpoint(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--endpoint / --replay: a ZMQ endpoint to connect to, checked before anything
+    starts (a typo is a usage error naming the option, not a retry loop)."""
+    if value is None:
+        return None
+    try:
+        return check_endpoint(value, f"--{param.name}")
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"--{param.name} ")) from exc
 
 
 class BridgeFailed(click.ClickException):
@@ -55,11 +67,13 @@ def bridge() -> None:
 @click.option(
     "--endpoint",
     required=True,
+    callback=_endpoint,
     help="vLLM's KV-event PUB endpoint (kv_events_config.endpoint), e.g. tcp://10.0.0.5:5557.",
 )
 @click.option(
     "--replay",
     default=None,
+    callback=_endpoint,
     help="vLLM's replay ROUTER endpoint (kv_events_config.replay_endpoint), e.g. "
     "tcp://10.0.0.5:5558: fills sequence gaps and catches up after a restart.",
 )
@@ -129,6 +143,16 @@ def bridge() -> None:
     help="Seconds between status lines, and between reports of the counters to sarpd "
     "(shown in its `stats` under `reports` and in its metrics as sarpd_reported).",
 )
+@click.option(
+    "--silence-warn",
+    type=click.FloatRange(0),
+    default=60.0,
+    show_default=True,
+    help="Warn once when the publisher is connected but sends nothing for this many "
+    "seconds (an idle engine, or a wrong --topic); 0: never. An unreachable publisher "
+    "(no ZMQ connection for 3 s) or sarpd is always warned about: at once, then every "
+    "30 s while it lasts, and once more when it is back.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print status lines as JSON objects.")
 @click.option(
     "--log-level",
@@ -140,8 +164,8 @@ def bridge() -> None:
 @click.pass_context
 def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: str,
          holders: bool, worker: int, group: int, block_size: int, state: Path | None,
-         metrics_port: int | None, report_interval: float, as_json: bool,
-         log_level: str) -> None:  # fmt: skip
+         metrics_port: int | None, report_interval: float, silence_warn: float,
+         as_json: bool, log_level: str) -> None:  # fmt: skip
     """Subscribe to a vLLM engine's KV events and apply them to sarpd.
 
     \b
@@ -164,7 +188,7 @@ def vllm(ctx: click.Context, endpoint: str, replay: str | None, topic: str, ns: 
         endpoint=endpoint, socket=ctx.obj["socket"], worker=worker, replay=replay,
         topic=topic, ns=ns, group=group, block_size=block_size,
         state=state if state is not None else Path(f"var/bridge-w{worker}.json"),
-        report_interval_s=report_interval, holders=holders,
+        report_interval_s=report_interval, holders=holders, silence_warn_s=silence_warn,
     )  # fmt: skip
 
     def report(stats: BridgeStats) -> None:

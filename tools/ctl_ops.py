@@ -13,7 +13,15 @@ from typing import IO, Any
 
 import click
 
-from tools.ctl_common import TOKENS_HELP, connect, emit_json, fmt, human_bytes, read_tokens
+from tools.ctl_common import (
+    HASHES_HELP,
+    TOKENS_HELP,
+    connect,
+    emit_json,
+    fmt,
+    human_bytes,
+    read_sequence,
+)
 
 # (stats key, label) of the counters shown as rates per second
 RATES = (
@@ -133,15 +141,17 @@ their directory entries, the candidate segments a match reads, and each segment'
 presence bits, metadata and verified run. Read-only.
 
 {TOKENS_HELP}""")
-@click.argument("file", type=click.File("r"), default="-")
+@click.argument("file", type=click.File("r"), required=False)
 @click.option("--ns", default="", show_default=True, help="Namespace of the sequence.")
+@click.option("--hashes", "hashes_src", metavar="SRC", help=HASHES_HELP)
 @click.option("--ids", "show_ids", is_flag=True, help="Also list every block id of each segment.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw result as JSON.")
 @click.pass_context
-def dump(ctx: click.Context, file: IO[str], ns: str, show_ids: bool, as_json: bool) -> None:
-    tokens = read_tokens(file)
+def dump(ctx: click.Context, file: IO[str] | None, ns: str, hashes_src: str | None,
+         show_ids: bool, as_json: bool) -> None:
+    tokens, hashes = read_sequence(file, hashes_src)
     with connect(ctx) as c:
-        result = c.dump(tokens=tokens, ns=ns)
+        result = c.dump(tokens=tokens, hashes=hashes, ns=ns)
     if as_json:
         emit_json(result)
         return

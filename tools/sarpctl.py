@@ -20,13 +20,18 @@ from tools.ctl_bridge import bridge
 from tools.ctl_cluster import cluster
 from tools.ctl_common import (
     EXIT_PROBLEMS,
+    HASHES_HELP,
+    TIMEOUT_HELP,
     TOKENS_HELP,
+    admin_timeout,
+    aligned,
     connect,
     default_socket,
     emit_json,
+    flatten,
     fmt,
     human_bytes,
-    read_tokens,
+    read_sequence,
 )
 from tools.ctl_import import import_
 from tools.ctl_ops import dump, top
@@ -43,8 +48,11 @@ SOCKET_HELP = (
               help="Talk to a whole cluster (its NATS URLs) instead of one sarpd's socket: "
               "requests go to the replicas of the shard that holds their sequence. "
               "[env SARP_CLUSTER]")
+@click.option("--timeout", type=click.FloatRange(min=0), envvar="SARPCTL_TIMEOUT",
+              metavar="SECONDS", help=TIMEOUT_HELP)
 @click.pass_context
-def main(ctx: click.Context, socket_path: str | None, cluster_urls: str | None) -> None:
+def main(ctx: click.Context, socket_path: str | None, cluster_urls: str | None,
+         timeout: float | None) -> None:
     """Administer a running sarpd (the SARP prefix index of KV-cache blocks).
 
     \b
@@ -53,11 +61,14 @@ def main(ctx: click.Context, socket_path: str | None, cluster_urls: str | None) 
       echo '[1, 2, 3, ...]' | sarpctl insert --meta 7
       sarpctl match prompt.json --json
       sarpctl check
+      sarpctl match --ns llama3 --hashes '[1311, 4242]'
+      sarpctl --timeout 30 stats
       sarpctl --cluster nats://10.0.0.1:4222 match prompt.json
     """
     ctx.ensure_object(dict)
     ctx.obj["socket"] = socket_path or default_socket()
     ctx.obj["cluster"] = cluster_urls
+    ctx.obj["timeout"] = timeout
 
 
 @main.command()
@@ -65,7 +76,16 @@ def main(ctx: click.Context, socket_path: str | None, cluster_urls: str | None) 
 def status(ctx: click.Context) -> None:
     """Whether sarpd is up and ready, what it runs, and its key numbers.
 
-    Exits 1 while the daemon is still recovering (or shutting down)."""
+    Exits 1 while the daemon is still recovering (or shutting down).
+
+    With --cluster: the whole cluster, as `cluster status` prints it (per shard its
+    log, checkpoint, blocks and segments; per replica its progress and the writes it
+    applied); exits 1 when a shard has no live replica."""
+    if ctx.obj.get("cluster"):
+        from tools.ctl_cluster import show_status  # the one cluster status
+
+        show_status(ctx)
+        return
     path = ctx.obj["socket"]
     with connect(ctx) as c:
         try:
@@ -94,18 +114,19 @@ def status(ctx: click.Context) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (exact values).")
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Every counter and gauge of the daemon and its index."""
+    """Every counter and gauge of the daemon and its index, one per line.
+
+    Nested groups (a cluster replica's `cluster`, each reporting client's `reports`)
+    print as dotted keys (`reports.bridge.events`); byte counts human-readable."""
     with connect(ctx) as c:
         result = c.stats()
     if as_json:
         emit_json(result)
         return
-    width = max((len(k) for k in result), default=0)
-    for key in sorted(result):
-        click.echo(f"{key:<{width}}  {fmt(result[key])}")
+    click.echo("\n".join(aligned(flatten(result))))
 
 
 def _tokens_command(fn: Callable[..., None]) -> Callable[..., None]:
@@ -114,21 +135,28 @@ def _tokens_command(fn: Callable[..., None]) -> Callable[..., None]:
     fn = click.option("--ns", default="", show_default=True, help="Namespace of the sequence.")(
         fn
     )
-    return click.argument("file", type=click.File("r"), default="-")(fn)
+    return click.argument("file", type=click.File("r"), required=False)(fn)
 
 
-@main.command(help=f"Longest indexed prefix of a token sequence.\n\n{TOKENS_HELP}")
+def _hashes_option(fn: Callable[..., None]) -> Callable[..., None]:
+    return click.option("--hashes", "hashes_src", metavar="SRC", help=HASHES_HELP)(fn)
+
+
+@main.command(help=f"Longest indexed prefix of a token sequence (or of block hashes).\n\n"
+              f"{TOKENS_HELP}")
 @_tokens_command
+@_hashes_option
 @click.option("--with-ids", is_flag=True, help="Also return the matched block ids.")
 @click.option("--holders", type=click.IntRange(0, 1024), default=0,
               help="Also list the K holders with the longest runs from block 0 "
               "(protocol 2, docs/PROTOCOL.md \"Holders\"). 0: none.")
 @click.pass_context
-def match(ctx: click.Context, file: IO[str], ns: str, as_json: bool, with_ids: bool,
-          holders: int) -> None:
-    tokens = read_tokens(file)
+def match(ctx: click.Context, file: IO[str] | None, ns: str, as_json: bool,
+          hashes_src: str | None, with_ids: bool, holders: int) -> None:
+    tokens, hashes = read_sequence(file, hashes_src)
     with connect(ctx) as c:
-        result = c.match(tokens=tokens, ns=ns, with_ids=with_ids, holders=holders)
+        result = c.match(tokens=tokens, hashes=hashes, ns=ns, with_ids=with_ids,
+                         holders=holders)
     if as_json:
         emit_json(result)
         return
@@ -154,9 +182,9 @@ def match(ctx: click.Context, file: IO[str], ns: str, as_json: bool, with_ids: b
               help="Protocol 2: blocks already indexed get META as one more holder "
               "(default: the first insert wins).")
 @click.pass_context
-def insert(ctx: click.Context, file: IO[str], ns: str, as_json: bool, meta: int,
+def insert(ctx: click.Context, file: IO[str] | None, ns: str, as_json: bool, meta: int,
            holder: bool) -> None:
-    tokens = read_tokens(file)
+    tokens, _ = read_sequence(file, None)
     with connect(ctx) as c:
         if holder:
             c.hello(protocol=2)
@@ -170,8 +198,10 @@ def insert(ctx: click.Context, file: IO[str], ns: str, as_json: bool, meta: int,
     )
 
 
-@main.command(help=f"Remove the blocks of a token sequence from block FROM on.\n\n{TOKENS_HELP}")
+@main.command(help=f"Remove the blocks of a token sequence (or of block hashes) from block "
+              f"FROM on.\n\n{TOKENS_HELP}")
 @_tokens_command
+@_hashes_option
 @click.option(
     "--from",
     "start",
@@ -183,11 +213,11 @@ def insert(ctx: click.Context, file: IO[str], ns: str, as_json: bool, meta: int,
 @click.option("--meta", type=click.IntRange(0, 2**64 - 1), default=None,
               help="Take only this holder off the blocks (default: every holder).")
 @click.pass_context
-def remove(ctx: click.Context, file: IO[str], ns: str, as_json: bool, start: int,
-           meta: int | None) -> None:
-    tokens = read_tokens(file)
+def remove(ctx: click.Context, file: IO[str] | None, ns: str, as_json: bool,
+           hashes_src: str | None, start: int, meta: int | None) -> None:
+    tokens, hashes = read_sequence(file, hashes_src)
     with connect(ctx) as c:
-        result = c.remove(tokens=tokens, ns=ns, start=start, meta=meta)
+        result = c.remove(tokens=tokens, hashes=hashes, ns=ns, start=start, meta=meta)
     if as_json:
         emit_json(result)
         return
@@ -197,9 +227,11 @@ def remove(ctx: click.Context, file: IO[str], ns: str, as_json: bool, start: int
 @main.command()
 @click.pass_context
 def snapshot(ctx: click.Context) -> None:
-    """Write a snapshot of the routing directory now (faster next start)."""
+    """Write a snapshot of the routing directory now (faster next start).
+
+    Waits as long as it takes unless --timeout is given."""
     with connect(ctx) as c:
-        result = c.snapshot()
+        result = c.snapshot(timeout=admin_timeout(ctx))
     click.echo(
         f"snapshot up to segment {result['segment_id']} in {fmt(result['seconds'])} s"
     )
@@ -213,9 +245,10 @@ def check(ctx: click.Context, fix: bool, as_json: bool) -> None:
     """Verify the stored segments against the routing directory.
 
     Reports every problem found and exits 1 if there were any. Changes nothing unless
-    --fix is given. Reads every segment: an admin operation, not a health probe."""
+    --fix is given. Reads every segment: an admin operation, not a health probe; it
+    waits as long as it takes unless --timeout is given."""
     with connect(ctx) as c:
-        report = c.check(fix=fix)
+        report = c.check(fix=fix, timeout=admin_timeout(ctx))
     problems = list(report.get("problems") or [])
     if as_json:
         emit_json(report)

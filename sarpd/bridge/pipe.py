@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp
-from sarpd.client import Client
+from sarpd.client import REQUEST_TIMEOUT_S, Client
 from sarpd.protocol.wire import encode_request
 
 __all__ = ["PipeClient", "request_of", "result_of"]
@@ -51,8 +51,9 @@ class PipeClient(Client):
         self._frames: list[bytes] = []
 
     @classmethod
-    async def connect(cls, path: str | os.PathLike[str], *, timeout: float = 10.0) -> PipeClient:
-        client = await super().connect(path, timeout=timeout)
+    async def connect(cls, path: str | os.PathLike[str], *, timeout: float = 10.0,
+                      request_timeout: float | None = REQUEST_TIMEOUT_S) -> PipeClient:
+        client = await super().connect(path, timeout=timeout, request_timeout=request_timeout)
         assert isinstance(client, PipeClient)
         return client
 
@@ -78,6 +79,18 @@ class PipeClient(Client):
         if frames and conn.lost is None and conn.transport is not None:
             conn.transport.write(b"".join(frames))
             await conn.drain()
+
+
+    async def outcomes(self, futs: list[asyncio.Future[Any]]) -> list[Any]:
+        """Every future's outcome, a response map or its error. A sarpd that leaves
+        one unanswered past the request timeout is dropped: the connection is aborted
+        and the rest fail with `ConnectionLost`, which the bridge retries."""
+        if futs and self.request_timeout is not None:
+            _done, late = await asyncio.wait(futs, timeout=self.request_timeout)
+            if late:
+                self._conn.abort(f"{len(late)} requests unanswered after "
+                                 f"{self.request_timeout:g} s")
+        return await asyncio.gather(*futs, return_exceptions=True)
 
 
 def result_of(outcome: dict[str, Any] | BaseException) -> dict[str, Any] | BaseException:

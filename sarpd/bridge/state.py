@@ -53,6 +53,9 @@ class Position:
 
 def load_position(path: Path | None, endpoint: str, worker: int) -> Position:
     """The saved position, or an empty one (no file, or another endpoint/worker)."""
+    if path is not None and not path.parent.is_dir():
+        raise ConfigError(f"state file {path}: directory {path.parent} does not exist "
+                          "(create it, or give another --state)")
     if path is None or not path.exists():
         return Position(None, ())
     try:
@@ -91,7 +94,6 @@ def save_position(
         "last_seq": last_seq,
         "namespaces": sorted(namespaces),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(doc, f)

@@ -13,6 +13,9 @@ Two counters have a breakdown by reason: ``events["ignored"]`` in `ignored_by`
 
 Replay replies that are neither framing are counted in `replay_malformed`; the
 batches they carried count as ``unreplayed`` once the sequence shows them missing.
+The reachability of sarpd and of the publisher (``sarpd_*``, ``publisher_*``) is kept
+by `sarpd.bridge.peers`; the status line ends in ``SARPD UNREACHABLE for N s`` /
+``PUBLISHER UNREACHABLE for N s`` while one is down.
 
 The position file and the namespace map are in `sarpd.bridge.state`.
 """
@@ -46,11 +49,18 @@ class BridgeStats:
     busy: int = 0  # answers `busy` from sarpd (backed off)
     retries: int = 0  # requests re-sent after busy / unavailable / a lost connection
     reconnects: int = 0  # connections to sarpd after the first one
+    sarpd_unreachable: int = 0  # outages of sarpd (a connection failed; warned)
+    sarpd_connect_failures: int = 0  # failed attempts to connect to sarpd
+    publisher_unreachable: int = 0  # outages of the publisher past the grace (warned)
+    publisher_reconnects: int = 0  # ZMQ connections to the publisher after the first
     lookahead: int = 0  # stores whose hashes cover tokens past their blocks (seen)
     hash_checks: int = 0  # first blocks checked against other engines' hashes
     hash_disagreements: int = 0  # ... that another engine hashed differently (logged)
     last_seq: int = -1
     lag_s: float = 0.0  # now - engine timestamp of the newest applied batch
+    sarpd_down_s: float = 0.0  # seconds sarpd has been unreachable (0: connected)
+    publisher_down_s: float = 0.0  # seconds without a ZMQ connection to the publisher
+    publisher_silent_s: float = 0.0  # seconds since the publisher's last message
     ignored_by: dict[str, int] = field(default_factory=dict)  # events["ignored"] by reason
     dropped_by: dict[str, int] = field(default_factory=dict)  # dropped by reason
 
@@ -86,7 +96,33 @@ class BridgeStats:
             f"{self.restarts}, busy {self.busy}, retries {self.retries}, lag {self.lag_s:.3f} s, "
             f"hash disagreements {self.hash_disagreements} of {self.hash_checks}"
             f"{_reasons('ignored', self.ignored_by)}{_reasons('dropped', self.dropped_by)}"
+            f"{self._down()}"
         )
+
+    def _down(self) -> str:
+        """The peers that are down now, loud: the line is otherwise all zeros then."""
+        out = ""
+        if self.sarpd_down_s:
+            out += f"; SARPD UNREACHABLE for {self.sarpd_down_s:.0f} s"
+        if self.publisher_down_s:
+            out += f"; PUBLISHER UNREACHABLE for {self.publisher_down_s:.0f} s"
+        return out
+
+
+COUNTERS = (
+    "batches", "blocks_new", "blocks_removed", "unknown_parent", "rejected", "dropped",
+    "gaps", "replays", "replay_failures", "replay_malformed", "restarts", "duplicates",
+    "busy", "retries", "reconnects", "sarpd_unreachable", "sarpd_connect_failures",
+    "publisher_unreachable", "publisher_reconnects", "lookahead", "hash_checks",
+    "hash_disagreements",
+)  # fmt: skip
+GAUGES = {
+    "last_seq": "newest applied sequence number",
+    "lag_s": "seconds behind the engine",
+    "sarpd_down_s": "seconds sarpd has been unreachable (0: connected)",
+    "publisher_down_s": "seconds without a ZMQ connection to the publisher (0: connected)",
+    "publisher_silent_s": "seconds since the publisher's last message",
+}
 
 
 def _reasons(name: str, by: dict[str, int]) -> str:
@@ -118,18 +154,12 @@ def serve_metrics(stats: BridgeStats, port: int, worker: int) -> None:
                 for reason, n in sorted(by.items()):
                     fam.add_metric([labels["worker"], reason], n)
                 yield fam
-            for name in (
-                "batches", "blocks_new", "blocks_removed", "unknown_parent", "rejected",
-                "dropped", "gaps", "replays", "replay_failures", "replay_malformed",
-                "restarts", "duplicates", "busy", "retries", "reconnects", "lookahead",
-                "hash_checks", "hash_disagreements",
-            ):  # fmt: skip
+            for name in COUNTERS:
                 c = CounterMetricFamily(f"sarp_bridge_{name}", name.replace("_", " "),
                                         labels=["worker"])  # fmt: skip
                 c.add_metric([labels["worker"]], getattr(stats, name))
                 yield c
-            for name, help_ in (("last_seq", "newest applied sequence number"),
-                                ("lag_s", "seconds behind the engine")):  # fmt: skip
+            for name, help_ in GAUGES.items():
                 g = GaugeMetricFamily(f"sarp_bridge_{name}", help_, labels=["worker"])
                 g.add_metric([labels["worker"]], getattr(stats, name))
                 yield g

@@ -52,6 +52,7 @@ from sarpd.bridge.coalesce import Req as _Req
 from sarpd.bridge.coalesce import coalesce, split_all, split_first
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
 from sarpd.bridge.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
+from sarpd.bridge.peers import PublisherWatch, SarpdWatch, check_endpoint, connect
 from sarpd.bridge.pipe import PipeClient, request_of, result_of
 from sarpd.bridge.state import StateFile
 from sarpd.bridge.stats import BridgeStats, serve_metrics
@@ -85,7 +86,12 @@ class BridgeConfig:
     max_batches: int = 512  # event batches taken per round
     replay_timeout_s: float = 5.0
     save_interval_s: float = 0.5
-    max_backoff_s: float = 2.0
+    max_backoff_s: float = 2.0  # pause after `busy`: 20 ms doubling to this
+    connect_backoff_s: float = 0.1  # sarpd unreachable: retry after this, doubling
+    max_connect_backoff_s: float = 5.0  # ... to this
+    warn_every_s: float = 30.0  # a peer that stays down: a warning at most this often
+    publisher_grace_s: float = 3.0  # no ZMQ connection to the publisher this long: warn
+    silence_warn_s: float = 60.0  # connected, no message this long: say it once; 0: never
     report_interval_s: float = 5.0  # counters reported to sarpd (its stats/metrics); 0: never
     # holders (protocol 2): (worker, tier) holds a block, in a namespace shared by the
     # fleet; False: protocol 1 (the first insert wins; a namespace per worker for
@@ -116,6 +122,13 @@ class VllmBridge:
         self._ctx: zmq.asyncio.Context | None = None
         self._reported_at = float("-inf")
         self._report_every = cfg.report_interval_s  # 0 once sarpd refuses the op
+        check_endpoint(cfg.endpoint, "--endpoint")
+        if cfg.replay:
+            check_endpoint(cfg.replay, "--replay")
+        self.sarpd = SarpdWatch(cfg.socket, self.stats, cfg.warn_every_s)
+        self.publisher = PublisherWatch(
+            cfg.endpoint, cfg.topic, self.stats, grace_s=cfg.publisher_grace_s,
+            repeat_s=cfg.warn_every_s, silence_s=cfg.silence_warn_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -129,8 +142,9 @@ class VllmBridge:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 1_000_000)
         sub.setsockopt(zmq.SUBSCRIBE, self.cfg.topic.encode())
-        sub.connect(self.cfg.endpoint)
         try:
+            self.publisher.attach(sub)
+            connect(sub, self.cfg.endpoint, "--endpoint")
             items: list[_Req | _Mark] = []
             if self.cfg.replay:
                 await self._replay(0 if self.last is None else self.last + 1, items)
@@ -139,11 +153,15 @@ class VllmBridge:
             if on_ready is not None:
                 on_ready()
             while not self._stop.is_set():
+                await self.publisher.poll()
                 if not await sub.poll(100):
                     self.state.save(self.applied, self.translator.known)
                     await self._maybe_report()
+                    if self._client is None:  # lost while idle: found by a report
+                        await self._connected()
                     continue
                 items = []
+                self.publisher.heard()
                 for frames in await self._drain(sub):
                     await self._accept(frames, items)
                 await self._apply(items)
@@ -155,6 +173,7 @@ class VllmBridge:
             self.state.save(self.applied, self.translator.known, force=True)
             if self.translator.trust_map:
                 self.state.save_map(self.applied, self.translator.ns_of)
+            self.publisher.close()
             sub.close(linger=0)
             if self._client is not None:
                 await self._client.close()
@@ -241,7 +260,7 @@ class VllmBridge:
         self.stats.replays += 1
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(self.cfg.replay)
+        connect(dealer, self.cfg.replay, "--replay")
         timeout_ms = int(self.cfg.replay_timeout_s * 1000)
         first: int | None = None
         try:
@@ -249,10 +268,13 @@ class VllmBridge:
             while True:
                 if not await dealer.poll(timeout_ms):
                     self.stats.replay_failures += 1
-                    log.warning("replay from %d: no answer in %.1f s; what it does not "
-                                "return counts as dropped", start, timeout_ms / 1e3)
+                    log.warning("replay endpoint %s: no answer in %.1f s to a replay from "
+                                "%d (is it the engine's replay_endpoint?); what it does not "
+                                "return counts as dropped", self.cfg.replay, timeout_ms / 1e3,
+                                start)  # fmt: skip
                     break
                 frames = await dealer.recv_multipart()
+                self.publisher.heard()
                 try:
                     reply = decode_replay(frames)
                 except EventDecodeError as exc:
@@ -290,8 +312,7 @@ class VllmBridge:
             ]  # fmt: skip
             with contextlib.suppress(*RETRYABLE):  # gone: every future carries its error
                 await client.flush()
-            results = [result_of(r) for r in
-                       await asyncio.gather(*futs, return_exceptions=True)]  # fmt: skip
+            results = [result_of(r) for r in await client.outcomes(futs)]
             failed = self._settle(chunk, results)
             if failed is None:
                 i += len(chunk)
@@ -306,9 +327,12 @@ class VllmBridge:
             self.stats.retries += 1
             error = next(r for r in results if isinstance(r, RETRYABLE))
             self._note_busy(error)
-            level = logging.WARNING if backoff >= self.cfg.max_backoff_s else logging.INFO
-            log.log(level, "sarpd: %s; retrying in %.2f s", error, backoff)
-            if not isinstance(error, Busy):
+            if isinstance(error, Busy):
+                level = logging.WARNING if backoff >= self.cfg.max_backoff_s else logging.INFO
+                log.log(level, "sarpd: %s; retrying in %.2f s", error, backoff)
+            else:
+                self.sarpd.failed(f"{error} (sarpd at {self.cfg.socket})",
+                                 self.cfg.max_connect_backoff_s)
                 await self._disconnect()
             await self._sleep(backoff)
             backoff = min(backoff * 2, self.cfg.max_backoff_s)
@@ -436,12 +460,15 @@ class VllmBridge:
         return await client.match(tokens=list(op.tokens), ns=op.ns, holders=2)
 
     async def _connected(self) -> PipeClient:
-        backoff = 0.02
+        """The connection to sarpd; while there is none, try again with backoff
+        (`connect_backoff_s` doubling to `max_connect_backoff_s`), said loud and
+        counted (`SarpdWatch`)."""
+        backoff, cap = self.cfg.connect_backoff_s, self.cfg.max_connect_backoff_s
         while self._client is None:
             try:
                 client = await PipeClient.connect(self.cfg.socket, timeout=5.0)
             except SarpConnectionError as exc:
-                log.info("sarpd: %s; retrying in %.2f s", exc, backoff)
+                self.sarpd.failed(str(exc), cap)
             else:
                 try:
                     await client.ping()
@@ -450,15 +477,18 @@ class VllmBridge:
                     self._client = client
                     self.stats.reconnects += self._connected_once
                     self._connected_once = True
+                    self.sarpd.connected()
+                    self._reported_at = float("-inf")  # the counters, at once
                     break
                 except ConfigError:
                     raise  # not a sarpd that is busy or starting: an operator's mistake
                 except (*RETRYABLE, SarpError) as exc:
                     self._note_busy(exc)
-                    log.info("sarpd not ready: %s", exc)
+                    self.sarpd.failed(f"sarpd at {self.cfg.socket} not ready: {exc}", cap)
                     await client.close()
+            await self.publisher.poll()  # the other peer may be down too: say so
             await self._sleep(backoff)
-            backoff = min(backoff * 2, self.cfg.max_backoff_s)
+            backoff = min(backoff * 2, cap)
         return self._client
 
     async def _speak_holders(self, client: Client) -> None:
@@ -504,6 +534,10 @@ class VllmBridge:
         except UnknownOp:
             log.info("sarpd does not take `report`: counters stay in this process")
             self._report_every = 0.0
+        except (SarpConnectionError, OSError) as exc:  # sarpd gone while the bridge idles
+            self.sarpd.failed(f"{exc} (sarpd at {self.cfg.socket})",
+                              self.cfg.max_connect_backoff_s)
+            await self._disconnect()
         except (*RETRYABLE, SarpError, TimeoutError) as exc:
             log.debug("report to sarpd failed: %s", exc)
 
@@ -526,6 +560,7 @@ async def serve(
     async def reporter() -> None:
         while True:
             await asyncio.sleep(interval_s)
+            bridge.sarpd.update()
             report(bridge.stats)
 
     task = asyncio.create_task(reporter())

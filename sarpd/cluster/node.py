@@ -23,7 +23,7 @@ from nats.js.kv import KeyValue
 
 from sarpd.cluster import checkpoints, log, route
 from sarpd.cluster.log import LogConfigError
-from sarpd.cluster.replica import Replica, ReplicaIndex, Runner
+from sarpd.cluster.replica import WRITE_KINDS, Replica, ReplicaIndex, Runner
 from sarpd.config import ClusterConfig
 from sarpd.model import CheckpointResult
 from sarpd.protocol.requests import Limits
@@ -34,12 +34,23 @@ JS_TIMEOUT_S = 5.0  # one JetStream API call (log.retrying retries transient fai
 # how often a replica reports its applied sequence (the report's age says it is alive:
 # `[cluster] trim_grace_s`, at least config.MIN_TRIM_GRACE_S, must exceed it)
 REPORT_S = 1.0
+SILENT_S = 10 * REPORT_S  # a replica whose last report is older is shown as not live
 CHECKPOINT_POLL_S = 30.0  # how often a replica looks for its shard's newest checkpoint
 
 
 def progress_key(shard: str, replica: str) -> str:
-    """The KV key of a replica's progress report: JSON {"applied_seq", "time"}."""
+    """The KV key of a replica's progress report (`progress_report`)."""
     return f"applied.{shard}.{replica}"
+
+
+def progress_report(replica: Replica, now: float) -> dict[str, float]:
+    """What a replica puts under its `progress_key`, as JSON: its applied sequence, the
+    report's epoch `time`, its index's `blocks` and `segments` as of that sequence,
+    and what it applied from the log since its start: `entries_applied` and the
+    `inserts`, `removes` and `clears` among them."""
+    return {"applied_seq": replica.applied_seq, "time": now,
+            "blocks": replica.size.blocks, "segments": replica.size.segments,
+            "entries_applied": replica.entries_applied, **replica.applied_writes}
 
 
 async def write_shard_map(js: JetStreamContext, names: list[str], replicas: int) -> None:
@@ -164,15 +175,15 @@ class ClusterNode:
             await asyncio.sleep(CHECKPOINT_POLL_S)
 
     async def _report(self, js: JetStreamContext, cfg: ClusterConfig) -> None:
-        """Put this replica's applied sequence into the shard map's bucket (what
-        `sarpctl cluster status`, the trim's live floor and the lag figures read) every
-        REPORT_S. Failures are logged, never fatal."""
+        """Put this replica's progress report (`progress_report`) into the shard map's
+        bucket (what `sarpctl cluster status`, the trim's live floor and the lag
+        figures read) every REPORT_S. Failures are logged, never fatal."""
         key = progress_key(cfg.shard, cfg.replica_id)
         while True:
             try:
                 kv = await _bucket(js, cfg.stream_replicas)
-                await kv.put(key, json.dumps({"applied_seq": self.replica.applied_seq,
-                                              "time": time.time()}).encode())
+                report = progress_report(self.replica, time.time())
+                await kv.put(key, json.dumps(report).encode())
             except Exception as exc:  # NATS down: the next round tries again
                 logger.warning("shard %s: progress report failed: %s", cfg.shard, exc)
             await asyncio.sleep(REPORT_S)
@@ -215,10 +226,12 @@ async def read_reports(js: JetStreamContext, shard: str | None = None,
 
 
 async def read_status(js: JetStreamContext, now: float | None = None) -> dict[str, Any]:
-    """Per shard: the stream's first and last sequence and leader, each replica's
-    applied sequence, lag (sequences behind the log) and report age (s) from the
-    progress reports, and the newest published checkpoint (its sequence and age, s).
-    What `sarpctl cluster status` shows."""
+    """What `sarpctl cluster status` shows, from ONE read of the progress reports:
+    per shard, the stream's first and last sequence and leader, the newest published
+    checkpoint (its sequence and age, s), the shard's blocks and segments (`_size`),
+    and each replica's report (`_replica`). At the top, the shard map and the blocks
+    and segments of every shard (None while a shard's are unknown), and `silent_after_s`
+    (SILENT_S: a replica whose report is older is not `live`)."""
     names = await read_shard_map(js) or []
     reports = await read_reports(js)
     t = time.time() if now is None else now
@@ -229,15 +242,52 @@ async def read_status(js: JetStreamContext, now: float | None = None) -> dict[st
         name = log.stream_name(shard)
         info = await log.retrying(partial(js.stream_info, name), f"stream {name}")
         last = int(info.state.last_seq)
-        replicas = [{"replica": r, "applied_seq": int(rep.get("applied_seq", 0)),
-                     "lag": last - int(rep.get("applied_seq", 0)),
-                     "report_age_s": round(t - float(rep.get("time", 0.0)), 3)}
-                    for r, rep in sorted(reports.get(shard, {}).items())]
+        replicas = [_replica(r, rep, last, t) for r, rep in sorted(reports.get(shard, {}).items())]
         ckpt = newest.get(shard)
         age = None if ckpt is None else ckpt.age_s(t)
         shards.append({"shard": shard, "last_seq": last, "first_seq": int(info.state.first_seq),
                        "leader": info.cluster.leader if info.cluster else None,
-                       "replicas": replicas,
+                       **_size(replicas), "replicas": replicas,
                        "checkpoint": None if ckpt is None else {
                            "seq": ckpt.seq, "age_s": None if age is None else round(age, 3)}})
-    return {"shard_map": names, "shards": shards}
+    return {"shard_map": names, "silent_after_s": SILENT_S, "blocks": _total(shards, "blocks"),
+            "segments": _total(shards, "segments"), "shards": shards}
+
+
+def _replica(name: str, rep: dict[str, float], last: int, now: float) -> dict[str, Any]:
+    """A replica's line of the status: its applied sequence, lag (sequences behind the
+    log), report age (s) and whether it is `live` (reported in the last SILENT_S);
+    its index's `blocks` and `segments`; and `applied`, the writes it applied from the
+    log since its start (`entries`, and the `inserts`, `removes`, `clears` among
+    them). None where an older replica's report does not say."""
+    seq, age = int(rep.get("applied_seq", 0)), now - float(rep.get("time", 0.0))
+    applied = None
+    if "entries_applied" in rep:
+        applied = {"entries": int(rep["entries_applied"]),
+                   **{k: int(rep.get(k, 0)) for k in WRITE_KINDS}}
+    return {"replica": name, "applied_seq": seq, "lag": last - seq,
+            "report_age_s": round(age, 3), "live": age < SILENT_S,
+            "blocks": _int_or_none(rep.get("blocks")),
+            "segments": _int_or_none(rep.get("segments")), "applied": applied}
+
+
+def _size(replicas: list[dict[str, Any]]) -> dict[str, Any]:
+    """A shard's blocks and segments: as reported by its replica that applied the most
+    of its log (the newer report on a tie), named in `size_of` with that sequence in
+    `size_seq`. Replicas at the same sequence hold the same blocks; their segments
+    may differ (each cuts the log into write batches its own way)."""
+    known = [r for r in replicas if r["blocks"] is not None]
+    if not known:
+        return {"blocks": None, "segments": None, "size_of": None, "size_seq": None}
+    best = max(known, key=lambda r: (r["applied_seq"], -r["report_age_s"]))
+    return {"blocks": best["blocks"], "segments": best["segments"],
+            "size_of": best["replica"], "size_seq": best["applied_seq"]}
+
+
+def _total(shards: list[dict[str, Any]], key: str) -> int | None:
+    values = [sh[key] for sh in shards]
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)

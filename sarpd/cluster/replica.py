@@ -36,6 +36,11 @@ since start (its rate is the apply rate), and `observe`, when given, gets each r
 apply delays: per entry, the time from the log storing it to this replica applying it.
 Store times are the NATS server's clock, so across hosts they include clock offset.
 
+What it applied (its progress report, `stats`): `applied_writes`, the inserts,
+removes and clears applied from the log since start, each counted once, when applied
+(a write this replica took is one of them, not one more); `size`, the index's blocks
+and segments as of `applied_seq`, read in the same worker call as the write batch.
+
 All of it runs on the event loop; the index is touched only through `run`, the
 server's one worker thread (`Server.run_exclusive`), so the applier never overlaps a
 batch of the server.
@@ -57,6 +62,7 @@ from typing import Protocol, TypeVar
 from nats.js import JetStreamContext
 
 from sarpd.cluster import entry, log
+from sarpd.core.segment import Counters
 from sarpd.errors import SarpError, StorageError, Unavailable
 from sarpd.model import CheckpointResult, Clear, Insert, InsertResult, Remove, RemoveResult
 from sarpd.protocol.requests import Limits
@@ -81,6 +87,9 @@ class ReplicaIndex(Protocol):
     @property
     def applied_seq(self) -> int: ...
 
+    @property
+    def counters(self) -> Counters: ...
+
     def write_many(self, ops: Sequence[Write], applied_seq: int | None = None,
                    ) -> Sequence[Result]: ...
 
@@ -94,6 +103,24 @@ class Applied:
     result: Result
     seq: int
     duplicate: bool  # a resend: the log had it already (applied once)
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    """The index's present blocks and its segments, as of a replica's applied seq."""
+
+    blocks: int
+    segments: int
+
+
+WRITE_KINDS = ("inserts", "removes", "clears")  # the keys of `Replica.applied_writes`
+
+
+def write_kind(op: Write) -> str:
+    """The `applied_writes` key counting `op`."""
+    if isinstance(op, Insert):
+        return "inserts"
+    return "removes" if isinstance(op, Remove) else "clears"
 
 
 class Replica:
@@ -112,6 +139,9 @@ class Replica:
         self._reader: log.ShardReader | None = None
         self._observe = observe
         self.entries_applied = 0  # since start
+        self.applied_writes = dict.fromkeys(WRITE_KINDS, 0)  # since start, by kind
+        counters = index.counters
+        self.size = Size(counters.blocks, counters.segments)  # as of applied_seq
         self._behind_since: float | None = None  # store time bounding the oldest unapplied
         self.failed = ""  # why the applier stopped for good (a gap in the log)
         self.halted = asyncio.Event()  # set with `failed` (what a re-bootstrap waits on)
@@ -225,25 +255,33 @@ class Replica:
                 logger.error("shard %s: entry %d does not decode: %s", self.shard, seq, exc)
                 decoded.append(exc)
         ops = [op for op in decoded if not isinstance(op, SarpError)]
+
+        def write() -> tuple[list[Result], Size]:  # the worker thread, between batches
+            results = list(self.index.write_many(ops, applied_seq=seqs[-1]))
+            counters = self.index.counters
+            return results, Size(counters.blocks, counters.segments)
+
         while True:
             try:
-                results = await self._run(lambda: list(self.index.write_many(
-                    ops, applied_seq=seqs[-1])))
+                done = await self._run(write)
                 break
             except StorageError as exc:  # the index reloaded itself: apply the run again
                 logger.error("shard %s: applying seqs %d-%d failed: %s; retrying",
                              self.shard, seqs[0], seqs[-1], exc)
                 await asyncio.sleep(RETRY_PAUSE_S)
-        assert isinstance(results, list)
+        assert isinstance(done, tuple)
+        results, size = done
         answers = iter(results)
         for seq, op in zip(seqs, decoded, strict=True):
             self._remember(seq, op if isinstance(op, SarpError) else next(answers))
         now = time.time()
         await reader.ack(seqs[-1])
         async with self._changed:
-            self._applied = seqs[-1]
+            self._applied, self.size = seqs[-1], size
             self._changed.notify_all()
         self.entries_applied += len(seqs)
+        for op in ops:
+            self.applied_writes[write_kind(op)] += 1
         self._behind_since = stored[-1]  # entry seqs[-1] + 1 was stored no earlier
         if self._observe is not None:
             self._observe([now - t for t in stored if t is not None])

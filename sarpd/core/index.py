@@ -103,6 +103,7 @@ class SarpIndex:
         self.recovered_in_s: float | None = None
         # when the newest directory snapshot was written (its file's mtime, epoch s)
         self.snapshot_time: float | None = None
+        self.snapshot_watermark: int | None = None  # the change-log version it holds
         self._stale = False  # memory may differ from the disk: a commit failed
         self._resume = False  # the backend must be made writable before the next write
 
@@ -158,6 +159,7 @@ class SarpIndex:
                 self.snapshot_time = _mtime(loaded.path)
             else:
                 warning = loaded
+        self.snapshot_watermark = meta.watermark if meta is not None else None
         if meta is not None:
             n = self._reroute_logged(meta.watermark, progress)
         else:
@@ -411,9 +413,16 @@ class SarpIndex:
         t0 = time.perf_counter()
         meta = self._snapshot_meta()
         path = write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2)
-        self.snapshot_time = _mtime(path)
+        self.snapshot_time, self.snapshot_watermark = _mtime(path), meta.watermark
         self._gc_log()
         return SnapshotResult(meta.newest_seg, time.perf_counter() - t0)
+
+    @property
+    def snapshot_current(self) -> bool:
+        """The newest snapshot holds every change (no write since; or no snapshot and
+        no write ever): another one would add nothing."""
+        held = self.snapshot_watermark or 0
+        return not self._stale and held == self.counters.next_version - 1
 
     def _snapshot_meta(self) -> SnapshotMeta:
         return SnapshotMeta(self.counters.next_version - 1, self.counters.next_seg - 1,
@@ -487,8 +496,8 @@ class SarpIndex:
             "exact_match": int(self.cfg.exact_match),
             "change_log_version": self.counters.next_version - 1,
         }
-        for k, v in self.store.backend_stats().items():
-            out[f"backend_{k}"] = v
+        for k, v in self.store.backend_stats().items():  # the engine's own name: `backend`
+            out["backend" if k == "backend" else f"backend_{k}"] = v
         if self.recovered_in_s is not None:
             out["recovered_in_s"] = round(self.recovered_in_s, 6)
         if self.snapshot_time is not None:

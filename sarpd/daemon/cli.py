@@ -1,8 +1,11 @@
 """`sarpd`: the daemon's entry point.
 
-Start-up: lock the data directory, bind the socket at once (every request is answered
-`unavailable` while recovering), open the backend, recover the index in the worker
-thread with progress in the log and in sd_notify STATUS=, then serve (READY=1).
+Start-up: check every setting (sarpd.config: TOML, flags and their SARPD_* variables)
+and the paths (the socket's directory and the data directory's parent must exist)
+before anything is created, lock the data directory, bind the socket at once (every
+request is answered `unavailable` while recovering), open the backend, recover the
+index in the worker thread with progress in the log and in sd_notify STATUS=, then
+serve (READY=1). Periodic snapshots are written, and logged, only after a change.
 SIGTERM / SIGINT: stop accepting, answer the requests already received, snapshot,
 close the backend, remove the socket, exit 0.
 
@@ -30,12 +33,12 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from backends.registry import backend_names
-from sarpd.config import ServerConfig, load_config
+from sarpd.config import ServerConfig, SettingError, choices, load_config, show
 from sarpd.core.index import RecoveryReport, SarpIndex
 from sarpd.daemon import sdnotify
-from sarpd.daemon.server import Server
+from sarpd.daemon.server import Server, check_socket_path
 from sarpd.daemon.service import Service
-from sarpd.errors import BadRequest, ConfigError, SarpError
+from sarpd.errors import ConfigError, SarpError
 
 if TYPE_CHECKING:
     from sarpd.cluster.node import ClusterNode
@@ -56,8 +59,14 @@ class _Cancelled(Exception):
 
 def lock_data_dir(data_dir: Path) -> IO[str]:
     """An exclusive flock on data_dir/sarpd.pid (holding our pid), kept for the process
-    lifetime: two daemons can never share a data directory."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    lifetime: two daemons can never share a data directory. The directory is created
+    if its parent exists; a missing parent is an error (never a `mkdir -p`)."""
+    if not data_dir.parent.is_dir():
+        raise ConfigError(f"data dir {data_dir}: its parent directory {data_dir.parent} "
+                          "does not exist (sarpd creates the data directory, not its parents)")
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ConfigError(f"data dir {data_dir}: exists and is not a directory")
+    data_dir.mkdir(exist_ok=True)
     path = data_dir / LOCK_NAME
     fh = open(path, "a+")  # noqa: SIM115 - held open for the process lifetime
     try:
@@ -102,7 +111,7 @@ class Daemon:
             log.error("%s", exc.message)
             return 1
         try:
-            self._start_metrics()
+            await self._start_metrics()
             return await self._serve()
         except SarpError as exc:
             log.error("%s", exc.message)
@@ -110,23 +119,20 @@ class Daemon:
             return 1
         finally:
             if self._metrics_http is not None:
-                self._metrics_http.shutdown()
+                await self._metrics_http.cleanup()  # /readyz said 503 until here
             self.server.remove_socket()
             self.server.executor.shutdown(wait=True)
 
-    def _start_metrics(self) -> None:
+    async def _start_metrics(self) -> None:
+        """/metrics, /healthz, /readyz on metrics_host:metrics_port, on this loop
+        (sarpd.daemon.http); a ConfigError if it cannot listen."""
         cfg = self.config
         if not cfg.metrics_port:
             return
-        from sarpd.daemon.metrics import serve
+        from sarpd.daemon.http import serve, server_readiness
 
-        try:
-            self._metrics_http = serve(self.server.metrics, cfg.metrics_host, cfg.metrics_port)
-        except OSError as exc:
-            raise ConfigError(
-                f"metrics: cannot listen on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"
-            ) from exc
-        log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
+        self._metrics_http = await serve(
+            self.server.metrics, server_readiness(self.server), cfg.metrics_host, cfg.metrics_port)
 
     async def _serve(self) -> int:
         sdnotify.status("recovering")
@@ -277,9 +283,13 @@ class Daemon:
             await asyncio.sleep(interval)
             try:
                 res = await self.server.run_exclusive(service.periodic_snapshot)
-                log.info("snapshot up to segment %d in %.3f s", res.segment_id, res.seconds)
             except Exception:
                 log.exception("periodic snapshot failed")
+                continue
+            if res is None:  # an idle daemon writes nothing and says so only at DEBUG
+                log.debug("periodic snapshot: nothing changed since the last one")
+            else:
+                log.info("snapshot up to segment %d in %.3f s", res.segment_id, res.seconds)
 
     async def _close(self, index: SarpIndex, *, snapshot: bool) -> None:
         def work() -> None:
@@ -321,66 +331,100 @@ Clients send msgpack requests (see docs/PROTOCOL.md): match a token prefix, inse
 the blocks of a sequence with their metadata, remove or clear blocks. The index lives
 on SSD under DATA_DIR/<backend>/, with directory snapshots in
 DATA_DIR/snapshots/<backend>/.
+
 Settings come from --config (TOML tables [server], [index] and [cluster]); flags
-override them. With --cluster, sarpd is a replica of one shard: its writes go through
-the shard's log on NATS JetStream and it applies the log (docs/DECISIONS.md).
+override them. Each flag may instead be set by the environment variable named in its
+help (SARPD_BATCH_MAX=512 is --batch-max 512; a flag on the command line wins).
+Every setting is checked, by type and range, before anything starts: a bad one stops
+sarpd with a message naming it and exit status 1 (2 for a bad flag). The socket's
+directory and the data directory's parent must exist (sarpd creates no parents).
+
+With --cluster, sarpd is a replica of one shard: its writes go through the shard's
+log on NATS JetStream and it applies the log (docs/DECISIONS.md).
 
 \b
 Examples:
   sarpd --data-dir ./var --socket ./var/sarpd.sock
   sarpd --config /etc/sarpd/sarpd.toml
+  SARPD_LOG_LEVEL=DEBUG sarpd --config /etc/sarpd/sarpd.toml
   sarpd --data-dir ./r1 --socket ./r1.sock --cluster nats://127.0.0.1:4222 \\
         --shard s0 --replica-id r1
 """
 
 
+class EnvOption(click.Option):
+    """A flag that may also be given as SARPD_<FLAG> (e.g. --batch-max: SARPD_BATCH_MAX),
+    converted and checked as the flag is (click's errors name the variable)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("show_envvar", True)
+        super().__init__(*args, **kw)
+        if self.envvar is None:
+            long = max(self.opts, key=len)
+            self.envvar = "SARPD_" + long.lstrip("-").replace("-", "_").upper()
+
+
+def option(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(*decls, cls=EnvOption, **kw)
+
+
 @click.command(help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
+@option(
     "--config",
     "config_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="TOML file with [server] and [index] tables (see systemd/sarpd.toml).",
+    help="TOML file with [server], [index] and [cluster] tables (see systemd/sarpd.toml).",
 )
-@click.option(
+@option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory of the index data (default /var/lib/sarpd).",
+    help="Directory of the index data (default /var/lib/sarpd); created if its parent "
+    "exists.",
 )
-@click.option(
+@option(
     "--socket",
     "socket_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Unix socket to listen on (default /run/sarpd/sarpd.sock).",
+    help="Unix socket to listen on (default /run/sarpd/sarpd.sock); its directory must "
+    "exist.",
 )
-@click.option(
+@option(
     "--backend",
     type=click.Choice(sorted(backend_names())),
     help="Storage engine (default rocksdb).",
 )
-@click.option(
+@option(
     "--sync",
     type=click.Choice(["always", "none"]),
     help="always: fsync every write batch before answering (default); none: leave "
     "it to the OS (acknowledged inserts may be lost on a crash).",
 )
-@click.option("--batch-window-ms", type=float, help="Gather requests this long per batch.")
-@click.option("--batch-max", type=int, help="Run a batch once this many requests are queued.")
-@click.option(
+@option("--batch-window-ms", type=float,
+        help="Gather requests this long per batch (default 0.5; >= 0).")
+@option("--batch-max", type=int,
+        help="Run a batch once this many requests are queued (default 256; >= 1).")
+@option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Log verbosity (default INFO).",
 )
-@click.option(
+@option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     help="text (default) or json: one JSON object per line, for log shippers.",
 )
-@click.option(
+@option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
-    help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0 = off, the default).",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 = off, the default).",
 )
-@click.option(
+@option(
+    "--metrics-host",
+    metavar="HOST",
+    help="Address the metrics port listens on (default 127.0.0.1: this machine only; "
+    "0.0.0.0: every interface).",
+)
+@option(
     "--cluster",
     "cluster_urls",
     metavar="URL[,URL...]",
@@ -388,14 +432,16 @@ Examples:
     "shard's log, e.g. nats://10.0.0.1:4222,nats://10.0.0.2:4222. Needs --shard and "
     "--replica-id; without it sarpd is a single node (the default).",
 )
-@click.option("--shard", help="The shard this replica serves (with --cluster).")
-@click.option("--replica-id", help="This replica's name within its shard, unique there "
-              "(with --cluster; its durable log reader is named after it).")
-@click.option("--stream-replicas", type=click.IntRange(1, 5),
-              help="Copies of the shard's stream when this replica creates it (default 3; "
-              "at most the NATS nodes).")
+@option("--shard", help="The shard this replica serves (with --cluster).")
+@option("--replica-id", help="This replica's name within its shard, unique there "
+        "(with --cluster; its durable log reader is named after it).")
+@option("--stream-replicas", type=click.IntRange(1, 5),
+        help="Copies of the shard's stream when this replica creates it (default 3; "
+        "at most the NATS nodes).")
 @click.version_option(package_name="sarp", prog_name="sarpd")
+@click.pass_context
 def main(
+    ctx: click.Context,
     config_file: Path | None,
     data_dir: Path | None,
     socket_path: Path | None,
@@ -406,6 +452,7 @@ def main(
     log_level: str | None,
     log_format: str | None,
     metrics_port: int | None,
+    metrics_host: str | None,
     cluster_urls: str | None,
     shard: str | None,
     replica_id: str | None,
@@ -426,19 +473,39 @@ def main(
             log_level=log_level.upper() if log_level else None,
             log_format=log_format,
             metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
-    except (ConfigError, BadRequest) as exc:  # BadRequest: until sarpd.config raises ConfigError
-        raise click.ClickException(exc.message) from exc
-    setup_logging(cfg.log_level, cfg.log_format)
-    try:
+        check_backend(cfg, config_file)
+        check_socket_path(cfg.socket)  # before anything is created: a missing directory
         lock = lock_data_dir(cfg.data_dir)
+    except SettingError as exc:
+        raise _as_click(ctx, exc) from exc
     except (SarpError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
+    setup_logging(cfg.log_level, cfg.log_format)
     try:
         rc = run(cfg)
     finally:
         lock.close()
     sys.exit(rc)
+
+
+def check_backend(cfg: ServerConfig, config_file: Path | None) -> None:
+    """The `[server] backend` of a config file names a registered engine (the flag is
+    checked by click)."""
+    names = sorted(backend_names())
+    if cfg.backend not in names:
+        err = SettingError("server", "backend", cfg.backend, f"is not one of {choices(names)}")
+        raise err.at_file(config_file) if config_file is not None else err
+
+
+def _as_click(ctx: click.Context, exc: SettingError) -> click.ClickException:
+    """A bad flag (or its SARPD_* variable) is a usage error of that flag, as click's
+    own type checks report it (exit 2); a bad config file setting exits 1."""
+    for param in ctx.command.params:
+        if exc.flag is not None and exc.flag in param.opts:
+            return click.BadParameter(f"{show(exc.value)} {exc.rule}", ctx, param)
+    return click.ClickException(exc.message)
 
 
 def run(cfg: ServerConfig, loop_factory: Callable[[], Any] | None = None) -> int:

@@ -136,13 +136,16 @@ class Forwarder:
 
     def stats(self) -> dict[str, object]:
         """What `stats` and the metrics say of this replica (cluster mode; safe from
-        any thread: plain reads). The lag and checkpoint figures: sarpd.cluster.replica
-        and sarpd.cluster.node."""
+        any thread: plain reads). The lag, applied and checkpoint figures:
+        sarpd.cluster.replica and sarpd.cluster.node. `applied_writes` (the inserts,
+        removes and clears applied from the log) is what the service's own counters of
+        those add (sarpd.daemon.service); `forwarded_writes`, the writes this replica
+        took, are among them, not added to them."""
         r, now = self.replica, time.time()
         ckpt = self.node.checkpoint
         return {"shard": r.shard, "replica": r.replica_id, "applied_seq": r.applied_seq,
                 "lag_seqs": r.lag_seqs, "lag_s": r.lag_s(now),
-                "entries_applied": r.entries_applied,
+                "entries_applied": r.entries_applied, "applied_writes": dict(r.applied_writes),
                 "forwarded_writes": self.forwarded, "writes_in_flight": len(self._tasks),
                 "checkpoint_seq": None if ckpt is None else ckpt.seq,
                 "checkpoint_age_s": self.node.checkpoint_age_s(now), "failed": r.failed}

@@ -21,9 +21,10 @@ error with id 0, then close). Nothing a client does affects another client.
 Access (sarpd.daemon.access): the peer's SO_PEERCRED is checked against the allowlist when
 it connects, and every request against the namespace binding when one is set.
 Metrics (sarpd.daemon.metrics) are counted once per batch, before its answers are
-sent; they read the server's gauges, the service's reports and the index's activity
-through the server (`gauges`, `reported`, `activity`), which owns none of them but
-the gauges.
+sent, and the batch's latencies (each request from decoded to its answer written: the
+time of decoding rides in the queue with the request) right after; they read the
+server's gauges, the service's reports and the index's activity through the server
+(`gauges`, `reported`, `activity`), which owns none of them but the gauges.
 
 Unexpected exceptions: `Service.run_batch` turns them into ``internal`` answers (the
 one place for request execution; it never raises); `Connection.data_received` closes
@@ -40,6 +41,7 @@ import os
 import shutil
 import socket
 import stat
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -145,11 +147,12 @@ class Connection(asyncio.Protocol):
         return None
 
     def _take(self, items: list[Request | BadMessage]) -> None:
+        received = time.monotonic()  # decoded: once per read, not per request
         for item in items:
             if isinstance(item, BadMessage):
                 self.send(encode_error(item.id, item.error))
             else:
-                self.server.submit(self, item)
+                self.server.submit(self, item, received)
         self._update_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -217,7 +220,8 @@ class Connection(asyncio.Protocol):
             self._read_paused = False
 
 
-Queued = tuple[Connection, Request, int]  # the request's `request_bytes`, counted once
+# (conn, request, its `request_bytes` counted once, when it was decoded: time.monotonic())
+Queued = tuple[Connection, Request, int, float]
 
 
 class WriteRouter(Protocol):
@@ -381,7 +385,9 @@ class Server:
         self.metrics.record_rejected(op_name(req), err.code)
         conn.send(encode_error(req.id, err))
 
-    def submit(self, conn: Connection, req: Request) -> None:
+    def submit(self, conn: Connection, req: Request, received: float | None = None) -> None:
+        """Queue `req` for the batcher, or answer it at once; `received`: when it was
+        decoded (time.monotonic(); default now), for its latency."""
         if self.service is None or self.stopping or self.suspended:
             self.reject(conn, req, Unavailable(self.status))
             return
@@ -407,7 +413,7 @@ class Server:
         self.queue_bytes += size
         if not self.queue:
             self._first_at = asyncio.get_running_loop().time()
-        self.queue.append((conn, req, size))
+        self.queue.append((conn, req, size, time.monotonic() if received is None else received))
         conn.inflight += 1
         conn.batched += 1
         conn.batch_idle.clear()
@@ -434,7 +440,7 @@ class Server:
                     async with asyncio.timeout(remaining):
                         await self._full.wait()
             batch = [self.queue.popleft() for _ in range(min(bmax, len(self.queue)))]
-            self.queue_bytes -= sum(size for _, _, size in batch)
+            self.queue_bytes -= sum(size for _, _, size, _ in batch)
             self._first_at = float("-inf")  # leftovers have waited long enough
             self._busy = True
             try:
@@ -451,7 +457,7 @@ class Server:
         service = self.service
         assert service is not None
         block_tokens = self.config.index.block_tokens
-        keyed = [(id(conn), req) for conn, req, _ in batch]
+        keyed = [(id(conn), req) for conn, req, _, _ in batch]
 
         def work() -> tuple[list[object], list[bytes]]:
             results = service.run_batch(keyed)  # never raises
@@ -466,13 +472,15 @@ class Server:
             self.metrics.record_batch([req for _, req in keyed], results)
         finally:  # metrics never cost an answer
             self._send(batch, frames)
+        self.metrics.record_latency(  # the answers are written (to the transports) now
+            [req for _, req in keyed], [at for *_, at in batch], time.monotonic())
         if self.metrics.index_stats_due():
             await self.run_exclusive(partial(self.metrics.refresh_index, service.index.stats))
 
     @staticmethod
     def _send(batch: list[Queued], frames: list[bytes]) -> None:
         per_conn: dict[Connection, list[bytes]] = {}
-        for (conn, _, _), frame in zip(batch, frames, strict=True):
+        for (conn, *_), frame in zip(batch, frames, strict=True):
             per_conn.setdefault(conn, []).append(frame)
         for conn, parts in per_conn.items():
             conn.send(b"".join(parts))
@@ -505,11 +513,13 @@ def _encode(req: Request, result: object, block_tokens: int) -> bytes:
 
 
 def check_socket_path(path: Path) -> None:
-    """Refuse a path that is too long, is not a socket, or has a live server behind it;
-    remove a stale socket file left by a crash."""
+    """Refuse a path that is too long, in a directory that does not exist, is not a
+    socket, or has a live server behind it; remove a stale socket file left by a crash."""
     if len(os.fsencode(path)) >= 108:
         raise ConfigError(f"socket {path}: path is {len(os.fsencode(path))} bytes; limit is 107")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():  # never a `mkdir -p`: a typo must not serve elsewhere
+        raise ConfigError(f"socket {path}: directory {path.parent} does not exist "
+                          "(create it first; under systemd, RuntimeDirectory= does)")
     try:
         st = os.lstat(path)
     except FileNotFoundError:

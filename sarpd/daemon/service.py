@@ -122,6 +122,20 @@ def schedule(batch: Sequence[Keyed]) -> list[Phase]:
     return phases
 
 
+def _count_applied(out: dict[str, object]) -> None:
+    """A replica's writes come from its shard's log, not from its own batches (cluster
+    mode: sarpd.daemon.forward): its `inserts`, `removes` and `clears` add what it
+    applied from the log (the cluster map's `applied_writes`). A write it took is
+    among those, counted once, so every replica caught up with the log says the same."""
+    cluster = out.get("cluster")
+    applied = cluster.get("applied_writes") if isinstance(cluster, Mapping) else None
+    if not isinstance(applied, Mapping):
+        return
+    for key in ("inserts", "removes", "clears"):
+        mine = out.get(key)
+        out[key] = (mine if isinstance(mine, int) else 0) + int(applied.get(key, 0))
+
+
 def _internal(exc: BaseException, what: str) -> Internal:
     trace = uuid.uuid4().hex[:12]
     log.error("internal error in %s (trace %s)", what, trace, exc_info=exc)
@@ -303,10 +317,15 @@ class Service:
         if reports:
             out["reports"] = reports
         out.update(self._extra_stats())
+        _count_applied(out)
         return out
 
     # -- daemon housekeeping (run in the worker thread, between batches) -------
 
-    def periodic_snapshot(self) -> SnapshotResult:
+    def periodic_snapshot(self) -> SnapshotResult | None:
+        """A snapshot, unless the newest one already holds every change (an index that
+        says so with `snapshot_current`): None, nothing written."""
+        if getattr(self.index, "snapshot_current", False):
+            return None
         self.counters["snapshots"] += 1
         return self.index.snapshot()

@@ -9,10 +9,11 @@ import logging
 import math
 import re
 import reprlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import numpy as np
 
 from sarpd.core.ids import check_sequence_tokens
@@ -160,17 +161,17 @@ def parse_message(obj: object, limits: Limits, protocol: int = 1) -> Request | B
         return BadMessage(0, BadRequest(f"request: expected a map, got {_kind(obj)}"))
     rid = obj.get("id")
     if type(rid) is not int or not 0 <= rid <= U64_MAX:
-        what = "missing" if rid is None else f"expected a uint, got {_show(rid)}"
+        what = "missing" if rid is None else f"{show(rid)} is not a uint64"
         return BadMessage(0, BadRequest(f"id: {what}"))
     try:
         return _parse_op(rid, obj, limits, protocol)
     except SarpError as exc:
         return BadMessage(rid, exc)
-    except Exception as exc:  # the one guard of validation: a bug costs one answer, not
+    except Exception:  # the one guard of validation: a bug costs one answer, not
         # the connection's other pipelined requests (execution's guard is the service's)
         log.exception("validating request %d failed", rid)
-        return BadMessage(rid, Internal(f"request: validation failed ({type(exc).__name__}); "
-                                        "see the sarpd log"))
+        return BadMessage(rid, Internal("request: validation failed (a bug in sarpd; the "
+                                        "sarpd log has the details)"))
 
 
 def _parse_op(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
@@ -178,10 +179,10 @@ def _parse_op(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Req
     if op is None:
         raise BadRequest("op: missing")
     if type(op) is not str:
-        raise BadRequest(f"op: expected a str, got {_kind(op)}")
+        raise BadRequest(f"op: {show(op)} is not a str (an op name)")
     parse = _OPS.get(op)
     if parse is None:
-        raise UnknownOp(f"op: unknown op {_show(op)} (known: {', '.join(sorted(_OPS))})")
+        raise UnknownOp(f"op: unknown op {show(op)} (known: {', '.join(sorted(_OPS))})")
     return parse(rid, d, limits, protocol)
 
 
@@ -190,7 +191,7 @@ def _op_hello(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Req
     if asked is None:
         return Hello(rid)
     if type(asked) is not int or asked < 1:
-        raise BadRequest(f"protocol: expected a uint >= 1, got {_kind(asked)} {_show(asked)}")
+        raise BadRequest(f"protocol: {show(asked)} is not a uint >= 1 (a protocol version)")
     return Hello(rid, protocol=asked)
 
 
@@ -228,18 +229,16 @@ def _after_seq(d: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     if v is None:
         return ()
     if not isinstance(v, dict):
-        raise BadRequest(f"after_seq: expected a map of shard -> uint, got {_kind(v)}")
+        raise BadRequest(f"after_seq: {show(v)} is not a map of shard name -> uint64")
     if len(v) > MAX_AFTER_SEQ_SHARDS:
         raise TooLarge(f"after_seq: {len(v):,} shards exceeds {MAX_AFTER_SEQ_SHARDS:,}")
     out = []
     for shard, seq in v.items():
-        if not isinstance(shard, str) or not 0 < len(shard.encode()) <= MAX_SHARD_NAME_BYTES:
-            raise BadRequest(f"after_seq: a shard name must be a str of 1..{MAX_SHARD_NAME_BYTES}"
-                             f" bytes, got {_kind(shard)} {_show(shard)}")
-        if type(seq) is not int or seq < 0:
-            raise BadRequest(f"after_seq[{shard!r}]: expected a uint, got {_kind(seq)} "
-                             f"{_show(seq)}")
-        out.append((shard, seq))
+        if not isinstance(shard, str) or not 0 < utf8_len("after_seq", shard) <= \
+                MAX_SHARD_NAME_BYTES:
+            raise BadRequest(f"after_seq: shard name {show(shard)} is not a str of "
+                             f"1..{MAX_SHARD_NAME_BYTES} bytes")
+        out.append((shard, check_uint(f"after_seq[{show(shard)}]", seq)))
     return tuple(out)
 
 
@@ -320,7 +319,16 @@ _KIND_NAMES: dict[type, str] = {
 
 
 def _kind(v: object) -> str:
-    return _KIND_NAMES.get(type(v), type(v).__name__)
+    """What a value is, in the protocol's words (never a Python or numpy type name)."""
+    v = _plain_value(v)
+    kind = _KIND_NAMES.get(type(v))
+    if kind is not None:
+        return kind
+    if isinstance(v, bytes | bytearray | memoryview):
+        return "bin"
+    if isinstance(v, tuple | set | frozenset):
+        return "array"
+    return "ext" if isinstance(v, msgpack.ExtType | msgpack.Timestamp) else "value"
 
 
 _repr = reprlib.Repr()  # bounded in depth and length, so any decoded value is safe to show
@@ -328,9 +336,64 @@ _repr.maxlevel = 3
 _repr.maxstring = _repr.maxother = _repr.maxlong = 40
 
 
-def _show(v: object, width: int = 60) -> str:
-    text = _repr.repr(v)
+def _plain_value(v: object) -> object:
+    """A numpy scalar or array -> its Python value (so no dtype is ever shown)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return v
+
+
+def show(v: object, width: int = 60) -> str:
+    """`v` for an error message: a bounded repr (strings and ints cut at 40 chars), numpy
+    values as their Python values, other objects by what they are (never a type name)."""
+    v = _plain_value(v)
+    if isinstance(v, bool | int | float | str | bytes | list | tuple | dict | set | type(None)):
+        text = _repr.repr(v)
+    else:
+        text = f"a {_kind(v)}" if _kind(v) != "value" else "a value of another kind"
     return text if len(text) <= width else f"{text[: width - 3]}..."
+
+
+
+def first_bad(items: Sequence[Any], name: str, limit: int, what: str) -> BadRequest:
+    """The error naming the first item of `items` that is not an int in 0..limit-1:
+    ``tokens[2]: 99999999999999999999999 is not a uint32``."""
+    for i, v in enumerate(items):
+        if type(v) is not int or not 0 <= v < limit:
+            return BadRequest(f"{name}[{i}]: {show(v)} is not a {what}")
+    return BadRequest(f"{name}: a value is not a {what}")  # pragma: no cover
+
+
+def uint_array(items: list[Any], name: str, limit: int, what: str) -> U64Array:
+    """A list of ints in 0..limit-1 (limit <= 2**64) as a uint64 array, or the
+    `first_bad` error (bools, floats, strings, None, nested lists are refused)."""
+    if not set(map(type, items)) <= {int}:
+        raise first_bad(items, name, limit, what)
+    try:
+        arr = np.array(items, dtype=np.uint64)
+    except OverflowError as exc:  # a negative int, or one of 2**64 or more
+        raise first_bad(items, name, limit, what) from exc
+    if limit <= U64_MAX and arr.size and int(arr.max()) >= limit:
+        raise first_bad(items, name, limit, what)
+    return arr
+
+
+def utf8_len(name: str, v: str) -> int:
+    """The UTF-8 length of `v` (a str the decoder kept with its bad bytes escaped), or
+    a BadRequest naming `name` when it is not valid UTF-8."""
+    try:
+        return len(v.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"{name}: {show(v)} is not valid UTF-8") from exc
+
+
+def check_uint(name: str, v: object, limit: int = U64_MAX + 1, what: str = "uint64") -> int:
+    """`v` if it is an int in 0..limit-1 (not a bool), else a BadRequest naming `name`."""
+    if type(v) is not int or not 0 <= v < limit:
+        raise BadRequest(f"{name}: {show(v)} is not a {what}")
+    return v
 
 
 def _refuse(d: dict[str, Any], op: str, name: str, hint: str = "") -> None:
@@ -343,20 +406,14 @@ def _bool(d: dict[str, Any], name: str) -> bool:
     if v is None:
         return False
     if type(v) is not bool:
-        raise BadRequest(f"{name}: expected a bool, got {_kind(v)} {_show(v)}")
+        raise BadRequest(f"{name}: {show(v)} is not a bool (true or false)")
     return v
 
 
 def _uint(d: dict[str, Any], name: str) -> int:
     """An optional uint64 field (default 0)."""
     v = d.get(name)
-    if v is None:
-        return 0
-    if type(v) is not int:
-        raise BadRequest(f"{name}: expected a uint, got {_kind(v)} {_show(v)}")
-    if v < 0:
-        raise BadRequest(f"{name}: {v} is negative (expected a uint)")
-    return v
+    return 0 if v is None else check_uint(name, v)
 
 
 def _ns(d: dict[str, Any], limits: Limits) -> str:
@@ -364,11 +421,8 @@ def _ns(d: dict[str, Any], limits: Limits) -> str:
     if v is None:
         return ""
     if type(v) is not str:
-        raise BadRequest(f"ns: expected a str, got {_kind(v)} {_show(v)}")
-    try:
-        n = len(v.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise BadRequest(f"ns: {_show(v)} is not valid UTF-8") from exc
+        raise BadRequest(f"ns: {show(v)} is not a str (a namespace name)")
+    n = utf8_len("ns", v)
     if n > limits.max_ns_bytes:
         raise BadRequest(f"ns: {n} bytes exceeds max_ns_bytes ({limits.max_ns_bytes})")
     return v
@@ -405,18 +459,10 @@ def _check_tokens_len(n: int, limits: Limits) -> None:
     check_sequence_tokens(n, limits.max_sequence_tokens)  # the core's one rule
 
 
-def _first_not_int(items: list[Any], name: str, what: str) -> BadRequest:
-    for i, v in enumerate(items):
-        if type(v) is not int:
-            return BadRequest(f"{name}[{i}]: expected a {what}, got {_kind(v)} {_show(v)}")
-    return BadRequest(f"{name}: expected an array of {what}")  # pragma: no cover
-
-
-def _first_out_of_range(items: list[Any], name: str, limit: int, what: str) -> BadRequest:
-    for i, v in enumerate(items):
-        if not 0 <= v < limit:
-            return BadRequest(f"{name}[{i}]: {v} is not a {what}")
-    return BadRequest(f"{name}: a value is not a {what}")  # pragma: no cover
+TOKENS_RULE = "an array of uint32 token ids or a bin (uint32 LE per token)"
+IDS_RULE = "a bin of 16-byte ids or an array of ids (each a uint64 or a 16-byte bin)"
+ID_RULE = "uint64 or a 16-byte bin"
+META_RULE = "a uint64, an array of uint64 (one per block) or a bin (uint64 LE per block)"
 
 
 def _tokens(v: object, limits: Limits) -> U32Array:
@@ -428,21 +474,9 @@ def _tokens(v: object, limits: Limits) -> U32Array:
         _check_tokens_len(len(v) // 4, limits)
         return np.frombuffer(v, dtype="<u4").astype(np.uint32)
     if not isinstance(v, list):
-        raise BadRequest(f"tokens: expected an array of uint32 or a bin, got {_kind(v)}")
+        raise BadRequest(f"tokens: {show(v)} is not {TOKENS_RULE}")
     _check_tokens_len(len(v), limits)
-    if not v:
-        return np.zeros(0, dtype=np.uint32)
-    if not set(map(type, v)) <= {int}:
-        raise _first_not_int(v, "tokens", "uint32")
-    try:
-        arr = np.array(v, dtype=np.int64)
-    except OverflowError as exc:
-        raise _first_out_of_range(v, "tokens", U32_LIMIT, "uint32") from exc
-    bad = (arr < 0) | (arr >= U32_LIMIT)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise BadRequest(f"tokens[{i}]: {int(arr[i])} is not a uint32")
-    return arr.astype(np.uint32)
+    return uint_array(v, "tokens", U32_LIMIT, "uint32").astype(np.uint32)
 
 
 def _check_ids_len(n: int, name: str, limits: Limits) -> None:
@@ -458,18 +492,21 @@ def _ids(v: object, name: str, limits: Limits) -> IdArray:
         _check_ids_len(len(v) // 16, name, limits)
         return ids_from_bytes(v)
     if not isinstance(v, list):
-        raise BadRequest(f"{name}: expected a bin or an array of ids, got {_kind(v)}")
+        raise BadRequest(f"{name}: {show(v)} is not {IDS_RULE}")
     _check_ids_len(len(v), name, limits)
+    return id_items(v, name)
+
+
+def id_items(v: list[Any], name: str) -> IdArray:
+    """A list of ids (each a uint64, zero-extended, or a 16-byte bin) -> (n, 2) ids."""
     types = set(map(type, v))
-    out = np.zeros((len(v), 2), dtype=np.uint64)
     if types <= {int}:
-        try:
-            out[:, 0] = np.array(v, dtype=np.uint64)
-        except OverflowError as exc:
-            raise _first_out_of_range(v, name, U64_MAX + 1, "uint64 id") from exc
+        out = np.zeros((len(v), 2), dtype=np.uint64)
+        out[:, 0] = uint_array(v, name, U64_MAX + 1, ID_RULE)
         return out
     if types == {bytes} and set(map(len, v)) == {16}:
         return ids_from_bytes(b"".join(v))
+    out = np.zeros((len(v), 2), dtype=np.uint64)
     for i, item in enumerate(v):
         out[i] = _one_id(item, f"{name}[{i}]")[0]
     return out
@@ -478,34 +515,23 @@ def _ids(v: object, name: str, limits: Limits) -> IdArray:
 def _one_id(v: object, name: str) -> IdArray:
     if isinstance(v, bytes):
         if len(v) != 16:
-            raise BadRequest(f"{name}: bin of {len(v)} bytes, an id takes 16")
+            raise BadRequest(f"{name}: bin of {len(v)} bytes is not an id (an id takes 16)")
         return ids_from_bytes(v)
-    if type(v) is int:
-        if not 0 <= v <= U64_MAX:
-            raise BadRequest(f"{name}: {v} is not a uint64 (or a 16-byte bin)")
-        return np.array([[v, 0]], dtype=np.uint64)
-    raise BadRequest(f"{name}: expected a 16-byte bin or a uint64, got {_kind(v)} {_show(v)}")
+    return np.array([[check_uint(name, v, what=ID_RULE), 0]], dtype=np.uint64)
 
 
 def _meta(v: object, blocks: int, limits: Limits) -> U64Array | int:
     if type(v) is int:
-        if not 0 <= v <= U64_MAX:
-            raise BadRequest(f"meta: {v} is not a uint64")
-        return v
+        return check_uint("meta", v)
     if isinstance(v, bytes):
         if len(v) % 8:
             raise BadRequest(f"meta: bin of {len(v)} bytes is not a multiple of 8 (uint64 LE)")
         _meta_count(len(v) // 8, blocks, limits)
         return np.frombuffer(v, dtype="<u8").astype(np.uint64)
     if not isinstance(v, list):
-        raise BadRequest(f"meta: expected a uint, an array of uints or a bin, got {_kind(v)}")
+        raise BadRequest(f"meta: {show(v)} is not {META_RULE}")
     _meta_count(len(v), blocks, limits)
-    if not set(map(type, v)) <= {int}:
-        raise _first_not_int(v, "meta", "uint64")
-    try:
-        return np.array(v, dtype=np.uint64)
-    except OverflowError as exc:
-        raise _first_out_of_range(v, "meta", U64_MAX + 1, "uint64") from exc
+    return uint_array(v, "meta", U64_MAX + 1, "uint64")
 
 
 def _meta_count(n: int, blocks: int, limits: Limits) -> None:
@@ -524,24 +550,25 @@ _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")  # also a valid Prometheus label v
 
 
 def parse_report(rid: int, d: Mapping[str, Any]) -> Report:
-    """Validate the fields of a ``report`` request (errors name the field and limit)."""
+    """Validate the fields of a ``report`` request (errors name the field and limit).
+    Counters keep their kind: an int stays an int (printed without decimals)."""
     source = d.get("source")
     if type(source) is not str or not source:
-        raise BadRequest("source: expected a non-empty str")
-    if len(source.encode()) > MAX_SOURCE_BYTES:
-        raise TooLarge(f"source: {len(source.encode())} bytes exceeds {MAX_SOURCE_BYTES}")
+        raise BadRequest(f"source: {show(source)} is not a non-empty str")
+    if utf8_len("source", source) > MAX_SOURCE_BYTES:
+        raise TooLarge(f"source: {utf8_len('source', source)} bytes exceeds {MAX_SOURCE_BYTES}")
     counters = d.get("counters")
     if not isinstance(counters, Mapping):
-        raise BadRequest("counters: expected a map of name -> number")
+        raise BadRequest(f"counters: {show(counters)} is not a map of name -> number")
     if len(counters) > MAX_REPORT_COUNTERS:
         raise TooLarge(f"counters: {len(counters)} entries exceeds {MAX_REPORT_COUNTERS}")
     out: dict[str, float] = {}
     for name, value in counters.items():
         if type(name) is not str or not _NAME.match(name):
-            raise BadRequest(f"counters: name {name!r:.80} is not [a-z][a-z0-9_]{{0,63}}")
+            raise BadRequest(f"counters: name {show(name)} is not [a-z][a-z0-9_]{{0,63}}")
         if not ((type(value) is int and -(2**63) <= value < 2**64)
                 or (type(value) is float and math.isfinite(value))):
-            raise BadRequest(f"counters.{name}: expected a finite number (an int within "
-                             f"64 bits or a float), got {value!r:.80}")
-        out[name] = float(value)
+            raise BadRequest(f"counters.{name}: {show(value)} is not a finite number (an "
+                             "int within 64 bits or a float)")
+        out[name] = value
     return Report(rid, source, out)

@@ -91,6 +91,7 @@ from sarpd.protocol.requests import (  # the validation half (re-exported: its p
     OddMap,
     negotiate,
     parse_message,
+    show,
     too_deep,
 )
 
@@ -320,10 +321,10 @@ class Decoder:
                 f"frame: {kind} of {n} {unit} exceeds {name} ({lim}) "
                 f"(max_frame_size {self.limits.max_frame_size})"
             )
-        detail = f": {exc}" if str(exc) else ""
+        detail = f" ({exc})" if str(exc) else ""
         return FrameError(
-            f"frame: not valid msgpack in the message at stream byte {self._frame_start} "
-            f"({type(exc).__name__}{detail})",
+            f"frame: not valid msgpack in the message at stream byte {self._frame_start}"
+            f"{detail}",
             code="bad_request",
         )
 
@@ -437,12 +438,38 @@ def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
 
 
 def encode_request(req_id: int, op: str, fields: Mapping[str, Any]) -> bytes:
-    """A request ``{"id", "op", **fields}``; fields whose value is None are left out."""
+    """A request ``{"id", "op", **fields}``; fields whose value is None are left out.
+    A value no request can carry (an int outside -2**63..2**64-1) is a `BadRequest`
+    naming the field, raised before anything is sent."""
     msg: dict[str, Any] = {"id": req_id, "op": op}
     for key, value in fields.items():
         if value is not None and key not in ("id", "op"):
             msg[key] = value
-    return _pack(msg)
+    try:
+        return _pack(msg)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise _unsendable(msg) from exc
+
+
+_INT_MIN, _INT_LIMIT = -(2**63), 2**64
+
+
+def _unsendable(msg: Mapping[str, Any]) -> BadRequest:
+    """The error naming the first value of `msg` that cannot be encoded."""
+    stack: list[tuple[str, Any]] = list(msg.items())[::-1]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, np.generic | np.ndarray):
+            v = v.tolist()
+        if isinstance(v, int) and not isinstance(v, bool) and not _INT_MIN <= v < _INT_LIMIT:
+            return BadRequest(f"{path}: {show(v)} is out of range (no request field takes "
+                              "an int outside -2**63..2**64-1)")
+        if isinstance(v, Mapping):
+            stack.extend((f"{path}.{k}", x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list | tuple):
+            stack.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+    return BadRequest("request: a field holds a value that cannot be sent (fields are "
+                      "ints, floats, strs, bins, bools, nil, arrays and maps)")
 
 
 _ERROR_CLASSES: dict[str, type[SarpError]] = {

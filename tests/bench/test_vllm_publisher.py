@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import msgpack
 import pytest
 import zmq
+from click.testing import CliRunner
 
 from sarpd.bridge.events import BlockRemoved, BlockStored, ExtraKey, decode_batch
 from tools.bench import vllm_schema as vs
@@ -17,11 +18,13 @@ from tools.bench.vllm_publisher import (
     END_SEQ,
     Publisher,
     cleared,
+    demo_sequences,
     encode_batch,
     encode_event,
     removed,
     stored,
 )
+from tools.bench.vllm_publisher import main as demo_main
 
 
 @pytest.fixture(params=["topic", "plain"])
@@ -59,13 +62,13 @@ def test_batches_decode_as_the_bridge_reads_them(array_like: bool) -> None:
     assert msgpack.unpackb(encode_batch([], ts=1.0)) == [1.0, []]
 
 
-def _replayed(dealer: zmq.Socket, start: int, n: int) -> list[list[bytes]]:
+def _replayed(dealer: zmq.Socket[bytes], start: int, n: int) -> list[list[bytes]]:
     dealer.send_multipart([b"", start.to_bytes(8, "big")])
     return [dealer.recv_multipart() for _ in range(n)]
 
 
 def test_publish_lose_replay_and_restart(publisher: Publisher) -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
     sub.connect(publisher.endpoint)
@@ -138,3 +141,49 @@ def test_current_schema_encodes_as_vllm() -> None:
     assert (got.locality, got.ownership, got.session_id, got.lookahead) == (
         "LOCAL", "fs0", "s1", 2)
     assert batch.events[1] == BlockRemoved((1,), "STORAGE", None, "REMOTE")
+
+
+def test_demo_sequences_share_a_prefix_stored_once() -> None:
+    """The first sequence stores every block from the root; the others only their
+    own, after the shared prefix's last block; bytes hashes fold to the same ids."""
+    seqs = list(demo_sequences(4, blocks=5, shared=2, seed=3))
+    assert all(len(s.hashes) == 5 for s in seqs)
+    assert len({s.hashes[:2] for s in seqs}) == 1 and len({s.hashes[2:] for s in seqs}) == 4
+    first, *rest = seqs
+    assert first.event is not None and first.event.parent_block_hash is None
+    assert first.event.block_hashes == list(first.hashes) and first.line(0)["stored"] == list(
+        first.hashes)  # fmt: skip
+    for s in rest:
+        assert s.event is not None and s.event.parent_block_hash == s.hashes[1]
+        assert s.event.block_hashes == list(s.hashes[2:])
+        assert len(s.event.token_ids) == 3 * 16 and s.event.block_size == 16
+        assert s.line(7) == {"sequence": s.index, "batch": 7, "hashes": list(s.hashes),
+                             "stored": list(s.hashes[2:])}  # fmt: skip
+    as_bytes = list(demo_sequences(4, blocks=5, shared=2, seed=3, hash_type="bytes"))
+    assert [s.hashes for s in as_bytes] == [s.hashes for s in seqs]
+    ev = as_bytes[1].event
+    assert ev is not None and all(isinstance(h, bytes) and len(h) == 32 for h in ev.block_hashes)
+    # what the bridge decodes, and folds to the printed ids
+    batch = decode_batch(vs.encode_events([ev]))
+    got = batch.events[0]
+    assert isinstance(got, BlockStored) and got.num_tokens == 48
+    assert next(demo_sequences(4, blocks=5, shared=2, seed=4)).hashes != first.hashes
+
+
+def test_demo_cli_help_and_bad_arguments() -> None:
+    runner = CliRunner()
+    res = runner.invoke(demo_main, ["--help"])
+    assert res.exit_code == 0
+    for opt in ("--endpoint", "--replay-endpoint", "--sequences", "--blocks",
+                "--shared-blocks", "--block-size", "--interval", "--seed"):
+        assert opt in res.output
+    res = runner.invoke(demo_main, ["--blocks", "4", "--shared-blocks", "4"])
+    assert res.exit_code == 2 and "'--shared-blocks': 4 is not below --blocks (4)" in res.output
+    busy = Publisher()  # its PUB endpoint is taken
+    try:
+        res = runner.invoke(demo_main, ["--endpoint", busy.endpoint, "--no-wait"])
+    finally:
+        busy.close()
+    want = f"--endpoint: {busy.endpoint!r}: cannot bind (Address already in use)\n"
+    assert res.exit_code == 2 and want in res.output
+    assert "Traceback" not in res.output

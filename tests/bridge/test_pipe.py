@@ -5,6 +5,8 @@ sarpd; a lost connection fails every request of the window."""
 from __future__ import annotations
 
 import asyncio
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +61,28 @@ def test_a_lost_connection_fails_the_window(sarpd_proc: SarpdProc) -> None:
         return list(await asyncio.gather(*futs, return_exceptions=True))
 
     assert all(isinstance(r, ConnectionLost) for r in asyncio.run(main()))
+
+
+def test_an_unanswered_window_is_dropped_after_the_request_timeout(tmp_path: Path) -> None:
+    """A sarpd that takes the connection and never answers: the window fails with
+    ConnectionLost naming the timeout (the bridge retries it), never hangs."""
+    path = tmp_path / "mute.sock"
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(path))
+    mute.listen()
+
+    async def main() -> list[object]:
+        client = await PipeClient.connect(path, request_timeout=0.2)
+        try:
+            futs = [client.submit(*request_of(ClearOp("", 0, 0))) for _ in range(3)]
+            await client.flush()
+            return list(await asyncio.wait_for(client.outcomes(futs), 10))
+        finally:
+            await client.close()
+
+    try:
+        out = asyncio.run(main())
+    finally:
+        mute.close()
+    assert len(out) == 3 and all(isinstance(r, ConnectionLost) for r in out), out
+    assert "3 requests unanswered after 0.2 s" in str(out[0])

@@ -22,6 +22,9 @@ from sarpd.errors import ConfigError
 
 def test_position_file_roundtrip(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "pos.json"
+    with pytest.raises(ConfigError, match=r"directory .*/sub does not exist"):
+        load_position(path, "tcp://e:1", 3)  # refused up front, not at the first save
+    path.parent.mkdir()
     assert load_position(path, "tcp://e:1", 3).last_seq is None
     save_position(path, "tcp://e:1", 3, 41, {"b", "a"})
     pos = load_position(path, "tcp://e:1", 3)

@@ -70,3 +70,8 @@ def test_metrics_export_reads_the_live_counters() -> None:
     assert samples[("sarp_bridge_ignored_total", (("reason", "remote"), *w))] == 2
     assert samples[("sarp_bridge_dropped_reason_total", (("reason", "unreplayed"), *w))] == 3
     assert samples[("sarp_bridge_replay_malformed_total", w)] == 0
+    # the peers' counters and gauges (sarpd.bridge.peers), also while sarpd is down
+    assert samples[("sarp_bridge_sarpd_unreachable_total", w)] == 0
+    assert samples[("sarp_bridge_publisher_unreachable_total", w)] == 0
+    assert samples[("sarp_bridge_sarpd_down_s", w)] == 0
+    assert samples[("sarp_bridge_publisher_silent_s", w)] == 0

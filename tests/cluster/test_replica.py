@@ -138,6 +138,10 @@ def test_replicas_answer_alike_and_writes_carry_their_seq(cluster: NatsCluster,
             for n in nodes:
                 assert n.index.applied_seq == 16
                 assert await n.answers([prompt], ns="other") == [(0, [])]  # cleared
+            blocks = nodes[0].index.counters.blocks
+            for r in reps:  # each counts every entry once, whoever took the write
+                assert r.applied_writes == {"inserts": 14, "removes": 1, "clears": 1}
+                assert r.entries_applied == 16 and r.size.blocks == blocks > 0
         finally:
             for r in reps:
                 await r.stop()

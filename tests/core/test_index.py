@@ -297,7 +297,8 @@ def test_activity_is_counted_once_and_read_by_stats() -> None:
                                   "segment_reads", "corrupt_segments", "write_batches")} == {
         "index_matches": 2, "matched_blocks": 80, "queried_blocks": 80, "segment_reads": 2,
         "corrupt_segments": 0, "write_batches": 1}
-    assert stats["blocks"] == 70 and stats["segments"] == 2 and stats["backend_backend"] == "memory"
+    assert stats["blocks"] == 70 and stats["segments"] == 2 and stats["backend"] == "memory"
+    assert "backend_backend" not in stats
 
 
 def _sibling_ids(parent: int, n: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -8,8 +8,11 @@ most 1,024 tokens and frames of at most 64 KiB.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +20,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from tests.daemon_helpers import RawConn, SarpdProc, launcher
+from sarpd.client import SyncClient
+from sarpd.errors import BadRequest
+from tests.daemon_helpers import REPO, RawConn, SarpdProc, launcher
+from tests.protocol.helpers import assert_clean
 
 MAX_TOKENS = 1024
 MAX_FRAME = 64 * 1024
@@ -138,6 +144,8 @@ def test_bad_request_gets_its_code_and_names_the_field(
         assert resp["ok"] is False, resp
         assert resp["error"]["code"] == code, resp
         assert names in resp["error"]["message"], resp
+        if code != "unknown_parent":
+            assert_clean(resp["error"]["message"], names)
         # per-request errors keep the connection usable
         assert conn.call("ping", 42) == {"id": 42, "ok": True}
     assert_alive(daemon)
@@ -242,4 +250,59 @@ def test_client_that_never_reads_does_not_block_others(daemon: SarpdProc) -> Non
     assert stalled, "the server kept reading from a client that never reads"
     assert_alive(daemon)
     hog.close()
+    assert_alive(daemon)
+
+
+def sarpctl(daemon: SarpdProc, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "tools.sarpctl", "--socket",
+                           str(daemon.socket), *args], input=stdin, capture_output=True,
+                          text=True, timeout=60, cwd=REPO, env=env)
+
+
+@pytest.mark.parametrize(("args", "stdin", "field", "says"), [
+    (["match"], '{"a":1}', "tokens", "tokens: {'a': 1} is not a JSON list"),
+    (["insert"], "[1, 2, 99999999999999999999999]", "tokens",
+     "tokens[2]: 99999999999999999999999 is not a uint32"),
+    (["match"], '["a","b"]', "tokens", "tokens[0]: 'a' is not a uint32"),
+    (["insert"], "1 2 x", "tokens", "tokens[2]: 'x' is not a uint32"),
+    (["match"], "[1,", "tokens", "tokens: not valid JSON"),
+    (["insert", "--meta", str(2**64)], "1 2", "--meta", "18446744073709551616"),
+    (["insert", "--meta", "-1"], "1 2", "--meta", "-1"),
+    (["match", "--hashes", "[1, 18446744073709551616]"], "", "hashes",
+     "hashes[1]: 18446744073709551616 is not a uint64"),
+    (["insert", "--ns", "x" * 2000], "1 2", "ns", "ns: 2000 bytes exceeds max_ns_bytes"),
+])
+def test_sarpctl_bad_input_is_named_cleanly(daemon: SarpdProc, args: list[str], stdin: str,
+                                            field: str, says: str) -> None:
+    out = sarpctl(daemon, *args, stdin=stdin)
+    assert out.returncode == 2, out
+    assert says in out.stderr, out.stderr
+    assert_clean(out.stderr, field)
+    assert_alive(daemon)
+
+
+def test_the_python_client_names_bad_values_before_sending(daemon: SarpdProc) -> None:
+    with SyncClient(daemon.socket) as c:
+        for call, says in [
+            (lambda: c.insert(tokens=toks(32), meta=2**64),
+             "meta: 18446744073709551616 is not a uint64"),
+            (lambda: c.match(tokens=[1, 2, 99999999999999999999999]),
+             "tokens[2]: 99999999999999999999999 is not a uint32"),
+            (lambda: c.match(tokens=["a", "b"]), "tokens[0]: 'a' is not a uint32"),
+            (lambda: c.insert(tokens=toks(32), meta=[1, -1]), "meta[1]: -1 is not a uint64"),
+            (lambda: c.match(hashes=[2**64]), "hashes[0]: 18446744073709551616 is not"),
+            (lambda: c.insert(tokens=toks(16), meta=1, parent=2**64), "parent: 18446744"),
+            (lambda: c.remove(tokens=toks(16), start=-1), "from: -1 is not a uint64"),
+            (lambda: c.clear("n", mask=1.5), "mask: 1.5 is not a uint64"),  # type: ignore[arg-type]
+        ]:
+            with pytest.raises(BadRequest) as info:
+                call()
+            assert says in info.value.message
+            assert_clean(info.value.message, says.split(":")[0].split("[")[0])
+        # and what only the server can judge comes back named too
+        with pytest.raises(BadRequest) as info:
+            c.insert(tokens=toks(32), meta=[1, 2, 3])
+        assert_clean(info.value.message, "meta")
+        assert c.ping() == {}
     assert_alive(daemon)

@@ -12,15 +12,18 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from sarpd.client import SyncClient
 from sarpd.cluster import log
 from sarpd.errors import Unavailable
 from tests.daemon_helpers import Launcher, RawConn, SarpdProc, free_port, launcher, scrape
 from tools.cluster.nats_local import NatsCluster, local_cluster
+from tools.sarpctl import main as sarpctl
 
 BT = 16
 
@@ -97,10 +100,33 @@ def test_writes_go_through_the_log_and_every_replica_converges(
         assert bad["error"]["code"] == "unknown_parent"  # the entry's outcome everywhere
     for proc in (a, b):
         converged(proc, acked)
+    for proc, name, took in ((a, "a", 4), (b, "b", 1)):  # applied from the log: once each
+        stats = applied(proc, 5)
+        clu = stats["cluster"]
+        assert (clu["shard"], clu["replica"], clu["applied_seq"]) == ("s0", name, 5)
+        assert clu["forwarded_writes"] == took and clu["failed"] == ""
+        assert clu["applied_writes"] == {"inserts": 5, "removes": 0, "clears": 0}
+        assert (stats["inserts"], stats["removes"], stats["clears"]) == (5, 0, 0)
+        out = CliRunner().invoke(sarpctl, ["--socket", str(proc.socket), "status"])
+        assert out.exit_code == 0 and "inserts 5" in out.output, out.output
     with SyncClient(b.socket) as cb:
-        stats = cb.stats()["cluster"]
-        assert (stats["shard"], stats["replica"], stats["applied_seq"]) == ("s0", "b", 5)
-        assert stats["forwarded_writes"] == 1 and stats["failed"] == ""
+        assert cb.remove(tokens=toks(2, 3), start=2)["removed"] == 1
+        assert cb.clear(ns="other")["removed"] == 0
+    for proc in (a, b):
+        stats = applied(proc, 7)
+        assert (stats["inserts"], stats["removes"], stats["clears"]) == (5, 1, 1)
+
+
+def applied(proc: SarpdProc, seq: int, timeout: float = 20) -> dict[str, Any]:
+    """`proc`'s stats once it applied the log up to `seq`."""
+    deadline = time.monotonic() + timeout
+    with SyncClient(proc.socket) as c:
+        while True:
+            stats = c.stats()
+            if stats["cluster"]["applied_seq"] >= seq:
+                return stats
+            assert time.monotonic() < deadline, stats["cluster"]
+            time.sleep(0.05)
 
 
 def test_a_replica_killed_under_writes_catches_up_before_it_serves(

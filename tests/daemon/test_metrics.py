@@ -225,5 +225,27 @@ def test_metrics_port_in_use_is_a_clear_startup_error(sarpd_factory: Launcher) -
         proc = sarpd_factory(extra_args=("--metrics-port", str(port)), start=False)
         proc.start(wait=False)
         assert proc.proc is not None and proc.proc.wait(60) == 1
-    assert f"metrics: cannot listen on 127.0.0.1:{port}" in proc.log()
+    assert f"metrics: cannot listen on 127.0.0.1:{port}: Address already in use" in proc.log()
+    assert "ready: serving" not in proc.log() and "recovering" not in proc.log()
     assert not proc.socket.exists()  # nothing left behind
+
+
+def test_request_latency_is_a_histogram_by_op_added_per_batch() -> None:
+    """Each request's seconds from decoded to answered, by op; match and insert are
+    exported (at 0) before any request; an edge belongs to its own bucket (le)."""
+    metrics = Metrics()
+    names = [s.labels["op"] for s in family(metrics, "sarpd_request_duration_seconds").samples
+             if s.name.endswith("_count")]
+    assert names == ["insert", "match"]
+    match = Match(1, seq=SeqSpec(ns="", tokens=np.arange(16, dtype=np.uint32)))
+    metrics.record_latency([match, match, Ping(2), match], [9.9999, 9.99, 8.0, 10.0], 10.0)
+    metrics.record_latency([], [], 11.0)
+    samples = {(s.name.rsplit("_", 1)[-1], s.labels.get("le", ""), s.labels["op"]): s.value
+               for s in family(metrics, "sarpd_request_duration_seconds").samples}
+    assert samples[("count", "", "match")] == 3 and samples[("count", "", "ping")] == 1
+    assert samples[("sum", "", "match")] == pytest.approx(0.0101)
+    assert samples[("bucket", "5e-05", "match")] == 1  # 0 s
+    assert samples[("bucket", "0.0001", "match")] == 2  # 0.0001 s: le, so in this one
+    assert samples[("bucket", "0.01", "match")] == 3
+    assert samples[("bucket", "1", "ping")] == 0 and samples[("bucket", "2.5", "ping")] == 1
+    assert samples[("bucket", "+Inf", "insert")] == 0

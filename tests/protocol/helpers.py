@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgpack
@@ -35,3 +36,20 @@ def u32(values: list[int]) -> bytes:
 
 def m(op: str, **fields: Any) -> dict[str, Any]:
     return {"id": 7, "op": op, **fields}
+
+
+# ------------------------------------------------ what a bad-input message must not say
+
+# numpy dtypes, Python exception types, msgpack internals (issue 22); `int64` as a
+# word of its own: the protocol's `uint64` is the rule a message should name
+FORBIDDEN = ("<U", "(?<!u)int64", "object", "dtype", "float64", "OverflowError", "TypeError",
+             "ValueError", "msgpack", "Traceback", "invalid literal")
+# text that can never spell a FORBIDDEN word (so a message that shows it stays clean)
+SAFE_TEXT = "abcxyz XYZ019-_é\u00e9\u4e2d"
+
+
+def assert_clean(message: str, field: str) -> None:
+    """A bad-input message names `field` and leaks no internals."""
+    assert field in message, (field, message)
+    leaked = [w for w in FORBIDDEN if re.search(w, message)]
+    assert not leaked, (leaked, message)

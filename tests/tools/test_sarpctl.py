@@ -148,3 +148,94 @@ def test_console_scripts_installed() -> None:
         )
         assert out.returncode == 0, out.stderr
         assert "Usage:" in out.stdout
+
+
+def test_match_remove_and_dump_by_hashes(shared_sarpd: SarpdProc, tmp_path: Path) -> None:
+    """Blocks inserted by hash (as the vLLM bridge does) are found from the command line:
+    an inline list, a file, standard input, or hex of a bytes hash."""
+    from sarpd.client import SyncClient
+
+    digest = bytes(range(32))  # an engine's sha256 bytes hash: the bridge keeps the last 8
+    hashes = [1311, 4242, int.from_bytes(digest[-8:], "big"), 2**64 - 1]
+    with SyncClient(shared_sarpd.socket) as c:
+        c.insert(hashes=hashes, meta=9, ns="ctl-hash")
+    path = tmp_path / "hashes.txt"
+    path.write_text("1311\n4242\n")
+    for src, stdin, blocks in [(f"[1311, 4242, {hashes[2]}]", None, 3), ("1311,4242", None, 2),
+                               (str(path), None, 2), ("-", json.dumps(hashes), 4),
+                               (f'["{(1311).to_bytes(8, "big").hex()}", 4242, '
+                                f'"{digest.hex()}"]', None, 3)]:
+        res = run(shared_sarpd, "match", "--ns", "ctl-hash", "--hashes", src, "--json",
+                  stdin=stdin)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.output)["blocks"] == blocks, (src, res.output)
+    res = run(shared_sarpd, "dump", "--ns", "ctl-hash", "--hashes", "1311,4242")
+    assert res.exit_code == 0 and "ns 'ctl-hash': 2 blocks, 2 match" in res.output, res.output
+    res = run(shared_sarpd, "remove", "--ns", "ctl-hash", "--from", "2", "--hashes",
+              json.dumps(hashes))
+    assert res.exit_code == 0 and "removed 2 blocks" in res.output, res.output
+    res = run(shared_sarpd, "match", "--ns", "ctl-hash", "--hashes", str(path), str(path))
+    assert res.exit_code == 2 and "not both" in res.output
+    res = run(shared_sarpd, "match", "--hashes", "[1, 18446744073709551616]")
+    assert res.exit_code == 2 and "hashes[1]: 18446744073709551616 is not a uint64" in res.output
+
+
+def test_stats_is_plain_aligned_text(shared_sarpd: SarpdProc) -> None:
+    from sarpd.client import SyncClient
+
+    with SyncClient(shared_sarpd.socket) as c:
+        c.report("ctltest", {"events": 12, "lag_s": 0.5})
+    res = run(shared_sarpd, "stats")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert "{" not in res.output and "backend_backend" not in res.output
+    rows = dict(line.split(None, 1) for line in lines)
+    assert rows["reports.ctltest.events"] == "12" and rows["reports.ctltest.lag_s"] == "0.5"
+    assert rows["backend"] == "rocksdb" and rows["requests"].isdigit()
+    assert rows["directory_bytes"].endswith(("B", "KiB", "MiB"))
+    assert len({len(line) - len(line.split(None, 1)[1]) for line in lines}) == 1  # aligned
+    js = json.loads(run(shared_sarpd, "stats", "--json").output)
+    assert js["reports"]["ctltest"]["events"] == 12 and "backend_backend" not in js
+
+
+MUTE_SERVER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1]); s.listen(8)
+print("listening", flush=True)
+held = []
+while True:
+    held.append(s.accept()[0])  # accepts, reads nothing, answers nothing
+"""
+
+
+def test_status_against_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
+    """The issue's target: `sarpctl status` exits non-zero with a timeout error (default
+    request timeout 10 s) instead of hanging; --timeout / SARPCTL_TIMEOUT change it."""
+    import tempfile
+
+    sock_dir = Path(tempfile.mkdtemp(prefix="sarpm", dir="/tmp"))
+    sock = sock_dir / "mute.sock"
+    server = subprocess.Popen([sys.executable, "-c", MUTE_SERVER, str(sock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "listening\n"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("SARPCTL_TIMEOUT", None)
+        out = subprocess.run([sys.executable, "-m", "tools.sarpctl", "--socket", str(sock),
+                              "status"], capture_output=True, text=True, timeout=15,
+                             cwd=REPO, env=env)
+        assert out.returncode == 2, out
+        assert f"sarpd at {sock} did not answer hello within 10 s" in out.stderr
+        assert "--timeout" in out.stderr and "Traceback" not in out.stderr
+        for args, extra, op in [(["--timeout", "0.5", "check"], {}, "check within 0.5 s"),
+                                (["snapshot"], {"SARPCTL_TIMEOUT": "0.5"}, "snapshot within"),
+                                (["stats"], {"SARPCTL_TIMEOUT": "0.5"}, "stats within 0.5 s")]:
+            res = CliRunner().invoke(main, ["--socket", str(sock), *args], env=extra)
+            assert res.exit_code == 2 and op in res.output, res.output
+        res = CliRunner().invoke(main, ["--socket", str(sock), "--timeout", "-1", "status"])
+        assert res.exit_code == 2 and "--timeout" in res.output
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(sock_dir, ignore_errors=True)

@@ -1,4 +1,18 @@
-"""A stand-in for vLLM's `ZmqEventPublisher`, for tests and the bridge benchmark.
+"""A stand-in for vLLM's `ZmqEventPublisher`: a demo feed, and for tests and the
+bridge benchmark.
+
+Run from a checkout, it is a demo feed that needs no GPU and no vLLM (docs/BRIDGE.md,
+"Trying it without vLLM")::
+
+    python -m tools.bench.vllm_publisher --sequences 5 --blocks 6 --shared-blocks 2
+
+binds vLLM's PUB and replay ROUTER sockets, waits for a subscriber, publishes each
+sequence as one `EventBatch` in vLLM's current schema (`tools.bench.vllm_schema`,
+encoded by msgspec: a `BlockStored` of the blocks the "engine" had not cached yet,
+after the cached prefix as parent) and prints one JSON line per sequence with the
+block ids a client queries (``hashes``: every block of the sequence, as the 64-bit
+ids sarpd indexes), then serves replays until interrupted. `demo_sequences` makes
+the sequences (sans-I/O).
 
 `encode_batch` hand-encodes events in the shapes vLLM versions have used (msgspec
 structs as msgpack, see `sarpd.bridge.events`: all ``array_like``, or maps; fields
@@ -19,23 +33,33 @@ the end marker (seq -1, 8 bytes signed), as `replay` says:
 - ``"broken"``: each buffered batch as ``[identity, b"", b"junk"]`` (neither
   framing), then the end marker in the topic framing.
 
-Test hooks: `publish(..., lost=True)` buffers a batch without sending it (a gap the
-subscriber must replay); `restart()` starts the sequence again at 0 with an empty
+The `Publisher` binds 127.0.0.1 on random ports unless told otherwise. Test hooks:
+`publish(..., lost=True)` buffers a batch without sending it (a gap the subscriber
+must replay); `restart()` starts the sequence again at 0 with an empty
 buffer, as a restarted engine does; `replay` may be changed at any time.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import queue
+import random
+import signal
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
+import click
 import msgpack
 import zmq
+
+from tools.bench import vllm_schema as vs
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 REPLAY_MODES = ("topic", "plain", "mute", "broken")
@@ -127,11 +151,21 @@ class _Out:
     lost: bool
 
 
-class Publisher:
-    """PUB + ROUTER replay on 127.0.0.1 (random ports), a thread that serves both."""
+class BindError(ValueError):
+    """A socket could not bind: `option` names the endpoint's option."""
 
-    def __init__(self, topic: str = "", buffer_steps: int = 10_000,
-                 replay: str = "topic") -> None:  # fmt: skip
+    def __init__(self, option: str, endpoint: str, reason: str) -> None:
+        super().__init__(f"{option} {endpoint!r}: cannot bind ({reason})")
+        self.option = option
+
+
+class Publisher:
+    """PUB + ROUTER replay (127.0.0.1, random ports by default), a thread that serves
+    both."""
+
+    def __init__(self, topic: str = "", buffer_steps: int = 10_000, replay: str = "topic",
+                 endpoint: str = "tcp://127.0.0.1:*",
+                 replay_endpoint: str = "tcp://127.0.0.1:*") -> None:  # fmt: skip
         if replay not in REPLAY_MODES:
             raise ValueError(f"replay: {replay!r} is not one of {REPLAY_MODES}")
         self.topic = topic.encode()
@@ -141,10 +175,15 @@ class Publisher:
         self._pub.setsockopt(zmq.SNDHWM, 0)
         self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscriber, not just the first
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind("tcp://127.0.0.1:*")
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
-        self._router.bind("tcp://127.0.0.1:*")
+        for sock, ep, option in ((self._pub, endpoint, "--endpoint"),
+                                 (self._router, replay_endpoint, "--replay-endpoint")):
+            try:
+                sock.bind(ep)
+            except zmq.ZMQError as exc:
+                self._ctx.destroy(linger=0)
+                raise BindError(option, ep, zmq.strerror(exc.errno or 0)) from exc
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.replay_endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._queue: queue.Queue[_Out | str | None] = queue.Queue()
@@ -236,3 +275,161 @@ class Publisher:
             self._router.send_multipart((ident, b"", END_SEQ, b""))
         else:
             self._router.send_multipart((ident, b"", b"", END_SEQ, b""))
+
+
+# ---------------------------------------------------------------------- the demo feed
+
+MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSequence:
+    """One demo sequence: its block ids (as sarpd indexes them) and the event that
+    stored those the engine had not cached yet (None: it had them all)."""
+
+    index: int
+    hashes: tuple[int, ...]
+    event: vs.BlockStored | None
+
+    def line(self, batch: int | None) -> dict[str, Any]:
+        stored = len(self.event.block_hashes) if self.event is not None else 0
+        return {"sequence": self.index, "batch": batch, "hashes": list(self.hashes),
+                "stored": list(self.hashes[len(self.hashes) - stored:])}  # fmt: skip
+
+
+def demo_sequences(count: int, blocks: int, shared: int, block_size: int = 16, seed: int = 0,
+                   hash_type: str = "int") -> Iterator[DemoSequence]:  # fmt: skip
+    """`count` sequences of `blocks` blocks of `block_size` random tokens, the first
+    `shared` blocks the same in all (a shared system prompt). Block hashes chain
+    sha256 over the parent's digest and the block's tokens, as vLLM's do in spirit;
+    an int hash (`hash_type` "int", vLLM's default) is the digest's last 8 bytes, the
+    id the bridge folds a bytes hash to, so ``hashes`` are sarpd's ids either way."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(32_000) for _ in range(shared * block_size)]
+    cached: set[bytes] = set()
+    for i in range(count):
+        tokens = prefix + [rng.randrange(32_000) for _ in range((blocks - shared) * block_size)]
+        digests, parent = [], hashlib.sha256(seed.to_bytes(8, "big", signed=True)).digest()
+        for b in range(blocks):
+            chunk = tokens[b * block_size : (b + 1) * block_size]
+            parent = hashlib.sha256(parent + repr(chunk).encode()).digest()
+            digests.append(parent)
+        ids = tuple(int.from_bytes(d, "big") & MASK64 for d in digests)
+        wire: list[bytes | int] = list(ids) if hash_type == "int" else list(digests)
+        k = next((b for b, d in enumerate(digests) if d not in cached), blocks)
+        cached.update(digests)
+        event = None
+        if k < blocks:
+            event = vs.block_stored(wire[k:], wire[k - 1] if k else None,
+                                    tokens[k * block_size :], block_size)  # fmt: skip
+        yield DemoSequence(i, ids, event)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(_sig: int, _frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def _shared_below_blocks(ctx: click.Context, _p: click.Parameter, value: int) -> int:
+    if value >= ctx.params.get("blocks", value + 1):
+        raise click.BadParameter(f"{value} is not below --blocks ({ctx.params['blocks']}): "
+                                 "each sequence needs a block of its own")
+    return value
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--endpoint", default="tcp://127.0.0.1:5557", show_default=True,
+              help="PUB socket to bind (vLLM's kv_events_config.endpoint); the bridge's "
+              "--endpoint connects to it (tcp://*:5557 to listen on every interface).")
+@click.option("--replay-endpoint", default="tcp://127.0.0.1:5558", show_default=True,
+              help="ROUTER replay socket to bind (vLLM's replay_endpoint); the bridge's "
+              "--replay.")
+@click.option("--topic", default="", show_default=True, help="ZMQ topic of every message.")
+@click.option("--sequences", type=click.IntRange(1), default=10, show_default=True,
+              help="How many sequences (prompts) to publish, one EventBatch each.")
+@click.option("--blocks", type=click.IntRange(1), default=8, show_default=True, is_eager=True,
+              help="Blocks per sequence.")
+@click.option("--shared-blocks", type=click.IntRange(0), default=4, show_default=True,
+              callback=_shared_below_blocks,
+              help="Leading blocks every sequence shares (a system prompt): published "
+              "once, by the first sequence; the others store only their own blocks, "
+              "with the shared prefix's last block as parent.")
+@click.option("--block-size", type=click.IntRange(1), default=16, show_default=True,
+              help="Tokens per block (vLLM's --block-size).")
+@click.option("--interval", type=click.FloatRange(0), default=0.5, show_default=True,
+              help="Seconds between two sequences.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the random tokens (the same seed, the same hashes).")
+@click.option("--hash-type", type=click.Choice(["int", "bytes"]), default="int",
+              show_default=True, help="Block hashes on the wire: 64-bit ints (vLLM's "
+              "default) or 32-byte sha256 digests (the bridge folds them to the same ids).")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait for a subscriber before publishing (without it, a bridge started "
+              "later catches up through the replay socket).")
+@click.option("--linger", type=click.FloatRange(0), default=None,
+              help="Seconds to keep serving replays after the last sequence, then exit "
+              "[default: until interrupted].")
+def main(endpoint: str, replay_endpoint: str, topic: str, sequences: int, blocks: int,
+         shared_blocks: int, block_size: int, interval: float, seed: int, hash_type: str,
+         wait: bool, linger: float | None) -> None:  # fmt: skip
+    """A demo vLLM KV-event feed: no GPU, no vLLM.
+
+    Publishes --sequences sequences of --blocks blocks each in vLLM's current KV-event
+    schema (msgspec EventBatch [ts, events, rank], tagged BlockStored maps) on a PUB
+    socket, with vLLM's replay ROUTER socket, and prints one JSON line per sequence:
+    `batch` (its sequence number on the wire), `hashes` (the ids of all its blocks,
+    as sarpd indexes them: what `sarpctl match --hashes` takes) and `stored` (those
+    this batch stored; the shared prefix is stored once). Feed it to sarpd with
+    `sarpctl bridge vllm --endpoint tcp://127.0.0.1:5557 --replay
+    tcp://127.0.0.1:5558` (docs/BRIDGE.md, "Trying it without vLLM").
+    """
+    try:
+        pub = Publisher(topic=topic, endpoint=endpoint, replay_endpoint=replay_endpoint)
+    except BindError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"{exc.option} "),
+                                 param_hint=exc.option) from exc
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        _feed(pub, demo_sequences(sequences, blocks, shared_blocks, block_size, seed,
+                                  hash_type), wait, interval, linger)  # fmt: skip
+    except (_Stop, KeyboardInterrupt):
+        pass
+    finally:
+        pub.close()
+
+
+def _say(msg: str) -> None:
+    click.echo(f"vllm_publisher: {msg}", err=True)
+
+
+def _feed(pub: Publisher, seqs: Iterator[DemoSequence], wait: bool, interval: float,
+          linger: float | None) -> None:  # fmt: skip
+    _say(f"PUB {pub.endpoint}, replay ROUTER {pub.replay_endpoint}")
+    if wait:
+        _say("waiting for a subscriber (sarpctl bridge vllm --endpoint ... --replay ...)")
+        while not pub.subscribed.wait(0.2):
+            pass
+    n = 0
+    for n, s in enumerate(seqs, 1):
+        if n > 1:
+            time.sleep(interval)
+        batch = None
+        if s.event is not None:
+            pub.publish(vs.encode_events([s.event]))
+            pub.flush()
+            batch = pub.next_seq - 1
+        click.echo(json.dumps(s.line(batch)))
+        sys.stdout.flush()
+    _say(f"published {n} sequences; serving replays "
+         + ("until interrupted (Ctrl-C)" if linger is None else f"for {linger:g} s"))
+    deadline = float("inf") if linger is None else time.monotonic() + linger
+    while time.monotonic() < deadline:
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+if __name__ == "__main__":
+    main()
