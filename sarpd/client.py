@@ -24,36 +24,32 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeAlias, cast
+from typing import Any, cast
 
 import msgpack
-import numpy as np
 
 from sarpd.cluster import route
 from sarpd.errors import BadRequest, SarpError
-from sarpd.model import ids_to_bytes
-from sarpd.protocol.requests import (
-    ID_RULE,
-    IDS_RULE,
-    META_RULE,
-    TOKENS_RULE,
-    check_uint,
-    first_bad,
-    id_items,
-    parse_report,
-    show,
-    uint_array,
+from sarpd.protocol.fields import (
+    Ids,
+    Meta,
+    OneId,
+    Result,
+    Tokens,
+    bool_arg,
+    decode_match,
+    ids_field,
+    meta_field,
+    one_id_field,
+    seq_fields,
+    uint_arg,
 )
+from sarpd.protocol.requests import parse_report, show
 from sarpd.protocol.wire import encode_request, error_from_code
 
 __all__ = ["REQUEST_TIMEOUT_S", "Client", "ClusterClient", "ConnectFailed", "ConnectionLost",
            "RequestTimeout", "SarpConnectionError", "SyncClient"]
 
-Tokens: TypeAlias = "Sequence[int] | np.ndarray[Any, Any] | bytes"
-Ids: TypeAlias = "Sequence[int | bytes] | np.ndarray[Any, Any] | bytes"
-OneId: TypeAlias = "int | bytes | np.ndarray[Any, Any]"
-Meta: TypeAlias = "int | Sequence[int] | np.ndarray[Any, Any] | bytes"
-Result: TypeAlias = dict[str, Any]
 
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 # How long a request may go unanswered before `RequestTimeout`. A match or an insert
@@ -65,8 +61,6 @@ MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 REQUEST_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 1.0  # close: how long unsent bytes may take before they are dropped
 ATTEMPT_S = 5.0  # a cluster request unanswered this long is sent again (same write id)
-_U32_LIMIT = 2**32
-_U64_LIMIT = 2**64
 
 
 class SarpConnectionError(ConnectionError):
@@ -400,133 +394,6 @@ class Client:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-
-# ----------------------------------------------------------------- field encoding
-
-
-def seq_fields(tokens: Tokens | None, hashes: Ids | None, ns: str) -> dict[str, Any]:
-    """``ns`` plus ``tokens`` (bin of uint32 LE) and/or ``hashes``, as given."""
-    if type(ns) is not str:
-        raise BadRequest(f"ns: {show(ns)} is not a str (a namespace name)")
-    fields: dict[str, Any] = {"ns": ns}
-    if tokens is not None:
-        fields["tokens"] = tokens_bin(tokens)
-    if hashes is not None:
-        fields["hashes"] = ids_field(hashes, "hashes")
-    return fields
-
-
-def _items(value: object, name: str, rule: str) -> list[Any]:
-    """A sequence of values (list, tuple, range, numpy array) as a list of plain
-    values (numpy ints -> ints), or a BadRequest naming `name` and `rule`."""
-    if isinstance(value, np.ndarray):
-        if value.ndim != 1:
-            raise BadRequest(f"{name}: an array of {value.ndim} dimensions is not {rule}")
-        return list(value.tolist())
-    if isinstance(value, str | Mapping) or not isinstance(value, Sequence):
-        raise BadRequest(f"{name}: {show(value)} is not {rule}")
-    items = list(value)
-    if not set(map(type, items)) <= {int}:
-        items = [int(v) if isinstance(v, np.integer) else v for v in items]
-    return items
-
-
-def tokens_bin(tokens: Tokens) -> bytes:
-    """Token ids -> bin of little-endian uint32 (bytes pass through); a BadRequest
-    names the first bad token: ``tokens[2]: 99999999999999999999999 is not a uint32``."""
-    if isinstance(tokens, bytes | bytearray | memoryview):
-        raw = bytes(tokens)
-        if len(raw) % 4:
-            raise BadRequest(f"tokens: bin of {len(raw)} bytes is not a multiple of 4 "
-                             "(uint32 LE per token)")
-        return raw
-    if isinstance(tokens, np.ndarray) and tokens.ndim == 1 and tokens.dtype.kind in "iu":
-        arr = tokens  # the common case: checked with numpy, no Python object per token
-        if arr.dtype != np.uint32 and arr.size and (int(arr.min()) < 0
-                                                    or int(arr.max()) >= _U32_LIMIT):
-            raise first_bad(arr.tolist(), "tokens", _U32_LIMIT, "uint32")
-        return arr.astype("<u4").tobytes()
-    items = _items(tokens, "tokens", TOKENS_RULE)
-    return uint_array(items, "tokens", _U32_LIMIT, "uint32").astype("<u4").tobytes()
-
-
-def ids_field(ids: Ids, name: str) -> bytes | list[Any]:
-    """bytes / (n, 2) array -> bin of 16 B per id; any other sequence -> a list of
-    uints and 16-byte ids, each checked (``hashes[1]: -1 is not a uint64 ...``)."""
-    if isinstance(ids, bytes | bytearray | memoryview):
-        raw = bytes(ids)
-        if len(raw) % 16:
-            raise BadRequest(f"{name}: bin of {len(raw)} bytes is not a multiple of 16 "
-                             "(id size)")
-        return raw
-    if isinstance(ids, np.ndarray) and ids.ndim == 2:
-        if ids.shape[1] != 2 or ids.dtype.kind != "u":
-            raise BadRequest(f"{name}: an array of shape {ids.shape} is not a list of ids "
-                             "(an (n, 2) array of unsigned halves, or a flat list)")
-        return ids_to_bytes(ids)
-    items = _items(ids, name, IDS_RULE)
-    out = [bytes(x) if isinstance(x, bytearray | memoryview) else x for x in items]
-    id_items(out, name)  # the protocol's rule for each id: raises naming the first bad one
-    return out
-
-
-def one_id_field(v: OneId, name: str) -> int | bytes:
-    """One block id (``parent``): a uint64, a 16-byte id or a (1, 2) / (2,) array."""
-    if isinstance(v, np.ndarray) and v.dtype.kind == "u" and v.size == 2:
-        return ids_to_bytes(v.reshape(1, 2))
-    if isinstance(v, np.ndarray | np.integer):
-        v = v.tolist()
-    one = bytes(v) if isinstance(v, bytearray | memoryview) else v
-    if not isinstance(one, bytes):
-        one = check_uint(name, one, what=ID_RULE)
-    elif len(one) != 16:
-        raise BadRequest(f"{name}: bin of {len(one)} bytes is not an id (an id takes 16)")
-    return one
-
-
-def meta_field(meta: Meta) -> int | bytes | list[int]:
-    """``meta``: one uint64 for every block, or one per block (list, array or bin)."""
-    if isinstance(meta, np.integer):
-        meta = int(meta)
-    if isinstance(meta, bytes | bytearray | memoryview):
-        raw = bytes(meta)
-        if len(raw) % 8:
-            raise BadRequest(f"meta: bin of {len(raw)} bytes is not a multiple of 8 "
-                             "(uint64 LE per block)")
-        return raw
-    if isinstance(meta, np.ndarray) and meta.ndim == 1 and meta.dtype.kind in "iu":
-        if meta.dtype.kind == "i" and meta.size and int(meta.min()) < 0:
-            raise first_bad(meta.tolist(), "meta", _U64_LIMIT, "uint64")
-        return np.ascontiguousarray(meta, dtype="<u8").tobytes()
-    if isinstance(meta, np.ndarray) or (isinstance(meta, Sequence) and not isinstance(meta, str)):
-        items = _items(meta, "meta", META_RULE)
-        uint_array(items, "meta", _U64_LIMIT, "uint64")
-        return items
-    return check_uint("meta", meta)
-
-
-def bool_arg(name: str, v: object) -> bool:
-    if isinstance(v, bool | np.bool_):
-        return bool(v)
-    raise BadRequest(f"{name}: {show(v)} is not a bool (True or False)")
-
-
-def uint_arg(name: str, v: object) -> int:
-    """An optional uint64 argument (``from``, a holder's ``meta``, ``mask``,
-    ``value``, ``holders``, ``protocol``): numpy ints taken as ints."""
-    return check_uint(name, int(v) if isinstance(v, np.integer) else v)
-
-
-def decode_match(result: Result) -> Result:
-    """``meta`` bin -> list[int]; ``ids`` bin -> list of 16-byte ids (in place)."""
-    meta = result.get("meta")
-    if isinstance(meta, bytes):
-        result["meta"] = np.frombuffer(meta, dtype="<u8").tolist()
-    ids = result.get("ids")
-    if isinstance(ids, bytes):
-        result["ids"] = [ids[i : i + 16] for i in range(0, len(ids), 16)]
-    return result
 
 
 # ------------------------------------------------------------------ a whole cluster

@@ -28,6 +28,10 @@ from sarpd.client import (
     RequestTimeout,
     SarpConnectionError,
     SyncClient,
+)
+from sarpd.errors import BadRequest, FrameError, SarpError, UnknownOp, UnknownParent
+from sarpd.model import Insert, Match, MatchResult, Remove, Request, ids_from_bytes
+from sarpd.protocol.fields import (
     decode_match,
     ids_field,
     meta_field,
@@ -36,8 +40,6 @@ from sarpd.client import (
     tokens_bin,
     uint_arg,
 )
-from sarpd.errors import BadRequest, FrameError, SarpError, UnknownOp, UnknownParent
-from sarpd.model import Insert, Match, MatchResult, Remove, Request, ids_from_bytes
 from sarpd.protocol.wire import (
     BadMessage,
     Decoder,

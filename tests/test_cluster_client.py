@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from sarpd.client import SyncClient, tokens_bin
+from sarpd.client import SyncClient
 from sarpd.cluster import route
 from sarpd.errors import UnknownParent
+from sarpd.protocol.fields import tokens_bin
 from tools.cluster.local import LocalCluster, local_sarp_cluster
 
 BT = 16

@@ -32,8 +32,8 @@ from typing import Any
 import click
 import numpy as np
 
-from sarpd.client import ids_field
 from sarpd.model import Request
+from sarpd.protocol.fields import ids_field
 from sarpd.protocol.wire import BadMessage, Decoder, encode_request
 from tools.ctl_common import write_json
 

@@ -44,11 +44,11 @@ import msgpack
 import numpy as np
 import uvloop
 
-from sarpd.client import ids_field
 from sarpd.config import IndexConfig, ServerConfig
 from sarpd.core.index import SarpIndex
 from sarpd.core.store import open_backend
 from sarpd.model import Insert, Match, SeqSpec
+from sarpd.protocol.fields import ids_field
 from sarpd.protocol.wire import encode_request
 from tools.bench.api import Turn
 from tools.bench.runner import batches

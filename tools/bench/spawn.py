@@ -52,6 +52,7 @@ def start_daemon(data_dir: Path, *, backend: str = "rocksdb", sync: str = "none"
     if sock is None:
         sock = Path(tempfile.mkdtemp(prefix="sarp-bench-", dir="/tmp")) / "sarpd.sock"
     log_path = sock.parent / "sarpd.log"
+    data_dir.parent.mkdir(parents=True, exist_ok=True)  # sarpd creates only the last level
     argv = [sys.executable, "-m", "sarpd.daemon", "--data-dir", str(data_dir),
             "--socket", str(sock), "--backend", backend, "--sync", sync,
             "--log-level", "WARNING", *extra]
