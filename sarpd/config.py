@@ -33,6 +33,13 @@ import msgspec
 
 from sarpd.errors import ConfigError
 
+__all__ = ["CLUSTER_RULES", "INDEX_RULES", "MAX_ID", "MIN_TRIM_GRACE_S", "NESTED",
+           "SERVER_RULES", "SHOWN_CHARS", "TABLES", "ClusterConfig", "IndexConfig",
+           "LogFormat", "LogLevel", "Rule", "ServerConfig", "SettingError",
+           "SyncPolicy", "boolean", "check", "choices", "describe", "file_mode",
+           "flag_name", "id_list", "integer", "load_config", "nonempty", "number",
+           "one_of", "optional", "pathname", "read_file", "show", "typed", "typed_item"]
+
 SyncPolicy = Literal["always", "none"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]

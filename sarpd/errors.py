@@ -7,6 +7,11 @@ Messages name the field, the value and the limit, e.g.
 
 from __future__ import annotations
 
+__all__ = ["EXTRAS", "BadRequest", "Busy", "ConfigError", "CorruptData", "Forbidden",
+           "FormatVersionError", "FrameError", "Internal", "QuotaExceeded", "SarpError",
+           "StorageError", "TooLarge", "Unavailable", "UnknownOp", "UnknownParent",
+           "missing_extra"]
+
 
 class SarpError(Exception):
     """Root of every error sarp raises on purpose. `code` is the wire error code."""
@@ -106,3 +111,19 @@ class FormatVersionError(SarpError):
     """On-disk data written by a format this build does not read."""
 
     code = "internal"
+
+
+# optional packages: top-level module -> the extra of pyproject.toml that brings it
+EXTRAS = {"nats": "cluster", "wiredtiger": "wiredtiger", "dynamo": "peers",
+          "matplotlib": "dev", "redis": "dev"}
+
+
+def missing_extra(module: str | None) -> str | None:
+    """What to install when `module` (a missing module's dotted name) belongs to an
+    optional package: "needs the cluster extra (nats is not installed): pip install
+    'sarp[cluster]'"; None when it is no extra's."""
+    top = (module or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return f"needs the {extra} extra ({top} is not installed): pip install 'sarp[{extra}]'"

@@ -14,6 +14,12 @@ from typing import NewType
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["AFTER_SEQ_WAIT_MS", "Check", "CheckReport", "CheckpointResult", "Clear",
+           "Dump", "Hello", "IdArray", "Insert", "InsertResult", "Match", "MatchResult",
+           "Ping", "Remove", "RemoveResult", "Report", "Request", "RoutingKey",
+           "SegmentId", "SeqSpec", "Snapshot", "SnapshotResult", "Stats", "U32Array",
+           "U64Array", "ids_from_bytes", "ids_to_bytes"]
+
 U64Array = npt.NDArray[np.uint64]
 U32Array = npt.NDArray[np.uint32]
 IdArray = U64Array  # shape (n, 2)

@@ -21,8 +21,7 @@ import click
 import numpy as np
 
 from sarpd.config import IndexConfig
-from sarpd.core.index import SarpIndex
-from sarpd.core.store import open_backend
+from sarpd.core import SarpIndex, open_backend
 from sarpd.model import Insert, Match, SeqSpec
 
 BT = 16

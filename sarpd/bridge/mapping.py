@@ -74,6 +74,12 @@ from sarpd.bridge.events import (
 )
 from sarpd.errors import ConfigError
 
+__all__ = ["CANARY_NS", "DEFAULT_NS_MAP", "LOCAL", "MAX_CANARIES", "MAX_WORKER",
+           "TIERS", "TIER_MASK", "TIER_NAMES", "TIER_OTHER", "TIER_SHIFT",
+           "WORKER_MASK", "WORKER_SHIFT", "CanaryOp", "ClearOp", "InsertOp", "Op",
+           "RemoveOp", "Translated", "Translator", "block_meta", "cache_salt",
+           "is_local", "join_ns", "tier_code", "worker_clear"]
+
 WORKER_SHIFT = 48
 WORKER_MASK = 0xFFFF << WORKER_SHIFT
 TIER_SHIFT = 40

@@ -53,7 +53,7 @@ from sarpd.bridge.coalesce import coalesce, split_all, split_first
 from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
 from sarpd.bridge.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.peers import PublisherWatch, SarpdWatch, check_endpoint, connect
-from sarpd.bridge.pipe import PipeClient, request_of, result_of
+from sarpd.bridge.pipe import request_of
 from sarpd.bridge.state import StateFile
 from sarpd.bridge.stats import BridgeStats, serve_metrics
 from sarpd.client import Client, SarpConnectionError
@@ -66,6 +66,8 @@ from sarpd.errors import (
     UnknownOp,
     UnknownParent,
 )
+
+__all__ = ["RETRYABLE", "BridgeConfig", "Stopped", "VllmBridge", "serve"]
 
 log = logging.getLogger("sarpd.bridge")
 RETRYABLE = (Busy, Unavailable, SarpConnectionError, OSError)
@@ -116,7 +118,7 @@ class VllmBridge:
         self.last: int | None = pos.last_seq  # newest batch taken
         self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
         self._replayed: tuple[int, int] | None = None
-        self._client: PipeClient | None = None
+        self._client: Client | None = None
         self._connected_once = False
         self._stop = asyncio.Event()
         self._ctx: zmq.asyncio.Context | None = None
@@ -312,7 +314,7 @@ class VllmBridge:
             ]  # fmt: skip
             with contextlib.suppress(*RETRYABLE):  # gone: every future carries its error
                 await client.flush()
-            results = [result_of(r) for r in await client.outcomes(futs)]
+            results = await client.outcomes(futs)
             failed = self._settle(chunk, results)
             if failed is None:
                 i += len(chunk)
@@ -459,14 +461,14 @@ class VllmBridge:
         await client.insert(tokens=list(op.tokens), meta=op.engine_hash, ns=op.ns)
         return await client.match(tokens=list(op.tokens), ns=op.ns, holders=2)
 
-    async def _connected(self) -> PipeClient:
+    async def _connected(self) -> Client:
         """The connection to sarpd; while there is none, try again with backoff
         (`connect_backoff_s` doubling to `max_connect_backoff_s`), said loud and
         counted (`SarpdWatch`)."""
         backoff, cap = self.cfg.connect_backoff_s, self.cfg.max_connect_backoff_s
         while self._client is None:
             try:
-                client = await PipeClient.connect(self.cfg.socket, timeout=5.0)
+                client = await Client.connect(self.cfg.socket, timeout=5.0)
             except SarpConnectionError as exc:
                 self.sarpd.failed(str(exc), cap)
             else:

@@ -42,6 +42,9 @@ from nats.js.object_store import ObjectStore
 from sarpd.cluster import log
 from sarpd.model import CheckpointResult
 
+__all__ = ["CKPT_BUCKET", "SEQ_DIGITS", "Published", "fetch_newest", "listed", "newest",
+           "newest_of", "object_name", "publish", "seq_of", "store"]
+
 logger = logging.getLogger("sarpd.cluster.checkpoints")
 
 CKPT_BUCKET = "sarp-ckpt"

@@ -51,6 +51,13 @@ from nats.js.api import (
 
 from sarpd.errors import ConfigError, CorruptData, Unavailable
 
+__all__ = ["ACK_WAIT_S", "DUPLICATE_IN_PROCESS", "DUPLICATE_WINDOW_S", "FETCH_BATCH",
+           "MAX_ACK_PENDING", "MAX_MSG_ID_BYTES", "PUBLISH_TIMEOUT_S", "RETRY_PAUSE_S",
+           "RETRY_S", "STREAM_PREFIX", "SUBJECT_PREFIX", "TRANSIENT", "LogConfigError",
+           "LogGap", "ShardReader", "connect", "durable_name", "ensure_stream",
+           "publish", "retrying", "stream_config", "stream_name", "subject",
+           "transient", "trim_below"]
+
 # How long JetStream remembers a msg id. A write's sender resends it, with the same msg
 # id, when its PubAck did not arrive (a lost ack, a leader change, a reconnect); a
 # resend after the window would be applied twice, so the window must be longer than

@@ -28,6 +28,10 @@ from sarpd.config import ClusterConfig
 from sarpd.model import CheckpointResult
 from sarpd.protocol.requests import Limits
 
+__all__ = ["CHECKPOINT_POLL_S", "JS_TIMEOUT_S", "REPORT_S", "SILENT_S", "ClusterNode",
+           "live_floor", "progress_key", "progress_report", "read_reports",
+           "read_shard_map", "read_status", "write_shard_map"]
+
 logger = logging.getLogger("sarpd.cluster.node")
 
 JS_TIMEOUT_S = 5.0  # one JetStream API call (log.retrying retries transient failures)

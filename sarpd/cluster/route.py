@@ -28,6 +28,10 @@ from sarpd.core.shards import check_shards, shard_of
 from sarpd.errors import BadRequest, SarpError, UnknownParent
 from sarpd.model import IdArray
 
+__all__ = ["BROADCAST_OPS", "REQUEST_PREFIX", "SEQ_OPS", "SHARD_BUCKET", "SHARD_KEY",
+           "WRITE_ID_HEADER", "WRITE_OPS", "check_map", "first_block", "merge",
+           "queue_group", "request_subject", "target"]
+
 SHARD_BUCKET = "sarp"
 SHARD_KEY = "shards"
 REQUEST_PREFIX = "sarp.req."

@@ -30,6 +30,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
+__all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "compiler", "expected", "module",
+           "references", "status", "summary", "xxhash_found"]
+
 ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
 
 # path -> the extension module that runs it natively

@@ -64,6 +64,7 @@ from sarpd.errors import (
     SarpError,
     StorageError,
     TooLarge,
+    missing_extra,
 )
 from sarpd.model import IdArray, SeqSpec
 
@@ -99,9 +100,17 @@ def data_paths(data_dir: Path, backend: str) -> tuple[Path, Path]:
 
 def open_backend(name: str, path: Path, *, cache_bytes: int,
                  direct_io: bool = False) -> Backend:
-    """`backends.registry.open_backend`, with the backends' errors mapped to sarp's."""
-    with backend_errors():
-        return registry.open_backend(name, path, cache_bytes=cache_bytes, direct_io=direct_io)
+    """`backends.registry.open_backend`, with the backends' errors mapped to sarp's (an
+    engine whose optional package is missing: a ConfigError naming its extra)."""
+    try:
+        with backend_errors():
+            return registry.open_backend(name, path, cache_bytes=cache_bytes,
+                                         direct_io=direct_io)
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc.name)
+        if extra is None:
+            raise
+        raise ConfigError(f"backend {name} {extra}") from exc
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import importlib.util
 import logging
 import os
 import signal
@@ -38,7 +39,7 @@ from sarpd.core.index import RecoveryReport, SarpIndex
 from sarpd.daemon import sdnotify
 from sarpd.daemon.server import Server, check_socket_path
 from sarpd.daemon.service import Service
-from sarpd.errors import ConfigError, SarpError
+from sarpd.errors import ConfigError, SarpError, missing_extra
 
 if TYPE_CHECKING:
     from sarpd.cluster.node import ClusterNode
@@ -476,6 +477,7 @@ def main(
             metrics_host=metrics_host,
         )
         check_backend(cfg, config_file)
+        check_extras(cfg)
         check_socket_path(cfg.socket)  # before anything is created: a missing directory
         lock = lock_data_dir(cfg.data_dir)
     except SettingError as exc:
@@ -497,6 +499,12 @@ def check_backend(cfg: ServerConfig, config_file: Path | None) -> None:
     if cfg.backend not in names:
         err = SettingError("server", "backend", cfg.backend, f"is not one of {choices(names)}")
         raise err.at_file(config_file) if config_file is not None else err
+
+
+def check_extras(cfg: ServerConfig) -> None:
+    """Cluster mode needs nats-py (the `cluster` extra): say so before anything starts."""
+    if cfg.cluster.enabled and importlib.util.find_spec("nats") is None:
+        raise ConfigError(f"cluster mode {missing_extra('nats')}")
 
 
 def _as_click(ctx: click.Context, exc: SettingError) -> click.ClickException:

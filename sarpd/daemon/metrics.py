@@ -72,6 +72,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from sarpd.core import Activity
 from sarpd.errors import SarpError
 from sarpd.model import Match, MatchResult, Request
 
@@ -103,19 +104,6 @@ CLUSTER_FIGURES = (
 )
 
 
-class Activity(Protocol):
-    """The index's activity counters (`SarpIndex` keeps them; read, never copied)."""
-
-    @property
-    def matched_blocks(self) -> int: ...
-
-    @property
-    def queried_blocks(self) -> int: ...
-
-    @property
-    def segment_reads(self) -> int: ...
-
-
 class Sources(Protocol):
     """What the metrics read from the state's owners (safe from any thread)."""
 
@@ -128,7 +116,8 @@ class Sources(Protocol):
         ...
 
     def activity(self) -> Activity | None:
-        """The index's activity counters, once the index is serving."""
+        """The index's activity counters (`sarpd.core.Activity`, read, never copied),
+        once the index is serving."""
         ...
 
     def cluster(self) -> Mapping[str, object] | None:

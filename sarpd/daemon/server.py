@@ -52,8 +52,9 @@ from typing import Protocol, TypeVar, cast
 import numpy as np
 
 from sarpd.config import ServerConfig
+from sarpd.core import Activity
 from sarpd.daemon.access import PeerCred, Policy, peer_cred
-from sarpd.daemon.metrics import Activity, Metrics, op_name
+from sarpd.daemon.metrics import Metrics, op_name
 from sarpd.daemon.service import Service
 from sarpd.errors import Busy, ConfigError, FrameError, Internal, SarpError, Unavailable
 from sarpd.model import Request

@@ -29,9 +29,7 @@ from typing import Literal, Protocol
 
 import sarpd
 from sarpd.config import ServerConfig
-from sarpd.core.ids import HASH_NAME
-from sarpd.core.inspection import dump_or_error
-from sarpd.daemon.metrics import Activity
+from sarpd.core import HASH_NAME, Activity, dump_or_error
 from sarpd.daemon.reports import Reports
 from sarpd.errors import Internal, SarpError, StorageError
 from sarpd.model import (

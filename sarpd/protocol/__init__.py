@@ -1,2 +1,2 @@
-"""The sans-I/O wire protocol (PROTOCOL.md): msgpack framing and encoding (`wire`) and
-request validation (`requests`). Bytes in, typed requests out; no asyncio."""
+"""The sans-I/O wire protocol (PROTOCOL.md): framing and encoding (`wire`), then the one
+typed decode of every request (`requests`). Bytes in, typed requests out; no asyncio."""

@@ -1,7 +1,18 @@
-"""Sans-I/O validation of requests (PROTOCOL.md): one decoded msgpack value -> a
-typed request, or a `BadMessage` naming the field and the limit. No sockets, no
-asyncio; `sarpd.protocol.wire` feeds it what its `Decoder` unpacks. The limits are documented
-in `sarpd.protocol.wire` (framing) and PROTOCOL.md ("Limits")."""
+"""The one typed decode of a request (PROTOCOL.md): a frame, or a value already
+decoded, -> a typed request of `sarpd.model`, or a `BadMessage` naming the field, the
+value and the rule. No sockets, no asyncio. Layout, top to bottom:
+
+- `Limits` (the decoder's limits, documented in `sarpd.protocol.wire`), `BadMessage`;
+- `read_frame`: msgspec reads a frame whose fields have their wire types (typed, in C;
+  a list of 64-bit ids straight into numpy) into the map of its fields, or says no
+  (None) when the frame has another shape (unknown or repeated fields, a value of
+  another type, bad UTF-8...) or may pass a frame budget: the framing then builds it
+  under its budgets (`wire`), so every limit is checked where it always was;
+- `parse_message`: that map -> a typed request, every rule in one place (`_OPS`, one
+  function per op; field rules below it), in a fixed order, so a message with several
+  bad fields names the same one whatever its key order;
+- the field rules the client also applies (`show`, `check_uint`, `uint_array`, ...).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +21,10 @@ import math
 import re
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypedDict
 
-import msgpack
+import msgspec
 import numpy as np
 
 from sarpd.core.ids import check_sequence_tokens
@@ -42,15 +53,20 @@ from sarpd.model import (
 if TYPE_CHECKING:
     from sarpd.config import ServerConfig
 
-log = logging.getLogger(__name__)
+__all__ = ["IDS_RULE", "ID_RULE", "META_RULE", "NEWEST_PROTOCOL", "TOKENS_RULE", "BadMessage",
+           "Limits", "OddMap", "check_uint", "first_bad", "id_items", "negotiate",
+           "parse_message", "parse_report", "read_frame", "show", "too_deep", "uint_array",
+           "utf8_len"]
 
+log = logging.getLogger(__name__)
 U64_MAX = 2**64 - 1
 U32_LIMIT = 2**32
+NEWEST_PROTOCOL = 2  # what `hello` can negotiate (PROTOCOL.md "Holders")
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Decoder limits; see the module docstring. ``max_ids=0`` derives the default.
+    """Decoder limits (see `sarpd.protocol.wire`). ``max_ids=0`` derives the default.
     A limit that is not an int >= 1 is a ConfigError (they come from the config)."""
 
     max_frame_size: int = 64 * 1024 * 1024
@@ -65,24 +81,12 @@ class Limits:
     max_match_holders: int = 1024  # `holders: K` of a match (PROTOCOL.md "Holders")
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_frame_size",
-            "max_sequence_tokens",
-            "block_tokens",
-            "max_ns_bytes",
-            "max_map_len",
-            "max_containers",
-            "max_str_bytes",
-            "max_depth",
-            "max_match_holders",
-        ):
-            value = getattr(self, name)
+        for f in fields(self):  # max_ids after the two it derives from
+            if f.name == "max_ids" and self.max_ids == 0:
+                object.__setattr__(self, "max_ids", self.max_sequence_tokens // self.block_tokens)
+            value = getattr(self, f.name)
             if type(value) is not int or value < 1:
-                raise ConfigError(f"Limits.{name}: {value!r} must be an int >= 1")
-        if self.max_ids == 0:
-            object.__setattr__(self, "max_ids", self.max_sequence_tokens // self.block_tokens)
-        if type(self.max_ids) is not int or self.max_ids < 1:
-            raise ConfigError(f"Limits.max_ids: {self.max_ids!r} must be an int >= 1")
+                raise ConfigError(f"Limits.{f.name}: {value!r} must be an int >= 1")
 
     @property
     def max_items(self) -> int:
@@ -90,11 +94,9 @@ class Limits:
 
     @classmethod
     def from_config(cls, cfg: ServerConfig) -> Limits:
-        return cls(
-            max_frame_size=cfg.max_frame_size,
-            max_sequence_tokens=cfg.index.max_sequence_tokens,
-            block_tokens=cfg.index.block_tokens,
-        )
+        return cls(max_frame_size=cfg.max_frame_size,
+                   max_sequence_tokens=cfg.index.max_sequence_tokens,
+                   block_tokens=cfg.index.block_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,27 +107,14 @@ class BadMessage:
     error: SarpError
 
 
-# --------------------------------------------------------------------------- decoding
-
-
 class OddMap:
     """A map whose keys are not all strings (never a valid request or field): what the
-    wire decoder builds for such a map, so that no dict with odd keys is ever made."""
+    framing builds for such a map, so that no dict with odd keys is ever made."""
 
     __slots__ = ("pairs",)
 
     def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
         self.pairs = pairs
-
-
-def _children(o: object) -> list[Any]:
-    if isinstance(o, list):
-        return o
-    if isinstance(o, dict):
-        return list(o.values())
-    if isinstance(o, OddMap):
-        return [x for pair in o.pairs for x in pair]
-    return []
 
 
 def too_deep(obj: object, limit: int) -> BadMessage | None:
@@ -138,13 +127,95 @@ def too_deep(obj: object, limit: int) -> BadMessage | None:
             rid = obj.get("id") if isinstance(obj, dict) else None
             rid = rid if type(rid) is int and 0 <= rid <= U64_MAX else 0
             return BadMessage(
-                rid, TooLarge(f"request: nesting depth over {limit} exceeds max_depth ({limit})")
-            )
-        stack.extend((c, d + 1) for c in _children(o) if isinstance(c, list | dict | OddMap))
+                rid, TooLarge(f"request: nesting depth over {limit} exceeds max_depth ({limit})"))
+        kids = (o if isinstance(o, list) else list(o.values()) if isinstance(o, dict)
+                else [x for pair in o.pairs for x in pair] if isinstance(o, OddMap) else [])
+        stack.extend((c, d + 1) for c in kids if isinstance(c, list | dict | OddMap))
     return None
 
 
-NEWEST_PROTOCOL = 2  # what `hello` can negotiate (PROTOCOL.md "Holders")
+# ------------------------------------------------------------------ the typed read
+
+_Fields = TypedDict("_Fields", {  # every field of every op, as the wire may carry it
+    "id": int | None, "op": str | None, "ns": str | None, "tokens": bytes | list[int] | None,
+    "hashes": msgspec.Raw, "ids": msgspec.Raw, "meta": int | bytes | list[int] | None,
+    "parent": int | bytes | None, "with_ids": bool | None, "holders": int | None,
+    "from": int | None, "mask": int | None, "value": int | None, "fix": bool | None,
+    "protocol": int | None, "after_seq": dict[str, int] | None,
+    "after_seq_wait_ms": int | None, "source": str | None,
+    "counters": dict[str, int | float] | None}, total=False)
+_READER = msgspec.msgpack.Decoder(_Fields)
+_ANY_IDS = msgspec.msgpack.Decoder(bytes | list[int | bytes] | None)
+_UINT64 = b"\xcf"  # msgpack's uint 64 marker (then 8 bytes big-endian)
+
+
+class _ReadIds:
+    """Ids `read_frame` already put in numpy (at most max_ids of them)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: IdArray) -> None:
+        self.ids = ids
+
+
+def _pairs(frame: bytes | memoryview) -> int:
+    """The pairs of the map `frame` holds (-1: not a map)."""
+    head = frame[0] if len(frame) else 0
+    if 0x80 <= head <= 0x8F:
+        return head & 0x0F
+    size = 2 if head == 0xDE else 4 if head == 0xDF else 0
+    return int.from_bytes(frame[1 : 1 + size], "big") if size else -1
+
+
+def read_frame(frame: bytes | memoryview, limits: Limits) -> dict[str, Any] | None:
+    """The fields of the request map `frame`, typed by msgspec, or None: another shape,
+    or one that may pass a frame budget (the caller then builds it under them).
+    Within the budgets by construction: at most 2 levels, 1 + one container per field."""
+    n = _pairs(frame)
+    if not 0 <= n <= min(limits.max_map_len, 32):
+        return None
+    try:
+        d: dict[str, Any] = _READER.decode(frame)  # type: ignore[assignment]
+        for name in ("hashes", "ids"):
+            if name in d:
+                d[name] = _read_ids(bytes(d[name]), limits)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if len(d) != n:  # an unknown or a repeated key
+        return None
+    items, containers = n, 1
+    for v in d.values():
+        if isinstance(v, _ReadIds):
+            items, containers = items + len(v.ids), containers + 1
+        elif isinstance(v, list | dict):
+            containers += 1
+            items += len(v)
+            if isinstance(v, dict) and (len(v) > limits.max_map_len or not all(
+                    len(k) <= limits.max_str_bytes // 4 for k in v)):
+                return None
+    sizes = [len(v) for v in (d.get("op"), d.get("ns"), d.get("source")) if type(v) is str]
+    if items > limits.max_items or containers > min(limits.max_containers, limits.max_depth) \
+            or any(size > limits.max_str_bytes // 4 for size in sizes):
+        return None
+    return d
+
+
+def _read_ids(raw: bytes, limits: Limits) -> object:
+    """hashes / ids from their raw msgpack bytes: an array of uint64s each encoded as
+    ``0xcf`` + 8 bytes big-endian (how msgpack writes every uint >= 2**32, so every
+    64-bit engine hash but one in 2**32) in one numpy view, any other form as a value."""
+    head = raw[0]
+    n, start = ((head & 0x0F, 1) if 0x90 <= head <= 0x9F else
+                (int.from_bytes(raw[1:3], "big"), 3) if head == 0xDC else
+                (int.from_bytes(raw[1:5], "big"), 5) if head == 0xDD else (-1, -1))
+    if 0 < n <= limits.max_ids and len(raw) == start + 9 * n and raw[start::9] == _UINT64 * n:
+        out = np.zeros((n, 2), dtype=np.uint64)
+        out[:, 0] = np.ndarray((n,), ">u8", raw, start + 1, (9,))  # the values, in place
+        return _ReadIds(out)
+    return _ANY_IDS.decode(raw)
+
+
+# ------------------------------------------------------------------ requests
 
 
 def negotiate(requested: int) -> int:
@@ -153,8 +224,8 @@ def negotiate(requested: int) -> int:
 
 
 def parse_message(obj: object, limits: Limits, protocol: int = 1) -> Request | BadMessage:
-    """One decoded msgpack value -> a typed request, or a `BadMessage`. `protocol`: what
-    the connection negotiated (`negotiate`); it changes what an insert means."""
+    """One decoded value -> a typed request, or a `BadMessage`. `protocol`: what the
+    connection negotiated (`negotiate`); it changes what an insert means."""
     if isinstance(obj, OddMap):
         return BadMessage(0, BadRequest("request: map keys must be strings"))
     if not isinstance(obj, dict):
@@ -164,7 +235,15 @@ def parse_message(obj: object, limits: Limits, protocol: int = 1) -> Request | B
         what = "missing" if rid is None else f"{show(rid)} is not a uint64"
         return BadMessage(0, BadRequest(f"id: {what}"))
     try:
-        return _parse_op(rid, obj, limits, protocol)
+        op = obj.get("op")
+        if op is None:
+            raise BadRequest("op: missing")
+        if type(op) is not str:
+            raise BadRequest(f"op: {show(op)} is not a str (an op name)")
+        parse = _OPS.get(op)
+        if parse is None:
+            raise UnknownOp(f"op: unknown op {show(op)} (known: {', '.join(sorted(_OPS))})")
+        return parse(rid, obj, limits, protocol)
     except SarpError as exc:
         return BadMessage(rid, exc)
     except Exception:  # the one guard of validation: a bug costs one answer, not
@@ -174,16 +253,7 @@ def parse_message(obj: object, limits: Limits, protocol: int = 1) -> Request | B
                                         "sarpd log has the details)"))
 
 
-def _parse_op(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
-    op = d.get("op")
-    if op is None:
-        raise BadRequest("op: missing")
-    if type(op) is not str:
-        raise BadRequest(f"op: {show(op)} is not a str (an op name)")
-    parse = _OPS.get(op)
-    if parse is None:
-        raise UnknownOp(f"op: unknown op {show(op)} (known: {', '.join(sorted(_OPS))})")
-    return parse(rid, d, limits, protocol)
+_Op = Callable[[int, dict[str, Any], Limits, int], Request]
 
 
 def _op_hello(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
@@ -195,15 +265,6 @@ def _op_hello(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Req
     return Hello(rid, protocol=asked)
 
 
-def _op_check(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
-    return Check(rid, fix=_bool(d, "fix"))
-
-
-def _op_dump(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
-    _refuse(d, "dump", "parent")
-    return Dump(rid, seq=_need_seq(d, limits, "dump"))
-
-
 def _op_match(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
     _refuse(d, "match", "parent")
     k = _uint(d, "holders")
@@ -211,10 +272,9 @@ def _op_match(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Req
         raise BadRequest("holders: 0 asks for no holder (1..max_match_holders, or leave it out)")
     if k > limits.max_match_holders:
         raise TooLarge(f"holders: {k:,} exceeds max_match_holders ({limits.max_match_holders:,})")
-    wait = d.get("after_seq_wait_ms")
+    wait = AFTER_SEQ_WAIT_MS if d.get("after_seq_wait_ms") is None else _wait_ms(d)
     return Match(rid, seq=_need_seq(d, limits, "match"), with_ids=_bool(d, "with_ids"),
-                 holders=k, after_seq=_after_seq(d),
-                 after_seq_wait_ms=AFTER_SEQ_WAIT_MS if wait is None else _wait_ms(d))
+                 holders=k, after_seq=_after_seq(d), after_seq_wait_ms=wait)
 
 
 MAX_AFTER_SEQ_SHARDS = 1024  # sarpd.core.shards.MAX_SHARDS
@@ -223,8 +283,7 @@ MAX_AFTER_SEQ_WAIT_MS = 60_000
 
 
 def _after_seq(d: dict[str, Any]) -> tuple[tuple[str, int], ...]:
-    """`after_seq`: a map shard name -> uint (the newest write sequence the client
-    got from that shard)."""
+    """`after_seq`: shard name -> uint (the newest write sequence the client got)."""
     v = d.get("after_seq")
     if v is None:
         return ()
@@ -254,7 +313,9 @@ def _op_insert(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Re
     meta_v = d.get("meta")
     if meta_v is None:
         raise BadRequest("meta: missing (one uint for all blocks, or one per block)")
-    meta = _meta(meta_v, _blocks(seq, limits), limits)
+    blocks = len(seq.tokens) // limits.block_tokens if seq.tokens is not None \
+        else len(seq.hashes) if seq.hashes is not None else 0
+    meta = _meta(meta_v, blocks, limits)
     parent_v = d.get("parent")
     parent = None if parent_v is None else _one_id(parent_v, "parent")
     return Insert(rid, seq=seq, meta=meta, parent=parent, add_holder=protocol >= 2)
@@ -287,35 +348,27 @@ def _op_clear(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Req
     return Clear(rid, ns=_ns(d, limits), mask=mask, value=value)
 
 
-_OPS: dict[str, Callable[[int, dict[str, Any], Limits, int], Request]] = {
-    "hello": _op_hello,
-    "ping": lambda rid, d, limits, protocol: Ping(rid),  # field-less ops ignore every field
+def _op_dump(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
+    _refuse(d, "dump", "parent")
+    return Dump(rid, seq=_need_seq(d, limits, "dump"))
+
+
+_OPS: dict[str, _Op] = {  # field-less ops ignore every field
+    "hello": _op_hello, "match": _op_match, "insert": _op_insert, "remove": _op_remove,
+    "clear": _op_clear, "dump": _op_dump,
+    "ping": lambda rid, d, limits, protocol: Ping(rid),
     "stats": lambda rid, d, limits, protocol: Stats(rid),
     "snapshot": lambda rid, d, limits, protocol: Snapshot(rid),
-    "match": _op_match,
-    "insert": _op_insert,
-    "remove": _op_remove,
-    "clear": _op_clear,
-    "check": _op_check,
-    "dump": _op_dump,
+    "check": lambda rid, d, limits, protocol: Check(rid, fix=_bool(d, "fix")),
     "report": lambda rid, d, limits, protocol: parse_report(rid, d),
 }
 
 
-# ------------------------------------------------------------------ field validation
+# ------------------------------------------------------------------ field rules
 
-
-_KIND_NAMES: dict[type, str] = {
-    bool: "bool",
-    int: "int",
-    float: "float",
-    str: "str",
-    bytes: "bin",
-    list: "array",
-    dict: "map",
-    type(None): "nil",
-    OddMap: "map",
-}
+_KIND_NAMES: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str",
+                                bytes: "bin", list: "array", dict: "map", type(None): "nil",
+                                OddMap: "map"}
 
 
 def _kind(v: object) -> str:
@@ -328,7 +381,7 @@ def _kind(v: object) -> str:
         return "bin"
     if isinstance(v, tuple | set | frozenset):
         return "array"
-    return "ext" if isinstance(v, msgpack.ExtType | msgpack.Timestamp) else "value"
+    return "ext" if type(v).__name__ in ("ExtType", "Timestamp", "Ext") else "value"
 
 
 _repr = reprlib.Repr()  # bounded in depth and length, so any decoded value is safe to show
@@ -338,11 +391,8 @@ _repr.maxstring = _repr.maxother = _repr.maxlong = 40
 
 def _plain_value(v: object) -> object:
     """A numpy scalar or array -> its Python value (so no dtype is ever shown)."""
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    return v
+    return v.item() if isinstance(v, np.generic) else \
+        v.tolist() if isinstance(v, np.ndarray) else v
 
 
 def show(v: object, width: int = 60) -> str:
@@ -354,7 +404,6 @@ def show(v: object, width: int = 60) -> str:
     else:
         text = f"a {_kind(v)}" if _kind(v) != "value" else "a value of another kind"
     return text if len(text) <= width else f"{text[: width - 3]}..."
-
 
 
 def first_bad(items: Sequence[Any], name: str, limit: int, what: str) -> BadRequest:
@@ -403,11 +452,9 @@ def _refuse(d: dict[str, Any], op: str, name: str, hint: str = "") -> None:
 
 def _bool(d: dict[str, Any], name: str) -> bool:
     v = d.get(name)
-    if v is None:
-        return False
-    if type(v) is not bool:
+    if v is not None and type(v) is not bool:
         raise BadRequest(f"{name}: {show(v)} is not a bool (true or false)")
-    return v
+    return bool(v)
 
 
 def _uint(d: dict[str, Any], name: str) -> int:
@@ -448,17 +495,6 @@ def _need_seq(d: dict[str, Any], limits: Limits, op: str) -> SeqSpec:
     return seq
 
 
-def _blocks(seq: SeqSpec, limits: Limits) -> int:
-    if seq.tokens is not None:
-        return len(seq.tokens) // limits.block_tokens
-    assert seq.hashes is not None
-    return len(seq.hashes)
-
-
-def _check_tokens_len(n: int, limits: Limits) -> None:
-    check_sequence_tokens(n, limits.max_sequence_tokens)  # the core's one rule
-
-
 TOKENS_RULE = "an array of uint32 token ids or a bin (uint32 LE per token)"
 IDS_RULE = "a bin of 16-byte ids or an array of ids (each a uint64 or a 16-byte bin)"
 ID_RULE = "uint64 or a 16-byte bin"
@@ -469,13 +505,12 @@ def _tokens(v: object, limits: Limits) -> U32Array:
     if isinstance(v, bytes):
         if len(v) % 4:
             raise BadRequest(
-                f"tokens: bin of {len(v)} bytes is not a multiple of 4 (uint32 LE per token)"
-            )
-        _check_tokens_len(len(v) // 4, limits)
+                f"tokens: bin of {len(v)} bytes is not a multiple of 4 (uint32 LE per token)")
+        check_sequence_tokens(len(v) // 4, limits.max_sequence_tokens)  # the core's rule
         return np.frombuffer(v, dtype="<u4").astype(np.uint32)
     if not isinstance(v, list):
         raise BadRequest(f"tokens: {show(v)} is not {TOKENS_RULE}")
-    _check_tokens_len(len(v), limits)
+    check_sequence_tokens(len(v), limits.max_sequence_tokens)
     return uint_array(v, "tokens", U32_LIMIT, "uint32").astype(np.uint32)
 
 
@@ -486,6 +521,8 @@ def _check_ids_len(n: int, name: str, limits: Limits) -> None:
 
 def _ids(v: object, name: str, limits: Limits) -> IdArray:
     """hashes / ids: bin of 16 B per id, or a list of 16-byte bins / uints < 2**64."""
+    if isinstance(v, _ReadIds):
+        return v.ids
     if isinstance(v, bytes):
         if len(v) % 16:
             raise BadRequest(f"{name}: bin of {len(v)} bytes is not a multiple of 16 (id size)")
@@ -500,13 +537,12 @@ def _ids(v: object, name: str, limits: Limits) -> IdArray:
 def id_items(v: list[Any], name: str) -> IdArray:
     """A list of ids (each a uint64, zero-extended, or a 16-byte bin) -> (n, 2) ids."""
     types = set(map(type, v))
-    if types <= {int}:
-        out = np.zeros((len(v), 2), dtype=np.uint64)
-        out[:, 0] = uint_array(v, name, U64_MAX + 1, ID_RULE)
-        return out
     if types == {bytes} and set(map(len, v)) == {16}:
         return ids_from_bytes(b"".join(v))
     out = np.zeros((len(v), 2), dtype=np.uint64)
+    if types <= {int}:
+        out[:, 0] = uint_array(v, name, U64_MAX + 1, ID_RULE)
+        return out
     for i, item in enumerate(v):
         out[i] = _one_id(item, f"{name}[{i}]")[0]
     return out
@@ -523,23 +559,17 @@ def _one_id(v: object, name: str) -> IdArray:
 def _meta(v: object, blocks: int, limits: Limits) -> U64Array | int:
     if type(v) is int:
         return check_uint("meta", v)
-    if isinstance(v, bytes):
-        if len(v) % 8:
-            raise BadRequest(f"meta: bin of {len(v)} bytes is not a multiple of 8 (uint64 LE)")
-        _meta_count(len(v) // 8, blocks, limits)
-        return np.frombuffer(v, dtype="<u8").astype(np.uint64)
-    if not isinstance(v, list):
+    if not isinstance(v, bytes | list):
         raise BadRequest(f"meta: {show(v)} is not {META_RULE}")
-    _meta_count(len(v), blocks, limits)
-    return uint_array(v, "meta", U64_MAX + 1, "uint64")
-
-
-def _meta_count(n: int, blocks: int, limits: Limits) -> None:
+    if isinstance(v, bytes) and len(v) % 8:
+        raise BadRequest(f"meta: bin of {len(v)} bytes is not a multiple of 8 (uint64 LE)")
+    n = len(v) // 8 if isinstance(v, bytes) else len(v)
     if n != blocks:
-        raise BadRequest(
-            f"meta: {n} values for {blocks} blocks (one uint64 per whole "
-            f"{limits.block_tokens}-token block, or a single uint for all)"
-        )
+        raise BadRequest(f"meta: {n} values for {blocks} blocks (one uint64 per whole "
+                         f"{limits.block_tokens}-token block, or a single uint for all)")
+    if isinstance(v, bytes):
+        return np.frombuffer(v, dtype="<u8").astype(np.uint64)
+    return uint_array(v, "meta", U64_MAX + 1, "uint64")
 
 
 # -- report (extension op) --------------------------------------------------

@@ -1,55 +1,45 @@
-"""Sans-I/O wire codec of PROTOCOL.md: msgpack bytes -> validated typed requests,
-typed results -> msgpack bytes. No sockets, no asyncio (in the style of h11): the
-server feeds whatever bytes arrive and writes whatever bytes come back. Framing and
-encoding live here; the validation of each decoded message into a typed request lives
-in `sarpd.protocol.requests` (its public names are re-exported here).
+"""Sans-I/O wire codec of PROTOCOL.md: msgpack bytes -> typed requests, typed results ->
+msgpack bytes. No sockets, no asyncio (in the style of h11): the server feeds whatever
+bytes arrive and writes whatever bytes come back. Layout: `Decoder` (the framing: a
+skipping unpacker finds where each message ends, under the stream limits), then each
+message goes to the one typed decode of `sarpd.protocol.requests`; encoding below.
 
 Limits (all in `Limits`; the server builds them with `Limits.from_config`):
 
-- ``max_frame_size`` (64 MiB): the largest single message. A bigger one raises
-  `FrameError` (code ``too_large``, the message gives both sizes): a stream
-  error, after which the server answers ``encode_error(0, exc)`` and closes.
-  Bytes that are not msgpack raise `FrameError` (code ``bad_request``) the same way.
-  (`Decoder.feed` raises the subclass `StreamError`, whose ``decoded`` keeps the
-  requests completed earlier in the same feed.) The decoder never buffers more
-  than ``max_frame_size + 1`` bytes, however many are fed at once.
-- ``max_sequence_tokens`` (1,048,576): tokens per sequence; longer is a per-request
-  ``too_large``.
-- ``block_tokens`` (16): tokens per block; ``meta`` needs one value per whole block.
-- ``max_ns_bytes`` (1,024): the UTF-8 length of a namespace (``bad_request``).
-- ``max_ids`` (default ``max_sequence_tokens // block_tokens``): ids in ``hashes``
-  / ``ids`` (``too_large`` beyond; ``meta`` must match the block count anyway).
-- ``max_str_bytes`` (65,536): any one string (``op``, ``ns``, map keys); longer is
-  a stream error (``too_large``): no valid request needs one.
-- ``max_depth`` (8): nesting of maps and arrays (a valid request needs 2: the
-  request map and a list in it). Deeper is a per-request ``too_large`` (checked
-  only when a message has more than ``max_depth`` containers, so never on the
-  common path); past msgpack's own stack (1,024 levels) it is a stream error.
-- ``max_map_len`` (1,024): pairs in any one map of a message.
-- ``max_containers`` (4,096): maps plus arrays in one message.
-- ``max_items`` (``2 * max(max_sequence_tokens, max_ids)``): elements of any one
-  array, and array elements plus map pairs of one whole message. A token list of up
-  to ``max_items`` still gets a per-request ``too_large``.
-  Past these last three, the message is refused as a stream error (``too_large``).
+- ``max_frame_size`` (64 MiB): the largest single message. Bigger raises `FrameError`
+  (code ``too_large``, the message gives both sizes): a stream error, after which the
+  server answers ``encode_error(0, exc)`` and closes. Bytes that are not msgpack raise
+  `FrameError` (code ``bad_request``) the same way (`Decoder.feed` raises the subclass
+  `StreamError`, whose ``decoded`` keeps the requests completed earlier in the same
+  feed). The decoder never buffers more than ``max_frame_size + 1`` bytes.
+- ``max_sequence_tokens`` (1,048,576): tokens per sequence (per-request ``too_large``);
+  ``block_tokens`` (16): ``meta`` needs one value per whole block; ``max_ns_bytes``
+  (1,024): a namespace's UTF-8 length (``bad_request``); ``max_ids`` (default
+  ``max_sequence_tokens // block_tokens``): ids in ``hashes`` / ``ids`` (``too_large``).
+- Frame budgets, stream errors (``too_large``): ``max_str_bytes`` (65,536) for any
+  string (``op``, ``ns``, map keys); ``max_map_len`` (1,024) pairs in any map;
+  ``max_containers`` (4,096) maps plus arrays in one message; ``max_items``
+  (``2 * max(max_sequence_tokens, max_ids)``) elements of any array, and elements plus
+  pairs of one message. ``max_depth`` (8) nesting of maps and arrays (a valid request
+  needs 2): deeper is a per-request ``too_large``; past msgpack's own stack (1,024
+  levels) a stream error.
 
-Memory: a message is built only once all its bytes are in (a skipping pass finds
-its end first), so an unfinished message costs its bytes (twice: one buffer per
-unpacker), never objects; a complete one, the objects the budgets above allow
-(the largest valid request, max_sequence_tokens tokens as msgpack ints: ~40 MB of
-Python objects; as ``bin``: 4 MB).
+Memory: a message is decoded only once all its bytes are in, so an unfinished message
+costs its bytes (twice: the skipper's buffer and ours), never objects. A message whose
+fields have their wire types is read by msgspec (`requests.read_frame`), within every
+budget by construction; any other is built by msgpack's unpacker under the budgets
+(the objects they allow: the largest valid request, max_sequence_tokens tokens as
+msgpack ints, ~40 MB of Python objects; as ``bin``: 4 MB). Either way the fields go
+through the same rules (`requests.parse_message`).
 
-Everything below the frame level is a per-request error: a well-formed message that
-is not a valid request yields a `BadMessage` with the request's id (0 when no id
-can be read); the server answers it and keeps the connection. Strings that are not
-valid UTF-8 are per-request errors too. Unknown extra fields are ignored (forward
-compatibility); a field given as nil counts as absent. Fields that would change
-the meaning of a request where they do not apply are refused rather than ignored:
-``parent`` outside ``insert``; a sequence or ``ids`` on ``clear``; ``from`` with
-``ids``. ``clear`` refuses a ``value`` with bits outside ``mask`` (it would match
-nothing).
-
-Extension ops (PROTOCOL.md, "Extensions"): ``check`` with optional ``fix`` (bool);
-``dump`` with a sequence (read-only inspection of its routing and segments).
+Everything below the frame level is a per-request error: a well-formed message that is
+not a valid request yields a `BadMessage` with the request's id (0 when no id can be
+read); the server answers it and keeps the connection. Strings that are not valid
+UTF-8 are per-request errors too. Unknown extra fields are ignored (forward
+compatibility); a field given as nil counts as absent. Fields that would change the
+meaning of a request where they do not apply are refused: ``parent`` outside
+``insert``; a sequence or ``ids`` on ``clear``; ``from`` with ``ids``. ``clear``
+refuses a ``value`` with bits outside ``mask`` (it would match nothing).
 """
 
 from __future__ import annotations
@@ -84,29 +74,19 @@ from sarpd.model import (
     SnapshotResult,
     ids_to_bytes,
 )
-from sarpd.protocol.fast import fast_frame_limit, fast_parse
-from sarpd.protocol.requests import (  # the validation half (re-exported: its public names)
+from sarpd.protocol.requests import (
     BadMessage,
     Limits,
     OddMap,
     negotiate,
     parse_message,
+    read_frame,
     show,
     too_deep,
 )
 
-__all__ = [
-    "BadMessage",
-    "Decoder",
-    "Limits",
-    "StreamError",
-    "encode_error",
-    "encode_ok",
-    "encode_request",
-    "encode_result",
-    "error_from_code",
-    "parse_message",
-]
+__all__ = ["BadMessage", "Decoder", "Limits", "StreamError", "encode_error", "encode_ok",
+           "encode_request", "encode_result", "error_from_code", "parse_message"]
 
 
 class StreamError(FrameError):
@@ -114,45 +94,30 @@ class StreamError(FrameError):
     earlier in the same ``feed`` call (in order), which the server may still answer
     before it sends the error and closes."""
 
-    def __init__(
-        self,
-        message: str,
-        code: str = "too_large",
-        decoded: list[Request | BadMessage] | None = None,
-    ) -> None:
+    def __init__(self, message: str, code: str = "too_large",
+                 decoded: list[Request | BadMessage] | None = None) -> None:
         super().__init__(message, code)
         self.decoded: list[Request | BadMessage] = decoded if decoded is not None else []
 
 
 class _Budget:
-    """Per-message container/item counters, fed by the unpacker's hooks. Kept apart
-    from `Decoder` so that the unpacker holds no reference back to the decoder."""
+    """Per-message container/item counters, fed by the unpacker's hooks."""
 
     __slots__ = ("containers", "items", "limits")
 
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
-        self.containers = 0
-        self.items = 0
-
-    def reset(self) -> None:
-        self.containers = 0
-        self.items = 0
+        self.limits, self.containers, self.items = limits, 0, 0
 
     def _count(self, n: int) -> None:
         self.containers += 1
         self.items += n
         lim = self.limits
         if self.containers > lim.max_containers:
-            raise FrameError(
-                f"frame: more than {lim.max_containers} maps and arrays in one message "
-                f"exceeds max_containers ({lim.max_containers})"
-            )
+            raise FrameError(f"frame: more than {lim.max_containers} maps and arrays in one "
+                             f"message exceeds max_containers ({lim.max_containers})")
         if self.items > lim.max_items:
-            raise FrameError(
-                f"frame: {self.items} array elements and map pairs in one message "
-                f"exceeds max_items ({lim.max_items})"
-            )
+            raise FrameError(f"frame: {self.items} array elements and map pairs in one "
+                             f"message exceeds max_items ({lim.max_items})")
 
     def on_list(self, items: list[Any]) -> list[Any]:
         self._count(len(items))
@@ -160,10 +125,7 @@ class _Budget:
 
     def on_map(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any] | OddMap:
         self._count(len(pairs))
-        for key, _ in pairs:
-            if type(key) is not str:
-                return OddMap(pairs)
-        return dict(pairs)
+        return dict(pairs) if all(type(key) is str for key, _ in pairs) else OddMap(pairs)
 
 
 _LEN_LIMIT_RE = re.compile(r"(\d+) exceeds max_(\w+)_len\((\d+)\)")
@@ -173,56 +135,30 @@ class Decoder:
     """Streaming request decoder for one connection.
 
     ``feed(data)`` returns every request completed by ``data`` (typed `Request`s and
-    `BadMessage`s, in stream order) and raises `StreamError` (a `FrameError`) when
-    the stream is unusable; after that every ``feed`` raises it again.
-
-    Two unpackers: a skipping one sees every byte and finds where each message ends
-    without building anything, and only then does the other get that message's bytes
-    and build it, under the per-type limits and the hooks of `_Budget`. So a header
-    that declares a huge array costs nothing until the bytes of that array have
-    arrived. (The bytes of an unfinished message are given to the builder at the end
-    of each chunk: neither unpacker holds the caller's buffer.)
-
-    With ``fast`` (the default), a complete message of at most
-    `fast.fast_frame_limit` bytes that lies in the bytes of one ``feed`` is first
-    offered to `fast.fast_parse` (msgspec, for the common match and insert; the builder
-    then never sees its bytes); whatever that does not take is built as above, so
-    every answer, and every error, is the full path's.
+    `BadMessage`s, in stream order) and raises `StreamError` (a `FrameError`) when the
+    stream is unusable; after that every ``feed`` raises it again. A skipping unpacker
+    sees every byte and finds where each message ends without building anything (so a
+    header that declares a huge array costs nothing until its bytes have arrived); the
+    message's bytes then go to `_message`. Nothing holds the caller's buffer past feed.
     """
 
-    def __init__(self, limits: Limits | None = None, *, fast: bool = True) -> None:
-        self.limits = limits if limits is not None else Limits()
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = lim = limits if limits is not None else Limits()
         self.protocol = 1  # until a hello negotiates another (requests.negotiate)
-        lim = self.limits
-        self._budget = _Budget(lim)
         self._skipper = msgpack.Unpacker(max_buffer_size=lim.max_frame_size + 1)
-        self._builder = msgpack.Unpacker(
-            raw=False,
-            unicode_errors="surrogateescape",  # bad UTF-8 is a per-request error
-            strict_map_key=False,  # keys are checked by the pairs hook (no dict built)
-            object_pairs_hook=self._budget.on_map,
-            list_hook=self._budget.on_list,
-            max_buffer_size=lim.max_frame_size + 1,
-            max_str_len=min(lim.max_str_bytes, lim.max_frame_size),
-            max_bin_len=lim.max_frame_size,
-            max_ext_len=lim.max_frame_size,
-            max_array_len=lim.max_items,
-            max_map_len=lim.max_map_len,
-        )
+        self._unpack: dict[str, Any] = dict(  # bad UTF-8: a per-request error; keys: the hook
+                            raw=False, unicode_errors="surrogateescape", strict_map_key=False,
+                            max_str_len=min(lim.max_str_bytes, lim.max_frame_size),
+                            max_bin_len=lim.max_frame_size, max_ext_len=lim.max_frame_size,
+                            max_array_len=lim.max_items, max_map_len=lim.max_map_len)
         self._fed = 0  # stream offset of everything fed
         self._frame_start = 0  # stream offset where the unfinished message starts
+        self._pending = bytearray()  # its bytes fed before the last chunk
         self._dead: FrameError | None = None
-        # frames up to this size go through the fast path first (sarpd.protocol.fast)
-        self._fast_limit = fast_frame_limit(lim) if fast else 0
-        self._chunk = memoryview(b"")  # the bytes fed last, from stream offset _chunk_at
-        self._chunk_at = 0
-        # The builder gets a message's bytes only when it builds or skips that message
-        # (fast-path messages it never sees): it holds the stream up to _built.
-        self._built = 0
 
     @property
     def buffered(self) -> int:
-        """Bytes of the unfinished message held (in each of the two unpackers)."""
+        """Bytes of the unfinished message held (in each of the two buffers)."""
         return self._fed - self._frame_start
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Request | BadMessage]:
@@ -237,39 +173,25 @@ class Decoder:
         except FrameError as exc:
             self._dead = exc
             raise StreamError(exc.message, exc.code, out) from exc.__cause__
-        finally:  # the caller's buffer is not held past this call
-            self._chunk, self._chunk_at = memoryview(b""), self._fed
         return out
 
     def _feed(self, view: memoryview, out: list[Request | BadMessage]) -> None:
-        pos, end = 0, len(view)
-        limit = self.limits.max_frame_size
+        pos, limit = 0, self.limits.max_frame_size
         while True:
-            partial = self._fed - self._frame_start  # bytes of the unfinished message
-            if partial > limit:
-                raise FrameError(
-                    f"frame: message of at least {partial} bytes exceeds max_frame_size ({limit})"
-                )
-            if pos >= end:
+            if self.buffered > limit:
+                raise FrameError(f"frame: message of at least {self.buffered} bytes exceeds "
+                                 f"max_frame_size ({limit})")
+            if pos >= len(view):
                 return
             # Never more than one byte past the limit: the buffers stay bounded.
-            chunk = view[pos : pos + limit + 1 - partial]
+            chunk = view[pos : pos + limit + 1 - self.buffered]
             self._skipper.feed(chunk)
-            self._chunk, self._chunk_at = chunk, self._fed
-            self._fed += len(chunk)
-            pos += len(chunk)
-            self._drain(out)
-            self._feed_builder(self._fed)  # the unfinished message's bytes, if any
+            at, self._fed, pos = self._fed, self._fed + len(chunk), pos + len(chunk)
+            self._drain(chunk, at, out)
+            self._pending += chunk[max(self._frame_start - at, 0):]
 
-    def _feed_builder(self, upto: int) -> None:
-        """Give the builder the stream's bytes from `_built` to `upto` (all in the last
-        chunk fed: earlier bytes were given when their chunk was)."""
-        if upto > self._built:
-            self._builder.feed(self._chunk[self._built - self._chunk_at : upto - self._chunk_at])
-            self._built = upto
-
-    def _drain(self, out: list[Request | BadMessage]) -> None:
-        """Build every message the skipper finds complete."""
+    def _drain(self, chunk: memoryview, at: int, out: list[Request | BadMessage]) -> None:
+        """Decode every message the skipper finds complete in `chunk` (fed from `at`)."""
         limit = self.limits.max_frame_size
         while True:
             try:
@@ -278,32 +200,31 @@ class Decoder:
                 return
             except Exception as exc:  # not msgpack: the stream is unusable
                 raise self._stream_error(exc) from exc
-            end = self._skipper.tell()
-            size, self._frame_start = end - self._frame_start, end
-            if size > limit:
-                raise FrameError(f"frame: {size} bytes exceeds max_frame_size ({limit})")
-            out.append(self._message(end - size, size))
+            start, end = self._frame_start, self._skipper.tell()
+            if end - start > limit:
+                raise FrameError(f"frame: {end - start} bytes exceeds max_frame_size ({limit})")
+            if self._pending:  # it began in an earlier chunk
+                frame: bytes | memoryview = bytes(self._pending + chunk[: end - at])
+                self._pending.clear()
+            else:
+                frame = chunk[start - at : end - at]
+            self._frame_start = end
+            out.append(self._message(frame))
 
-    def _message(self, start: int, size: int) -> Request | BadMessage:
-        """The request of the next complete message in the builder: `size` bytes from
-        stream offset `start`."""
-        at = start - self._chunk_at
-        # small, all in the last chunk fed, and none of it given to the builder yet
-        if size <= self._fast_limit and at >= 0 and self._built == start:
-            fast = fast_parse(self._chunk[at : at + size], self.limits, self.protocol)
-            if fast is not None:
-                self._built = start + size  # the builder never sees this message
-                return fast
-        self._feed_builder(start + size)
-        self._budget.reset()
-        try:
-            obj = self._builder.unpack()
-        except FrameError:
-            raise
-        except Exception as exc:  # over a limit, or a malformed ext value
-            raise self._stream_error(exc) from exc
-        if self._budget.containers > self.limits.max_depth:
-            deep = too_deep(obj, self.limits.max_depth)
+    def _message(self, frame: bytes | memoryview) -> Request | BadMessage:
+        """The request of one complete message."""
+        obj: object = read_frame(frame, self.limits)
+        if obj is None:  # another shape: built under the frame budgets
+            budget = _Budget(self.limits)
+            try:
+                obj = msgpack.unpackb(frame, object_pairs_hook=budget.on_map,
+                                      list_hook=budget.on_list, **self._unpack)
+            except FrameError:
+                raise
+            except Exception as exc:  # over a limit, or a malformed ext value
+                raise self._stream_error(exc) from exc
+            deep = too_deep(obj, self.limits.max_depth) \
+                if budget.containers > self.limits.max_depth else None
             if deep is not None:
                 return deep
         req = parse_message(obj, self.limits, self.protocol)
@@ -317,16 +238,11 @@ class Decoder:
             n, kind, lim = found.groups()
             unit = "bytes" if kind in ("str", "bin", "ext") else "entries"
             name = "max_str_bytes" if kind == "str" else f"max_{kind}_len"
-            return FrameError(
-                f"frame: {kind} of {n} {unit} exceeds {name} ({lim}) "
-                f"(max_frame_size {self.limits.max_frame_size})"
-            )
+            return FrameError(f"frame: {kind} of {n} {unit} exceeds {name} ({lim}) "
+                              f"(max_frame_size {self.limits.max_frame_size})")
         detail = f" ({exc})" if str(exc) else ""
-        return FrameError(
-            f"frame: not valid msgpack in the message at stream byte {self._frame_start}"
-            f"{detail}",
-            code="bad_request",
-        )
+        return FrameError(f"frame: not valid msgpack in the message at stream byte "
+                          f"{self._frame_start}{detail}", code="bad_request")
 
 
 # --------------------------------------------------------------------------- encoding
@@ -387,26 +303,17 @@ def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
     `seq`: a write's sequence in its shard's log (cluster mode, PROTOCOL.md)."""
     if isinstance(result, MatchResult):  # the response map built at once (hot path)
         blocks = int(result.blocks)
-        msg: dict[str, Any] = {
-            "id": req_id,
-            "ok": True,
-            "blocks": blocks,
-            "tokens": blocks * block_tokens,
-            "meta": np.ascontiguousarray(result.meta, dtype="<u8").tobytes(),
-        }
+        msg: dict[str, Any] = {"id": req_id, "ok": True, "blocks": blocks,
+                               "tokens": blocks * block_tokens,
+                               "meta": np.ascontiguousarray(result.meta, dtype="<u8").tobytes()}
         if result.ids is not None:
             msg["ids"] = ids_to_bytes(result.ids)
         if result.holders is not None:
             msg["holders"] = [[m, b] for m, b in result.holders]
         return _pack(msg)
     if isinstance(result, InsertResult):
-        msg = {
-            "id": req_id,
-            "ok": True,
-            "blocks": result.blocks,
-            "new_blocks": result.new_blocks,
-            "matched_blocks": result.matched_blocks,
-        }
+        msg = {"id": req_id, "ok": True, "blocks": result.blocks,
+               "new_blocks": result.new_blocks, "matched_blocks": result.matched_blocks}
         if seq is not None:
             msg["seq"] = seq
         return _pack(msg)
@@ -414,20 +321,13 @@ def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
         return encode_ok(req_id, {"removed": result.removed} if seq is None
                          else {"removed": result.removed, "seq": seq})
     if isinstance(result, SnapshotResult):
-        return encode_ok(
-            req_id, {"segment_id": result.segment_id, "seconds": float(result.seconds)}
-        )
+        return encode_ok(req_id, {"segment_id": result.segment_id,
+                                  "seconds": float(result.seconds)})
     if isinstance(result, CheckReport):
-        return encode_ok(
-            req_id,
-            {
-                "segments": result.segments,
-                "routing_points": result.routing_points,
-                "problems": [str(p) for p in result.problems],
-                "fixed": result.fixed,
-                "clean": result.clean,
-            },
-        )
+        return encode_ok(req_id, {"segments": result.segments,
+                                  "routing_points": result.routing_points,
+                                  "problems": [str(p) for p in result.problems],
+                                  "fixed": result.fixed, "clean": result.clean})
     if isinstance(result, SarpError):
         return encode_error(req_id, result)
     if isinstance(result, Mapping):
@@ -472,13 +372,9 @@ def _unsendable(msg: Mapping[str, Any]) -> BadRequest:
                       "ints, floats, strs, bins, bools, nil, arrays and maps)")
 
 
-_ERROR_CLASSES: dict[str, type[SarpError]] = {
-    cls.code: cls
-    for cls in (
-        BadRequest, UnknownOp, UnknownParent, TooLarge, Busy, Forbidden, Unavailable, Internal,
-        QuotaExceeded,
-    )
-}
+_ERROR_CLASSES: dict[str, type[SarpError]] = {cls.code: cls for cls in (
+    BadRequest, UnknownOp, UnknownParent, TooLarge, Busy, Forbidden, Unavailable, Internal,
+    QuotaExceeded)}
 
 
 def error_from_code(code: str, message: str) -> SarpError:

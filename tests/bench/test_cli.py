@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sarpd.ctl.main import main
 from tools.bench.runner import index_factories
-from tools.sarpctl import main
 
 FIELDS = {"index": str, "backend": str, "requests": int, "seconds": float,
           "throughput_rps": float, "match_us_mean": float, "match_us_p99": float,

@@ -44,7 +44,7 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 def match_cli(socket: Path, hashes: list[int]) -> dict[str, Any]:
     """`sarpctl match --hashes` as the walkthrough runs it."""
-    ctl = [sys.executable, "-m", "tools.sarpctl", "--socket", str(socket), "match"]
+    ctl = [sys.executable, "-m", "sarpd.ctl.main", "--socket", str(socket), "match"]
     res = subprocess.run([*ctl, "--hashes", json.dumps(hashes), "--json"], capture_output=True,
                          text=True, env=ENV, timeout=60)  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -57,7 +57,7 @@ def test_walkthrough_publisher_bridge_sarpd(sarpd_proc: SarpdProc, tmp_path: Pat
     pub = spawn(["tools.bench.vllm_publisher", "--endpoint", pub_ep, "--replay-endpoint",
                  replay_ep, "--sequences", "3", "--blocks", "4", "--shared-blocks", "2",
                  "--interval", "0.1"], tmp_path / "pub.out", tmp_path / "pub.err", REPO)
-    bridge = spawn(["tools.sarpctl", "--socket", str(sarpd_proc.socket), "bridge", "vllm",
+    bridge = spawn(["sarpd.ctl.main", "--socket", str(sarpd_proc.socket), "bridge", "vllm",
                     "--endpoint", pub_ep, "--replay", replay_ep, "--worker", "0", "--state",
                     str(tmp_path / "w0.json"), "--report-interval", "0.5"],
                    tmp_path / "bridge.out", tmp_path / "bridge.err", tmp_path)  # fmt: skip

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sarpd.client.fields import ids_field, tokens_bin
 from sarpd.cluster import route
 from sarpd.core.ids import salt_ids, token_ids
 from sarpd.core.shards import shard_of
 from sarpd.errors import BadRequest, QuotaExceeded, UnknownParent
-from sarpd.protocol.fields import ids_field, tokens_bin
 
 BT = 16
 NAMES = ["s0", "s1", "s2"]

@@ -255,7 +255,7 @@ def test_client_that_never_reads_does_not_block_others(daemon: SarpdProc) -> Non
 
 def sarpctl(daemon: SarpdProc, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "tools.sarpctl", "--socket",
+    return subprocess.run([sys.executable, "-m", "sarpd.ctl.main", "--socket",
                            str(daemon.socket), *args], input=stdin, capture_output=True,
                           text=True, timeout=60, cwd=REPO, env=env)
 

@@ -20,10 +20,10 @@ from click.testing import CliRunner
 
 from sarpd.client import SyncClient
 from sarpd.cluster import log
+from sarpd.ctl.main import main as sarpctl
 from sarpd.errors import Unavailable
 from tests.daemon_helpers import Launcher, RawConn, SarpdProc, free_port, launcher, scrape
 from tools.cluster.nats_local import NatsCluster, local_cluster
-from tools.sarpctl import main as sarpctl
 
 BT = 16
 

@@ -104,7 +104,7 @@ async def verify_all(proc: SarpdProc, acked: list[Acked]) -> None:
 
 def sarpctl_check(proc: SarpdProc) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tools.sarpctl", "--socket", str(proc.socket), "check"],
+        [sys.executable, "-m", "sarpd.ctl.main", "--socket", str(proc.socket), "check"],
         capture_output=True,
         text=True,
         cwd=REPO,

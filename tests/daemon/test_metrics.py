@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from sarpd.client import SyncClient
-from sarpd.daemon.metrics import Activity, Metrics
+from sarpd.core import Activity
+from sarpd.daemon.metrics import Metrics
 from sarpd.daemon.reports import Reports
 from sarpd.errors import SarpError
 from sarpd.model import Match, MatchResult, Ping, Report, SeqSpec
@@ -26,17 +27,10 @@ def toks(n: int, start: int) -> list[int]:
 
 
 @dataclass
-class FakeActivity:
-    matched_blocks: int = 0
-    queried_blocks: int = 0
-    segment_reads: int = 0
-
-
-@dataclass
 class FakeSources:
     """What a `Server` gives its metrics: gauges, reports, the index's activity."""
 
-    index: FakeActivity | None = None
+    index: Activity | None = None
     reports: Reports | None = None
     replica: dict[str, object] | None = None  # cluster mode: the replica's stats
 
@@ -101,7 +95,7 @@ def test_metrics_errors_by_op_and_code() -> None:
     """Wire-level errors (answered before a batch) are not in record_batch; an error
     returned by the index is, by op and code. Matched and queried blocks are the
     index's own counters, read (the metrics keep no copy)."""
-    index = FakeActivity(matched_blocks=3, queried_blocks=4)
+    index = Activity(matched_blocks=3, queried_blocks=4)
     metrics = Metrics(FakeSources(index))
     match = Match(1, seq=SeqSpec(ns="", tokens=np.arange(64, dtype=np.uint32)))
     metrics.record_batch(
@@ -127,7 +121,7 @@ def test_without_an_index_the_match_counters_are_zero() -> None:
 
 
 def test_backend_reads_per_match_are_the_index_counter_per_batch() -> None:
-    index = FakeActivity(segment_reads=10)
+    index = Activity(segment_reads=10)
     metrics = Metrics(FakeSources(index))
     match = Match(1, seq=SeqSpec(ns="", tokens=np.arange(16, dtype=np.uint32)))
     hit = MatchResult(1, np.zeros(1, np.uint64))

@@ -50,7 +50,7 @@ from sarpd.bridge.events import decode_batch
 from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.vllm import BridgeConfig, VllmBridge
 from sarpd.config import IndexConfig
-from sarpd.core.index import SarpIndex, WriteOp
+from sarpd.core import SarpIndex, WriteOp
 from sarpd.model import Clear, IdArray, Insert, Remove, SeqSpec
 from tools.bench import vllm_schema as vs
 from tools.bench.spawn import DaemonStartError, start_daemon, stop_daemon

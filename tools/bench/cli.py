@@ -6,11 +6,11 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 
+from sarpd.ctl.common import progress_bars
 from tools.bench.preload import left_out
 from tools.bench.report import floor_note, text_table, write_report
 from tools.bench.runner import RECOVERY_RUNS, SCHEMA, index_factories, run_bench
@@ -163,20 +163,3 @@ def _recovery_only(indexes: str | None, blocks: int, backend: str, data_dir: Pat
         if json_out:
             Path(json_out).write_text(json.dumps(doc, indent=2))
     _exit_if_failed([f.index for f in failed])
-
-
-def progress_bars(quiet: bool) -> Callable[[str, int], Callable[[int], None]]:
-    def make(name: str, total: int) -> Callable[[int], None]:
-        bar = click.progressbar(length=total, label=f"{name:>18}", file=sys.stderr)
-        bar.__enter__()
-        done = [0]
-
-        def step(n: int) -> None:
-            bar.update(n)
-            done[0] += n
-            if done[0] >= total:
-                bar.__exit__(None, None, None)
-
-        return step
-
-    return make

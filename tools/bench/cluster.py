@@ -54,12 +54,12 @@ from typing import Any
 import click
 import numpy as np
 
-from sarpd.client import Client, ClusterClient
+from sarpd.client import Client, ClusterClient, Ops
 from sarpd.cluster import checkpoints, log
+from sarpd.ctl.common import write_json
 from sarpd.errors import Unavailable
 from tools.bench.spawn import start_daemon, stop_daemon
 from tools.cluster.local import LocalCluster, ReplicaProc
-from tools.ctl_common import write_json
 
 BT = 16
 CORES = 2
@@ -126,7 +126,7 @@ class Probes:
                 await c.close()
 
 
-async def _fill(c: Client, seqs: list[list[int]], probes: Probes | None = None,
+async def _fill(c: Ops, seqs: list[list[int]], probes: Probes | None = None,
                 ) -> list[float]:
     lat: list[float] = []
     for i, s in enumerate(seqs):
@@ -316,7 +316,7 @@ def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
     internal id under `sarpd.core.shards.shard_of`, as a cluster client routes it:
     `sarpd.cluster.route.first_block`)."""
     from sarpd.cluster.route import first_block
-    from sarpd.core.shards import shard_of
+    from sarpd.core import shard_of
     from tools.bench.workloads import get_workload
 
     heads = [first_block({"ns": t.ns, "hashes": [int(t.prompt[0])]}, BT)

@@ -48,9 +48,7 @@ def recover_here(data_dir: Path, backend: str) -> dict[str, float]:
     import numpy as np
 
     from sarpd.config import IndexConfig
-    from sarpd.core.index import SarpIndex
-    from sarpd.core.segment import MANIFEST_KEY
-    from sarpd.core.store import open_backend
+    from sarpd.core import MANIFEST_KEY, SarpIndex, open_backend
     from sarpd.model import Match, SeqSpec
 
     t0 = time.perf_counter()

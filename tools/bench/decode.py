@@ -1,13 +1,10 @@
-"""Request decoding, full path vs fast path, on the same frames (issue 14).
+"""Request decoding, per request shape: `sarpd.protocol.wire.Decoder` (the one path:
+msgspec's typed read of the fields, or msgpack's build under the frame budgets, then the
+rules of `sarpd.protocol.requests`) on one stream of encoded requests (issues 14, 23).
 
     python -m tools.bench.decode --json -
 
-Feeds one stream of encoded requests to `sarpd.protocol.wire.Decoder` twice per
-round: with ``fast=False`` (msgpack's unpacker with the budget hooks, then the
-hand-written validation of `sarpd.protocol.requests`) and with ``fast=True`` (msgspec's
-typed decoding plus the same field validators, `sarpd.protocol.fast`), and prints
-both rates (requests per CPU second, best of `--rounds`, the two alternating) and
-their ratio, per request shape:
+Prints requests per CPU second (best of `--rounds`) per shape:
 
 - ``ultrachat``: the loadgen's frames (match, then insert, of the ultrachat
   workload; ids as lists of 64-bit uints, as serving engines send them);
@@ -15,12 +12,12 @@ their ratio, per request shape:
 - ``list-small``: 256 small ids (< 2**32: msgpack's shorter encodings);
 - ``bin-256``: the same as ``bin`` of 16 bytes per id; ``tokens-4096``: a ``bin`` of
   4,096 uint32 tokens;
-- ``list-4096``: 4,096 ids as a list (a 65,536-token prompt: past the fast path's
-  frame limit, so both take the full path);
-- ``errors``: requests the fast path refuses (bad types, over limits): the cost of
-  trying it first.
+- ``list-4096``: 4,096 ids as a list (a 65,536-token prompt);
+- ``errors``: bad requests (bad types, over limits, an unknown field): msgspec's read
+  declines them and msgpack builds them.
 
-Both decoders must give equal requests (checked before timing).
+tests/protocol/test_oracle.py checks that it answers as the validation it replaced did
+(issue 23 merged that full path and the msgspec fast path of match/insert into it).
 """
 
 from __future__ import annotations
@@ -32,10 +29,10 @@ from typing import Any
 import click
 import numpy as np
 
+from sarpd.client.fields import ids_field
+from sarpd.ctl.common import write_json
 from sarpd.model import Request
-from sarpd.protocol.fields import ids_field
 from sarpd.protocol.wire import BadMessage, Decoder, encode_request
-from tools.ctl_common import write_json
 
 
 def _pairs(rng: np.random.Generator, n: int, count: int, encode: Callable[[Any], Any],
@@ -103,18 +100,16 @@ def _same_value(a: object, b: object) -> bool:
     return all(_same_value(getattr(a, n), getattr(b, n)) for n in names)
 
 
-def rates(stream: bytes, n: int, rounds: int) -> tuple[float, float]:
-    """(full, fast) requests per CPU second decoding `stream` (n requests), best of
-    `rounds`; the two alternate, so that a loaded machine slows both alike."""
-    best = {False: float("inf"), True: float("inf")}
+def rate(stream: bytes, n: int, rounds: int) -> float:
+    """Requests per CPU second decoding `stream` (n requests), best of `rounds`."""
+    best = float("inf")
     for _ in range(rounds):
-        for fast in (False, True):
-            dec = Decoder(fast=fast)
-            t0 = time.process_time()
-            got = dec.feed(stream)
-            best[fast] = min(best[fast], time.process_time() - t0)
-            assert len(got) == n
-    return n / best[False], n / best[True]
+        dec = Decoder()
+        t0 = time.process_time()
+        got = dec.feed(stream)
+        best = min(best, time.process_time() - t0)
+        assert len(got) == n
+    return n / best
 
 
 @click.command()
@@ -124,21 +119,16 @@ def rates(stream: bytes, n: int, rounds: int) -> tuple[float, float]:
 @click.option("--json", "json_out", default=None, metavar="FILE|-",
               help="One JSON object (to stdout with -; the table then goes to stderr).")
 def main(count: int, rounds: int, json_out: str | None) -> None:
-    """Full-path vs fast-path request decoding, requests/s and ratio per shape."""
+    """Request decoding, requests/s per shape."""
     doc: dict[str, Any] = {"rounds": rounds, "shapes": {}}
     err = json_out == "-"
     for name, frames in shapes(count).items():
         stream = b"".join(frames)
-        full, fast = Decoder(fast=False).feed(stream), Decoder(fast=True).feed(stream)
-        if len(full) != len(fast) or not all(map(same, full, fast)):
-            raise click.ClickException(f"{name}: the two decoders disagree")
-        slow_rps, fast_rps = rates(stream, len(frames), rounds)
-        doc["shapes"][name] = {"requests": len(frames), "bytes_per_request":
-                               len(stream) / len(frames), "full_rps": slow_rps,
-                               "fast_rps": fast_rps, "ratio": fast_rps / slow_rps}
-        click.echo(f"{name:12s} {len(stream) / len(frames):8,.0f} B/req  full "
-                   f"{slow_rps:10,.0f} req/s  fast {fast_rps:10,.0f} req/s  "
-                   f"x{fast_rps / slow_rps:.2f}", err=err)
+        rps = rate(stream, len(frames), rounds)
+        doc["shapes"][name] = {"requests": len(frames),
+                               "bytes_per_request": len(stream) / len(frames), "rps": rps}
+        click.echo(f"{name:12s} {len(stream) / len(frames):8,.0f} B/req  "
+                   f"{rps:10,.0f} req/s", err=err)
     write_json(doc, json_out)
 
 

@@ -48,6 +48,7 @@ from typing import Any
 
 import click
 
+from sarpd.ctl.common import write_json
 from tools.bench.fleet_indexes import FleetConfig, Sync
 from tools.bench.fleet_model import TPOT_MS, Timeline, build_timeline, load_requests
 from tools.bench.fleet_run import (
@@ -60,7 +61,6 @@ from tools.bench.fleet_run import (
     run_crash,
     run_one,
 )
-from tools.ctl_common import write_json
 
 DEFAULT_TRACE = Path("/work/shared/traces/mooncake_fast25_conversation_trace.jsonl")
 SCHEMA = 1

@@ -44,8 +44,7 @@ import numpy as np
 
 from sarpd.bridge.mapping import WORKER_SHIFT, block_meta
 from sarpd.config import IndexConfig
-from sarpd.core.index import SarpIndex
-from sarpd.core.store import open_backend
+from sarpd.core import SarpIndex, open_backend
 from sarpd.errors import SarpError
 from sarpd.model import Insert, Match, MatchResult, Remove, SeqSpec
 from sarpd.protocol.wire import encode_request, error_from_code

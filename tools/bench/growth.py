@@ -31,8 +31,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from sarpd.ctl.common import progress_bars
 from tools.bench.api import BenchIndex, Turn
-from tools.bench.cli import progress_bars
 from tools.bench.runner import index_factories, replay
 from tools.bench.scale import fill
 from tools.bench.workloads import get_workload
@@ -190,7 +190,7 @@ def plot(points: Sequence[GrowthPoint], path: Path) -> None:
 def merge_pause_ms(base_entries: int, delta_entries: int = 8193, repeat: int = 5) -> float:
     """Best of `repeat` merges of a full delta into a base of `base_entries` random
     keys: the pause one merge costs at that directory size (100M blocks ~ 1.6M)."""
-    from sarpd.core.directory import Directory, DirectoryArrays
+    from sarpd.core import Directory, DirectoryArrays
 
     rng = np.random.default_rng(0)
     keys = np.sort(rng.integers(1, 2**63, base_entries, dtype=np.uint64))

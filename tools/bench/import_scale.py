@@ -30,8 +30,8 @@ import numpy as np
 
 from sarpd.client import SarpConnectionError, SyncClient
 from sarpd.config import load_config
+from sarpd.ctl.common import progress_bars
 from sarpd.errors import Unavailable
-from tools.bench.cli import progress_bars
 from tools.bench.preload import sequences, shape_of
 from tools.bench.spawn import REPO, compile_bytecode
 from tools.bench.workloads import get_workload
@@ -53,8 +53,7 @@ def write_lines(path: Path, workload: str, blocks: int, seed: int, bar: bool) ->
 
 def recover_in_process(data_dir: Path, backend: str) -> dict[str, float]:
     """Run in a fresh process: open, recover, answer one match (after imports)."""
-    from sarpd.core.index import SarpIndex
-    from sarpd.core.store import data_paths, open_backend
+    from sarpd.core import SarpIndex, data_paths, open_backend
     from sarpd.model import Match, SeqSpec
 
     t0 = time.perf_counter()
@@ -137,7 +136,7 @@ def main(blocks: int, data_dir: Path, workload: str, backend: str, seed: int, ke
                               "backend": backend}
     out["generate_s"] = write_lines(lines, workload, blocks, seed, True)
     out["jsonl_bytes"] = lines.stat().st_size
-    cmd = [sys.executable, "-m", "tools.sarpctl", "import", str(lines), "--data-dir",
+    cmd = [sys.executable, "-m", "sarpd.ctl.main", "import", str(lines), "--data-dir",
            str(data_dir), "--backend", backend, "--json"]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True,

@@ -44,16 +44,15 @@ import msgpack
 import numpy as np
 import uvloop
 
+from sarpd.client.fields import ids_field
 from sarpd.config import IndexConfig, ServerConfig
-from sarpd.core.index import SarpIndex
-from sarpd.core.store import open_backend
+from sarpd.core import SarpIndex, open_backend
+from sarpd.ctl.common import write_json
 from sarpd.model import Insert, Match, SeqSpec
-from sarpd.protocol.fields import ids_field
 from sarpd.protocol.wire import encode_request
 from tools.bench.api import Turn
 from tools.bench.runner import batches
 from tools.bench.spawn import start_daemon, stop_daemon
-from tools.ctl_common import write_json
 
 _LANE_SHIFT = 32  # request id = lane << 32 | position of the frame in its lane, from 1
 

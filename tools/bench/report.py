@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from backends.registry import cache_floor
+from sarpd.ctl.common import human_bytes
 from tools.bench.runner import BenchResult, IndexResult
 from tools.bench.sarp_recover import split_budget
-from tools.ctl_common import human_bytes
 
 COLUMNS = ("index", "req/s", "x sarp", "match us", "p99 us", "reused tok", "loss %",
            "recover s", "spawn s", "rec x sarp", "memory", "routing", "reads/match", "disk")

@@ -42,11 +42,8 @@ import numpy.typing as npt
 
 from backends.base import Backend
 from sarpd.config import IndexConfig
+from sarpd.core import BulkBuilder, SarpIndex, Segment, Store, block_keys, open_backend, seg_key
 from sarpd.core import native as native_paths
-from sarpd.core.bulk import BulkBuilder
-from sarpd.core.index import SarpIndex
-from sarpd.core.segment import Segment, block_keys, seg_key
-from sarpd.core.store import Store, open_backend
 from sarpd.model import IdArray, Insert, Match, MatchResult, SeqSpec
 from tools.bench.api import Ids, RecoveryResult
 from tools.bench.sarp_recover import (

@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from sarpd.config import IndexConfig
+from sarpd.core import SarpIndex, open_backend
 from sarpd.core import native as native_paths
-from sarpd.core.index import SarpIndex
-from sarpd.core.store import open_backend
 from sarpd.model import Match, SeqSpec
 
 OWN_CACHE_SHARE = 0.5  # of the budget, for the decoded-segment cache; the engine gets the rest

@@ -11,12 +11,11 @@ and the ratio. The C extension is optional: without it only numpy is timed.
 from __future__ import annotations
 
 import timeit
-from collections.abc import Callable, Sequence
 
 import click
 import numpy as np
 
-from sarpd.core.verify import _numpy
+from sarpd.core.verify import implementations
 from sarpd.model import IdArray
 
 
@@ -41,15 +40,11 @@ def pairs(n: int, blocks: int, seed: int) -> tuple[list[IdArray], list[IdArray]]
 def main(n: int, blocks: int, repeat: int) -> None:
     """Microseconds per `first_mismatch_many` call: numpy reference vs C extension."""
     cands, queries = pairs(n, blocks, 0)
-    impls: dict[str, Callable[[Sequence[IdArray], Sequence[IdArray]], list[int]]] = {
-        "numpy": _numpy.first_mismatch_many}
-    try:
-        from sarpd.core.verify import _cverify
-    except ImportError:
-        click.echo("C extension not built: timing numpy only", err=True)
-    else:
-        impls["c"] = _cverify.first_mismatch_many
-    want = _numpy.first_mismatch_many(cands, queries)
+    impls = implementations()
+    if "c" not in impls:
+        click.echo("C extension not built (or SARPD_NO_EXTENSIONS=1): timing numpy only",
+                   err=True)
+    want = impls["numpy"](cands, queries)
     us = {}
     for name, fn in impls.items():
         if list(fn(cands, queries)) != list(want):

@@ -39,9 +39,7 @@ import numpy as np
 
 from backends.base import Backend, WriteBatch
 from sarpd.config import IndexConfig
-from sarpd.core import native
-from sarpd.core.index import SarpIndex, WriteOp
-from sarpd.core.store import open_backend
+from sarpd.core import SarpIndex, WriteOp, native, open_backend
 from sarpd.errors import SarpError
 from sarpd.model import Insert, Remove, SeqSpec
 

@@ -1,6 +1,7 @@
 """A whole sarp cluster on loopback: N nats-server nodes and R sarpd replicas per shard.
 
-What `sarpctl cluster local` runs, and what tests and benchmarks start a cluster with.
+`sarpctl cluster local` (the click command `local` below; `python -m
+tools.cluster.local`), and what tests and benchmarks start a cluster with.
 Layout under DIR: `nats/` (tools.cluster.nats_local: one config, store and log per
 node), `<shard>-<replica>/` (each replica's data directory) with its log
 `<shard>-<replica>.log` beside it; sockets live in a short temp directory (a Unix
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -28,11 +30,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
 from sarpd.client import SarpConnectionError, SyncClient
 from sarpd.cluster import log
 from sarpd.cluster.node import write_shard_map
+from sarpd.ctl.common import EXIT_ERROR
 from sarpd.errors import SarpError
-from tools.cluster.nats_local import NatsCluster, log_tail
+from tools.cluster.nats_local import NatsCluster, NatsClusterError, log_tail
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 120.0
@@ -177,3 +182,49 @@ def local_sarp_cluster(directory: Path, **kw: int | str | Path) -> Iterator[Loca
         yield cluster
     finally:
         cluster.stop()
+
+
+@click.command("local")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              required=True, help="Where the NATS nodes and the replicas keep their data "
+              "and logs.")
+@click.option("--nats", "nats_nodes", type=click.IntRange(1, 9), default=3, show_default=True,
+              help="nats-server nodes (a shard's stream keeps min(3, NATS) copies).")
+@click.option("--replicas", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="sarpd replicas per shard.")
+@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Shards (s0, s1, ...).")
+@click.option("--backend", default="rocksdb", show_default=True,
+              help="Every replica's storage engine.")
+def local(directory: Path, nats_nodes: int, replicas: int, shards: int, backend: str) -> None:
+    """Start a whole cluster on loopback and stay in the foreground until SIGTERM or
+    Ctrl-C, then stop everything cleanly. Once every replica serves, prints ONE JSON
+    line: {"nats": [URL, ...], "nats_pids": [...], "replicas": [{"shard", "replica",
+    "socket", "pid"}, ...]}. Logs: DIR/nats/*.log and DIR/<shard>-<replica>.log.
+
+    \b
+    Example (in a source checkout; also `python -m tools.cluster.local ...`):
+      sarpctl cluster local --dir /tmp/sarp-cluster --nats 3 --replicas 3 --shards 2
+    """
+    lc = LocalCluster(directory, nats_nodes, replicas, shards, backend)
+    # SIGTERM as Ctrl-C: the finally below stops everything, also mid-start
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        click.echo(f"starting {nats_nodes} NATS nodes and {replicas * shards} replicas "
+                   f"in {directory}", err=True)
+        lc.start()
+        click.echo(json.dumps(lc.describe()))
+        sys.stdout.flush()
+        signal.pause()
+    except (LocalClusterError, NatsClusterError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        click.echo("stopping", err=True)
+        lc.stop()
+
+
+if __name__ == "__main__":
+    local(prog_name="python -m tools.cluster.local")

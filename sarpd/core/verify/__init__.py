@@ -10,7 +10,7 @@ many pairs in one call (the match path verifies a whole batch at once). The nump
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sarpd.core import native
 from sarpd.core.verify._numpy import first_mismatch as _np_first_mismatch
@@ -40,4 +40,17 @@ def implementation() -> str:
 
 IMPLEMENTATION = implementation()  # what this process loaded (inside native.references(): numpy)
 
-__all__ = ["IMPLEMENTATION", "first_mismatch", "first_mismatch_many", "implementation"]
+__all__ = ["IMPLEMENTATION", "ManyFn", "first_mismatch", "first_mismatch_many", "implementation",
+           "implementations"]
+
+ManyFn = Callable[[Sequence[IdArray], Sequence[IdArray]], list[int]]
+
+
+def implementations() -> dict[str, ManyFn]:
+    """Every `first_mismatch_many` this process can run, by name: "numpy" (the
+    reference) and "c" when the extension is loaded (to compare them: the bench)."""
+    impls: dict[str, ManyFn] = {"numpy": _np_first_mismatch_many}
+    c = native.module("verify")
+    if c is not None:
+        impls["c"] = c.first_mismatch_many
+    return impls

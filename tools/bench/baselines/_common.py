@@ -44,7 +44,7 @@ import numpy.typing as npt
 import xxhash
 
 from backends.base import Backend, WriteBatch
-from sarpd.core.store import open_backend
+from sarpd.core import open_backend
 from tools.bench.api import Ids, RecoveryResult
 from tools.bench.spawn import compile_bytecode
 

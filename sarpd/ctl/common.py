@@ -1,8 +1,10 @@
 """What the `sarpctl` command modules share: the socket default, the exit codes, the
-connection (errors become a message and exit 2), token input and output formatting.
+connection (errors become a message and exit 2), token input, output formatting,
+progress bars, and the extra an optional package comes with.
 
-Imported by tools/sarpctl.py (the group and the basic commands) and the command
-modules it registers (tools/ctl_ops.py); it imports none of them.
+Imported by sarpd/ctl/main.py (the group and the basic commands) and the command
+modules it registers (sarpd/ctl/ops.py, ...); it imports none of them. The lab in
+tools/ uses its output helpers (`write_json`, `human_bytes`, `progress_bars`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import io
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -20,8 +22,14 @@ import click
 
 from sarpd.bridge.events import engine_hash
 from sarpd.client import REQUEST_TIMEOUT_S, RequestTimeout, SarpConnectionError, SyncClient
-from sarpd.errors import SarpError
+from sarpd.errors import SarpError, missing_extra
 from sarpd.protocol.requests import show, uint_array
+
+__all__ = ["CLUSTER_TIMEOUT_S", "EXIT_ERROR", "EXIT_PROBLEMS", "HASHES_HELP", "LOCAL_SOCKET",
+           "NO_LIMIT_CLUSTER_S", "SYSTEM_SOCKET", "TIMEOUT_HELP", "TOKENS_HELP", "StepFn",
+           "admin_timeout", "aligned", "connect", "default_socket", "emit_json", "fail", "flatten",
+           "fmt", "hashes_source", "human_bytes", "jsonable", "progress_bars", "read_hashes",
+           "read_sequence", "read_tokens", "says_bytes", "write_json"]
 
 LOCAL_SOCKET = Path("var/sarpd.sock")
 SYSTEM_SOCKET = Path("/run/sarpd/sarpd.sock")
@@ -86,7 +94,12 @@ def _cluster_client(urls: str, timeout: float) -> SyncClient:
         return SyncClient.cluster(urls, timeout=timeout)
     except SarpError:
         raise
-    except Exception as exc:  # NATS unreachable, no shard map, nats-py missing
+    except ModuleNotFoundError as exc:  # nats-py missing: say which extra brings it
+        extra = missing_extra(exc.name)
+        if extra is None:
+            raise
+        raise SarpConnectionError(f"--cluster {extra}") from exc
+    except Exception as exc:  # NATS unreachable, no shard map
         raise SarpConnectionError(f"cannot use the cluster at {urls}: "
                                   f"{type(exc).__name__}: {exc}") from exc
 
@@ -224,6 +237,28 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"  # pragma: no cover
+
+
+StepFn = Callable[[int], None]
+
+
+def progress_bars(quiet: bool) -> Callable[[str, int], StepFn]:
+    """`make(name, total)` -> `step(n)`: a click progress bar on stderr that closes
+    itself once `total` is reached (sarpctl import, the bench's builds)."""
+    def make(name: str, total: int) -> StepFn:
+        bar = click.progressbar(length=total, label=f"{name:>18}", file=sys.stderr)
+        bar.__enter__()
+        done = [0]
+
+        def step(n: int) -> None:
+            bar.update(n)
+            done[0] += n
+            if done[0] >= total:
+                bar.__exit__(None, None, None)
+
+        return step
+
+    return make
 
 
 def fmt(value: Any) -> str:

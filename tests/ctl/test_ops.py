@@ -1,4 +1,4 @@
-"""`sarpctl top` and `sarpctl dump` (tools.ctl_ops): rates, the top screen, presence
+"""`sarpctl top` and `sarpctl dump` (sarpd.ctl.ops): rates, the top screen, presence
 bits, the dump rendering, and both commands against a real sarpd."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 from click.testing import CliRunner
 
+from sarpd.ctl.main import main
+from sarpd.ctl.ops import presence_bits, rates, render_dump, render_top
 from tests.daemon_helpers import Launcher
-from tools.ctl_ops import presence_bits, rates, render_dump, render_top
-from tools.sarpctl import main
 
 
 def test_rates_over_an_interval() -> None:

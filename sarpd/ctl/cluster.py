@@ -1,70 +1,26 @@
-"""`sarpctl cluster`: run and inspect a sarp cluster (issue 15).
+"""`sarpctl cluster`: inspect a sarp cluster (issue 15), and start one on loopback.
 
-Only parses options and calls tools.cluster.local, and renders the cluster status
-(`show_status`, which `sarpctl --cluster URL status` calls too); see
-docs/DECISIONS.md "Replicas".
+Renders the cluster status (`show_status`, which `sarpctl --cluster URL status` calls
+too); see docs/DECISIONS.md "Replicas". `cluster local` is the lab's launcher
+(tools/cluster/local.py, from a source checkout: sarpd/ctl/lab.py).
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from tools.cluster.local import LocalCluster, LocalClusterError
-from tools.cluster.nats_local import NatsClusterError
-from tools.ctl_common import EXIT_ERROR, EXIT_PROBLEMS, connect, fmt
+from sarpd.ctl.common import EXIT_PROBLEMS, connect, fmt
+from sarpd.ctl.lab import CLUSTER_LOCAL, LabGroup
 
 
-@click.group()
+@click.group(cls=LabGroup, lab={"local": CLUSTER_LOCAL})
 def cluster() -> None:
-    """Run and inspect a sarp cluster: sarpd replicas of shards over NATS JetStream."""
-
-
-@cluster.command()
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
-              required=True, help="Where the NATS nodes and the replicas keep their data "
-              "and logs.")
-@click.option("--nats", "nats_nodes", type=click.IntRange(1, 9), default=3, show_default=True,
-              help="nats-server nodes (a shard's stream keeps min(3, NATS) copies).")
-@click.option("--replicas", type=click.IntRange(1, 16), default=3, show_default=True,
-              help="sarpd replicas per shard.")
-@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True,
-              help="Shards (s0, s1, ...).")
-@click.option("--backend", default="rocksdb", show_default=True,
-              help="Every replica's storage engine.")
-def local(directory: Path, nats_nodes: int, replicas: int, shards: int, backend: str) -> None:
-    """Start a whole cluster on loopback and stay in the foreground until SIGTERM or
-    Ctrl-C, then stop everything cleanly. Once every replica serves, prints ONE JSON
-    line: {"nats": [URL, ...], "nats_pids": [...], "replicas": [{"shard", "replica",
-    "socket", "pid"}, ...]}. Logs: DIR/nats/*.log and DIR/<shard>-<replica>.log.
-
-    \b
-    Example:
-      sarpctl cluster local --dir /tmp/sarp-cluster --nats 3 --replicas 3 --shards 2
-    """
-    lc = LocalCluster(directory, nats_nodes, replicas, shards, backend)
-    # SIGTERM as Ctrl-C: the finally below stops everything, also mid-start
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        click.echo(f"starting {nats_nodes} NATS nodes and {replicas * shards} replicas "
-                   f"in {directory}", err=True)
-        lc.start()
-        click.echo(json.dumps(lc.describe()))
-        sys.stdout.flush()
-        signal.pause()
-    except (LocalClusterError, NatsClusterError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        click.echo("stopping", err=True)
-        lc.stop()
+    """Inspect a sarp cluster (sarpd replicas of shards over NATS JetStream); start one
+    on loopback from a source checkout (`local`)."""
 
 
 STATUS_HELP = """Per shard: the log's sequence range and its NATS leader, the newest

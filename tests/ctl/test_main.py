@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from sarpd.ctl.main import main
 from tests.daemon_helpers import REPO, SarpdProc
-from tools.sarpctl import main
 
 TOKENS = list(range(1, 16 * 5 + 3))  # 5 whole blocks and a partial one
 
@@ -222,7 +222,7 @@ def test_status_against_a_server_that_never_answers_times_out(tmp_path: Path) ->
         assert server.stdout is not None and server.stdout.readline() == "listening\n"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("SARPCTL_TIMEOUT", None)
-        out = subprocess.run([sys.executable, "-m", "tools.sarpctl", "--socket", str(sock),
+        out = subprocess.run([sys.executable, "-m", "sarpd.ctl.main", "--socket", str(sock),
                               "status"], capture_output=True, text=True, timeout=15,
                              cwd=REPO, env=env)
         assert out.returncode == 2, out

@@ -24,18 +24,15 @@ import click
 from sarpd.config import ServerConfig, load_config
 from sarpd.core.bulk import BulkBuilder, BulkReport
 from sarpd.core.store import data_paths, open_backend
+from sarpd.ctl.common import StepFn, emit_json, fail, human_bytes, progress_bars
 from sarpd.daemon.cli import lock_data_dir
 from sarpd.errors import ConfigError, SarpError
 from sarpd.model import Insert
 from sarpd.protocol.requests import BadMessage, Limits, parse_message
-from tools.bench.cli import progress_bars
-from tools.ctl_common import emit_json, fail, human_bytes
 
 FIELDS = frozenset({"ns", "hashes", "tokens", "meta"})
 BATCH_OPS = 256  # inserts per write batch (sarpd's default batch_max)
 BATCH_BLOCKS = 65_536  # ... or fewer, once they hold this many blocks
-
-StepFn = Callable[[int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +182,7 @@ def import_(source: Path, data_dir: Path, backend: str | None, config_path: Path
     """
     try:
         cfg = load_config(config_path, data_dir=data_dir, backend=backend)
-        bar = progress_bars(as_json)  # the bench's bars, on stderr
+        bar = progress_bars(as_json)  # on stderr
         res = run_import(source, cfg, bar("reading", source.stat().st_size),
                          lambda total: bar("writing", total))
     except (ConfigError, SarpError) as exc:

@@ -1,11 +1,13 @@
-"""The fast decoding path (sarpd.protocol.fast) against the full one: on random valid
-and invalid requests, a `Decoder` with the fast path gives exactly what one without
-it gives (the same requests, the same errors with the same codes and messages, the
-same stream errors), and the fast path does take the common requests."""
+"""The daemon's one decoding path (`sarpd.protocol.wire.Decoder`) against the test
+oracle (tests/protocol/oracle.py: the validation sarpd had before issue 23): on random
+valid and invalid requests, streamed in pieces, both give the same requests, the same
+errors with the same codes and messages, the same stream errors; and msgspec's typed
+read (`requests.read_frame`) does take the common requests."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -15,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sarpd.errors import FrameError
-from sarpd.model import Insert, Match
-from sarpd.protocol.fast import fast_frame_limit, fast_parse
+from sarpd.model import Hello
+from sarpd.protocol.requests import negotiate, read_frame
 from sarpd.protocol.wire import BadMessage, Decoder, Limits
+from tests.protocol import oracle
 from tests.protocol.helpers import ID_A, ID_B, pack
 
 U64 = 2**64 - 1
@@ -55,20 +58,37 @@ def equal(a: object, b: object) -> bool:
     return all(equal(getattr(a, n), getattr(b, n)) for n in names)
 
 
-def both(raw: bytes, limits: Limits, cuts: list[int] = ()) -> tuple[list[Any], list[Any]]:
-    """What the two decoders give for the stream `raw` (fed in pieces at `cuts`); a
-    stream error ends each list with ("stream", code, message)."""
-    out: list[list[Any]] = []
-    for fast in (False, True):
-        dec, got = Decoder(limits, fast=fast), []
-        bounds = [0, *sorted(c % (len(raw) + 1) for c in cuts), len(raw)]
+def by_oracle(raw: bytes, limits: Limits) -> list[Any]:
+    """What the oracle gives for the stream `raw`, frame by frame (a stream error ends
+    the list with ("stream", code, message))."""
+    unpacker, protocol, start = msgpack.Unpacker(max_buffer_size=2**31), 1, 0
+    got: list[Any] = []
+    unpacker.feed(raw)
+    while start < len(raw):
+        unpacker.skip()
+        end = unpacker.tell()
         try:
-            for lo, hi in itertools.pairwise(bounds):
-                got += dec.feed(raw[lo:hi])
+            one = oracle.decode_frame(raw[start:end], limits, protocol, end)
         except FrameError as exc:
-            got += [*getattr(exc, "decoded", []), ("stream", exc.code, exc.message)]
-        out.append(got)
-    return out[0], out[1]
+            return [*got, ("stream", exc.code, exc.message)]
+        protocol = negotiate(one.protocol) if isinstance(one, Hello) else protocol
+        got.append(one)
+        start = end
+    return got
+
+
+def both(raw: bytes, limits: Limits, cuts: Sequence[int] = ()) -> tuple[list[Any], list[Any]]:
+    """What the oracle and the daemon's decoder give for the stream `raw` (the decoder
+    fed in pieces at `cuts`); a stream error ends each list with ("stream", code,
+    message)."""
+    dec, got = Decoder(limits), list[Any]()
+    bounds = [0, *sorted(c % (len(raw) + 1) for c in cuts), len(raw)]
+    try:
+        for lo, hi in itertools.pairwise(bounds):
+            got += dec.feed(raw[lo:hi])
+    except FrameError as exc:
+        got += [*getattr(exc, "decoded", []), ("stream", exc.code, exc.message)]
+    return by_oracle(raw, limits), got
 
 
 # ------------------------------------------------------------------ strategies
@@ -116,7 +136,8 @@ def meta_value() -> st.SearchStrategy[Any]:
 
 
 FIELDS = ["id", "op", "ns", "hashes", "tokens", "meta", "parent", "with_ids", "holders",
-          "from", "ids", "bogus", 7]
+          "from", "ids", "bogus", 7, "mask", "value", "protocol", "fix", "after_seq", "source",
+          "counters"]
 
 
 @st.composite
@@ -125,7 +146,8 @@ def request_pairs(draw: st.DrawFn, limits: Limits) -> list[tuple[Any, Any]]:
     missing, nil, of the wrong type or out of range, sometimes unknown or repeated."""
     values: dict[Any, st.SearchStrategy[Any]] = {
         "id": st.integers(0, U64) | bad_int | junk,
-        "op": st.sampled_from(["match", "insert", "remove", "ping", "hello", "nope"]) | junk,
+        "op": st.sampled_from(["match", "insert", "remove", "ping", "hello", "nope", "clear",
+                               "check", "dump", "report"]) | junk,
         "ns": st.sampled_from(["", "a", "ns-0", "ü" * 3, "x" * 9, "y" * 2000]) | junk,
         "hashes": hashes_value(limits.max_ids),
         "tokens": tokens_value(limits.max_sequence_tokens),
@@ -134,7 +156,13 @@ def request_pairs(draw: st.DrawFn, limits: Limits) -> list[tuple[Any, Any]]:
         "with_ids": st.booleans() | junk,
         "holders": st.integers(0, limits.max_match_holders + 1) | bad_int | junk,
         "from": small | junk, "ids": hashes_value(limits.max_ids), "bogus": junk,
-        7: junk,
+        7: junk, "mask": small | bad_int | junk, "value": small | bad_int | junk,
+        "protocol": small | bad_int | junk, "fix": st.booleans() | junk,
+        "after_seq": st.dictionaries(st.sampled_from(["s0", "", "x" * 70]),
+                                     small | bad_int | junk, max_size=3) | junk,
+        "source": st.sampled_from(["b", "", "x" * 200]) | junk,
+        "counters": st.dictionaries(st.sampled_from(["a", "B", "lag_s"]),
+                                    small | st.floats() | junk, max_size=3) | junk,
     }
     op = draw(st.sampled_from(["match", "insert"]))
     seq = draw(st.sampled_from(["hashes", "tokens"]))
@@ -163,7 +191,7 @@ SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=list(
 @pytest.mark.parametrize("limits", LIMITS, ids=["default", "small", "tiny-str"])
 @SETTINGS
 @given(data=st.data())
-def test_fast_decoder_answers_exactly_as_the_full_one(limits: Limits, data: st.DataObject
+def test_the_decoder_answers_exactly_as_the_oracle(limits: Limits, data: st.DataObject
                                                       ) -> None:
     msgs = data.draw(st.lists(request_pairs(limits), min_size=1, max_size=4))
     if data.draw(st.booleans()):  # a protocol-2 connection: inserts add a holder
@@ -223,7 +251,7 @@ def test_equal_tells_requests_apart() -> None:
     assert isinstance(e1, BadMessage) and equal(e1, e1) and not equal(e1, e2)
 
 
-# ------------------------------------------------------------ the fast path is taken
+# ------------------------------------------------------------ the typed read is taken
 
 
 @pytest.mark.parametrize("pairs", [
@@ -237,40 +265,48 @@ def test_equal_tells_requests_apart() -> None:
     [("id", 1), ("op", "insert"), ("tokens", list(range(40))), ("meta", b"\x00" * 16),
      ("ns", None)],
     [("id", 1), ("op", "match"), ("hashes", [2**40] * 5000)],  # array16, 45 kB
+    [("id", 1), ("op", "match"), ("tokens", list(range(20_000)))],  # past 64 KiB
+    [("id", 1), ("op", "ping"), ("protocol", None)],  # any op
+    [("id", 1), ("op", "match"), ("hashes", [1]), ("parent", 1)],  # a rule refuses it
 ])
-def test_common_requests_take_the_fast_path(pairs: list[tuple[Any, Any]]) -> None:
+def test_common_requests_take_the_typed_read(pairs: list[tuple[Any, Any]]) -> None:
     raw = frame(pairs)
-    assert len(raw) <= fast_frame_limit(Limits())
-    got = fast_parse(raw, Limits())
-    assert isinstance(got, Match | Insert)
-    assert equal(got, Decoder(fast=False).feed(raw)[0])
+    assert read_frame(raw, Limits()) is not None
+    (got,) = Decoder().feed(raw)
+    assert equal(got, oracle.decode_frame(raw, Limits()))
 
 
 @pytest.mark.parametrize("pairs", [
-    [("id", 1), ("op", "ping")],  # other ops
     [("id", 1), ("op", "match"), ("hashes", [1]), ("bogus", 1)],  # unknown field
-    [("id", 1), ("op", "match"), ("hashes", [1]), ("parent", 1)],  # refused field
-    [("id", 1), ("op", "match"), ("hashes", [1]), ("holders", 0)],
-    [("id", 1), ("op", "match"), ("hashes", [1]), ("tokens", b"")],  # both
-    [("id", 1), ("op", "match")],  # no sequence
-    [("id", 1), ("op", "match"), ("hashes", [1, "x"])],
-    [("id", 1), ("op", "insert"), ("hashes", [1])],  # no meta
-    [("id", 1), ("op", "insert"), ("hashes", [1]), ("meta", [1, 2])],  # wrong count
-    [("id", 1), ("op", "match"), ("hashes", [1]), ("ns", "x" * 1025)],
-    [("id", 1), ("op", "match"), ("hashes", [2**40] * 65_537)],  # over max_ids
+    [("id", 1), ("op", "match"), ("hashes", [1]), ("hashes", [2])],  # repeated field
+    [("id", 1), ("op", "match"), ("hashes", [1, "x"])],  # a value of another type
+    [("id", 1), ("op", "match"), ("tokens", [1.5])],
+    [("id", 1), ("op", "match"), ("ns", Raw(b"\xa2\xff\xfe"))],  # bad UTF-8
     [(1, 1), ("op", "match"), ("hashes", [1])],  # a non-str key
 ])
-def test_everything_else_goes_to_the_full_path(pairs: list[tuple[Any, Any]]) -> None:
-    assert fast_parse(frame(pairs), Limits()) is None
+def test_other_shapes_are_built_under_the_budgets(pairs: list[tuple[Any, Any]]) -> None:
+    raw = frame(pairs)
+    assert read_frame(raw, Limits()) is None
+    (got,) = Decoder().feed(raw)
+    assert equal(got, oracle.decode_frame(raw, Limits()))
 
 
-def test_frame_limit_keeps_the_frame_budgets() -> None:
-    assert fast_frame_limit(Limits()) == 65_536  # max_str_bytes binds
-    assert fast_frame_limit(Limits(max_str_bytes=100)) == 100
-    assert fast_frame_limit(Limits(max_sequence_tokens=16)) == 32  # max_items
-    assert fast_frame_limit(Limits(max_depth=3)) == 0
-    assert fast_frame_limit(Limits(max_map_len=14)) == 0
-    assert fast_frame_limit(Limits(max_containers=3)) == 0
+@pytest.mark.parametrize(("limits", "pairs"), [
+    (Limits(max_depth=1), [("id", 1), ("op", "match"), ("tokens", [1])]),
+    (Limits(max_containers=1), [("id", 1), ("op", "match"), ("tokens", [1])]),
+    (Limits(max_sequence_tokens=16), [("id", 1), ("op", "match"), ("tokens", [1] * 40)]),
+    (Limits(max_str_bytes=8), [("id", 1), ("op", "match"), ("ns", "x" * 9)]),
+    (Limits(max_map_len=2), [("id", 1), ("op", "match"), ("tokens", [1])]),
+    (Limits(max_map_len=3), [("id", 1), ("op", "match"), ("after_seq", {"a": 1, "b": 2,
+                                                                         "c": 3, "d": 4})]),
+])
+def test_a_frame_that_may_pass_a_budget_is_built_under_them(limits: Limits, pairs: list[
+        tuple[Any, Any]]) -> None:
+    """The typed read declines what the budgets must judge; the answer is the oracle's."""
+    raw = frame(pairs)
+    assert read_frame(raw, limits) is None
+    full, got = both(raw, limits)
+    assert len(full) == len(got) == 1 and equal(full[0], got[0]), (full, got)
 
 
 def test_decoder_holds_no_view_of_the_callers_buffer() -> None:

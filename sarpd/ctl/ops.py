@@ -2,7 +2,7 @@
 `dump` (routing directory and segment inspection for one sequence).
 
 Like the rest of sarpctl they only call `sarpd.client.SyncClient` (`stats`, `dump`)
-and format what comes back, with the helpers of tools/ctl_common.py; tools/sarpctl.py
+and format what comes back, with the helpers of sarpd/ctl/common.py; sarpd/ctl/main.py
 registers them.
 """
 
@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import click
 
-from tools.ctl_common import (
+from sarpd.ctl.common import (
     HASHES_HELP,
     TOKENS_HELP,
     connect,

@@ -1,4 +1,4 @@
-"""`sarpctl bridge vllm` (tools.ctl_bridge): options from a TOML file, a real run
+"""`sarpctl bridge vllm` (sarpd.ctl.bridge): options from a TOML file, a real run
 against a real ZMQ publisher and a real sarpd, and configuration errors."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from sarpd.client import SyncClient
+from sarpd.ctl.main import main
 from tests.daemon_helpers import REPO, Launcher, SarpdProc, free_port, scrape
 from tools.bench.vllm_publisher import Publisher, encode_batch, stored
-from tools.sarpctl import main
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_cli_with_config_file(publisher: Publisher, sarpd_proc: SarpdProc, tmp_p
         f"metrics-port = {free_port()}\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "tools.sarpctl", "--socket", str(sarpd_proc.socket)]
+    cmd = [sys.executable, "-m", "sarpd.ctl.main", "--socket", str(sarpd_proc.socket)]
     proc = subprocess.Popen(
         [*cmd, "bridge", "vllm", "--config", str(conf), "--json"],
         stdout=subprocess.PIPE,
@@ -133,7 +133,7 @@ def start_bridge_proc(socket: Path, tmp_path: Path, *args: str) -> tuple[subproc
     err = tmp_path / "bridge.err"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.sarpctl", "--socket", str(socket), "bridge", "vllm",
+        [sys.executable, "-m", "sarpd.ctl.main", "--socket", str(socket), "bridge", "vllm",
          "--state", str(tmp_path / "w0.json"), "--report-interval", "0.5", *args],
         stdout=subprocess.DEVNULL, stderr=err.open("w"), env=env, cwd=tmp_path, text=True,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""`SyncClient.cluster(URL)` / `Client.cluster(URL)` (sarpd/client.py `ClusterClient`)
+"""`SyncClient.cluster(URL)` / `Client.cluster(URL)` (sarpd/client/cluster.py `ClusterClient`)
 against a real cluster on loopback (tools.cluster.local: 3 NATS nodes, 2 shards of 2
 sarpd replicas): today's methods over NATS; sequences spread over both shards and
 each lives on one; a client reads its own writes on any replica (after_seq); an
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from sarpd.client import SyncClient
+from sarpd.client.fields import tokens_bin
 from sarpd.cluster import route
 from sarpd.errors import UnknownParent
-from sarpd.protocol.fields import tokens_bin
 from tools.cluster.local import LocalCluster, local_sarp_cluster
 
 BT = 16

@@ -1,4 +1,4 @@
-"""tools/ctl_import.py: `sarpctl import` builds a data directory that a real sarpd
+"""sarpd/ctl/importer.py: `sarpctl import` builds a data directory that a real sarpd
 serves exactly as the same inserts would have; bad input and used directories are
 refused with the line or the directory named, leaving nothing behind."""
 
@@ -13,10 +13,10 @@ from sarpd.client import SyncClient
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
 from sarpd.core.store import open_backend
+from sarpd.ctl.main import main
 from sarpd.model import Insert, MatchResult
 from tests.core.test_bulk import branchy, queries
 from tests.daemon_helpers import Launcher
-from tools.sarpctl import main
 
 
 def json_line(op: Insert) -> str:

@@ -1,4 +1,4 @@
-"""What the sarpctl command modules share (tools.ctl_common): token input, JSON and
+"""What the sarpctl command modules share (sarpd.ctl.common): token input, JSON and
 human output, the default socket, and connection errors as exit 2."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from click.testing import CliRunner
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.protocol.helpers import SAFE_TEXT, assert_clean
-from tools.ctl_common import (
+from sarpd.ctl.common import (
     EXIT_ERROR,
     SYSTEM_SOCKET,
     aligned,
@@ -31,6 +30,7 @@ from tools.ctl_common import (
     read_sequence,
     read_tokens,
 )
+from tests.protocol.helpers import SAFE_TEXT, assert_clean
 
 
 def named(text: str) -> io.StringIO:

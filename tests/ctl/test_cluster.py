@@ -1,4 +1,4 @@
-"""`sarpctl cluster local` (tools/ctl_cluster.py, tools/cluster/local.py): a whole cluster
+"""`sarpctl cluster local` (sarpd/ctl/cluster.py, tools/cluster/local.py): a whole cluster
 on loopback as real processes; one JSON line once every replica serves; writes on one
 replica are seen by the others of its shard and not by another shard; SIGTERM stops
 every process."""
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sarpd.client import SyncClient
-from tools.ctl_cluster import status_lines
+from sarpd.ctl.cluster import status_lines
 
 if TYPE_CHECKING:
     from tools.cluster.local import LocalCluster
@@ -35,7 +35,7 @@ def alive(pid: int) -> bool:
 
 def test_cluster_local_runs_then_stops_everything(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.sarpctl", "cluster", "local", "--dir", str(tmp_path),
+        [sys.executable, "-m", "sarpd.ctl.main", "cluster", "local", "--dir", str(tmp_path),
          "--nats", "3", "--replicas", "2", "--shards", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -75,7 +75,7 @@ def test_sarpctl_cluster_flag_reaches_the_whole_cluster(tmp_path: Path) -> None:
     from tools.cluster.local import local_sarp_cluster
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    ctl = [sys.executable, "-m", "tools.sarpctl"]
+    ctl = [sys.executable, "-m", "sarpd.ctl.main"]
     with local_sarp_cluster(tmp_path / "cl", nats_nodes=1, replicas=1, shards=2) as lc:
         assert lc.nats is not None
         urls = ",".join(lc.nats.urls)
@@ -97,7 +97,7 @@ def test_cluster_status_shows_each_replica_s_progress(tmp_path: Path) -> None:
     from tools.cluster.local import local_sarp_cluster
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    ctl = [sys.executable, "-m", "tools.sarpctl"]
+    ctl = [sys.executable, "-m", "sarpd.ctl.main"]
     conf = tmp_path / "ckpt.toml"
     conf.write_text("[cluster]\ncheckpoint_interval_s = 0.3\n")
     with local_sarp_cluster(tmp_path / "cl", nats_nodes=1, replicas=2, shards=1,

@@ -28,6 +28,9 @@ from sarpd.protocol.requests import (
     uint_array,
 )
 
+__all__ = ["Ids", "Meta", "OneId", "Result", "Tokens", "bool_arg", "decode_match", "ids_field",
+           "meta_field", "one_id_field", "seq_fields", "tokens_bin", "uint_arg"]
+
 Tokens: TypeAlias = "Sequence[int] | np.ndarray[Any, Any] | bytes"
 Ids: TypeAlias = "Sequence[int | bytes] | np.ndarray[Any, Any] | bytes"
 OneId: TypeAlias = "int | bytes | np.ndarray[Any, Any]"

@@ -17,8 +17,8 @@ from sarpd.bridge.mapping import MAX_WORKER
 from sarpd.bridge.peers import check_endpoint
 from sarpd.bridge.stats import BridgeStats
 from sarpd.bridge.vllm import BridgeConfig, serve
+from sarpd.ctl.common import EXIT_ERROR
 from sarpd.errors import ConfigError, SarpError
-from tools.ctl_common import EXIT_ERROR
 
 
 def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> str | None:

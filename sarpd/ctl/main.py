@@ -1,4 +1,4 @@
-"""`sarpctl`: talk to a running sarpd from the shell.
+"""`sarpctl`: talk to a running sarpd from the shell (the console script's entry point).
 
 Only calls `sarpd.client.SyncClient` and formats what comes back: no index logic.
 Exit codes: 0 success; 1 `check` found problems, or `status` found the daemon not
@@ -14,11 +14,9 @@ from typing import IO
 
 import click
 
-from sarpd.errors import Unavailable
-from tools.bench.cli import bench
-from tools.ctl_bridge import bridge
-from tools.ctl_cluster import cluster
-from tools.ctl_common import (
+from sarpd.ctl.bridge import bridge
+from sarpd.ctl.cluster import cluster, show_status
+from sarpd.ctl.common import (
     EXIT_PROBLEMS,
     HASHES_HELP,
     TIMEOUT_HELP,
@@ -33,8 +31,10 @@ from tools.ctl_common import (
     human_bytes,
     read_sequence,
 )
-from tools.ctl_import import import_
-from tools.ctl_ops import dump, top
+from sarpd.ctl.importer import import_
+from sarpd.ctl.lab import BENCH, LabGroup
+from sarpd.ctl.ops import dump, top
+from sarpd.errors import Unavailable
 
 SOCKET_HELP = (
     "sarpd socket [env SARPD_SOCKET; default ./var/sarpd.sock if it exists, "
@@ -42,7 +42,8 @@ SOCKET_HELP = (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LabGroup, lab={"bench": BENCH},
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--socket", "socket_path", envvar="SARPD_SOCKET", help=SOCKET_HELP)
 @click.option("--cluster", "cluster_urls", envvar="SARP_CLUSTER", metavar="URL[,URL...]",
               help="Talk to a whole cluster (its NATS URLs) instead of one sarpd's socket: "
@@ -82,9 +83,7 @@ def status(ctx: click.Context) -> None:
     log, checkpoint, blocks and segments; per replica its progress and the writes it
     applied); exits 1 when a shard has no live replica."""
     if ctx.obj.get("cluster"):
-        from tools.ctl_cluster import show_status  # the one cluster status
-
-        show_status(ctx)
+        show_status(ctx)  # the one cluster status
         return
     path = ctx.obj["socket"]
     with connect(ctx) as c:
@@ -265,11 +264,11 @@ def check(ctx: click.Context, fix: bool, as_json: bool) -> None:
         sys.exit(EXIT_PROBLEMS)
 
 
-# `sarpctl bench` (the evaluation harness), `sarpctl bridge vllm` (the KV-events bridge),
-# `sarpctl top` and `sarpctl dump` (operator views), `sarpctl import` (a bulk build),
-# `sarpctl cluster` (replicas over NATS JetStream)
-# live in their own modules.
-for _command in (bench, bridge, top, dump, import_, cluster):
+# `sarpctl bridge vllm` (the KV-events bridge), `sarpctl top` and `sarpctl dump`
+# (operator views), `sarpctl import` (a bulk build), `sarpctl cluster` (replicas over
+# NATS JetStream) live in their own modules; `sarpctl bench` (the evaluation harness)
+# in the repository's lab, loaded when it runs (sarpd/ctl/lab.py).
+for _command in (bridge, top, dump, import_, cluster):
     main.add_command(_command)
 
 
