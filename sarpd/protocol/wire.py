@@ -1,17 +1,16 @@
 """Sans-I/O wire codec of PROTOCOL.md: msgpack bytes -> typed requests, typed results ->
-msgpack bytes. No sockets, no asyncio (in the style of h11): the server feeds whatever
-bytes arrive and writes whatever bytes come back. Layout: `Decoder` (the framing: a
-skipping unpacker finds where each message ends, under the stream limits), then each
-message goes to the one typed decode of `sarpd.protocol.requests`; encoding below.
+msgpack bytes. No sockets, no asyncio (in the style of h11). Layout: `Decoder`, the
+framing (a skipping unpacker finds where each message ends, under the stream limits),
+hands each message to the one typed decode of `sarpd.protocol.requests`; encoding below.
 
 Limits (all in `Limits`; the server builds them with `Limits.from_config`):
 
-- ``max_frame_size`` (64 MiB): the largest single message. Bigger raises `FrameError`
-  (code ``too_large``, the message gives both sizes): a stream error, after which the
-  server answers ``encode_error(0, exc)`` and closes. Bytes that are not msgpack raise
-  `FrameError` (code ``bad_request``) the same way (`Decoder.feed` raises the subclass
-  `StreamError`, whose ``decoded`` keeps the requests completed earlier in the same
-  feed). The decoder never buffers more than ``max_frame_size + 1`` bytes.
+- ``max_frame_size`` (64 MiB): the largest message. Bigger raises `FrameError` (code
+  ``too_large``, both sizes given): a stream error, after which the server answers
+  ``encode_error(0, exc)`` and closes; so do bytes that are not msgpack (code
+  ``bad_request``). `Decoder.feed` raises the subclass `StreamError`, whose ``decoded``
+  keeps the requests completed earlier in that feed. At most ``max_frame_size + 1``
+  bytes are buffered.
 - ``max_sequence_tokens`` (1,048,576): tokens per sequence (per-request ``too_large``);
   ``block_tokens`` (16): ``meta`` needs one value per whole block; ``max_ns_bytes``
   (1,024): a namespace's UTF-8 length (``bad_request``); ``max_ids`` (default
@@ -20,26 +19,21 @@ Limits (all in `Limits`; the server builds them with `Limits.from_config`):
   string (``op``, ``ns``, map keys); ``max_map_len`` (1,024) pairs in any map;
   ``max_containers`` (4,096) maps plus arrays in one message; ``max_items``
   (``2 * max(max_sequence_tokens, max_ids)``) elements of any array, and elements plus
-  pairs of one message. ``max_depth`` (8) nesting of maps and arrays (a valid request
-  needs 2): deeper is a per-request ``too_large``; past msgpack's own stack (1,024
-  levels) a stream error.
+  pairs of one message. ``max_depth`` (8) nesting (a valid request needs 2): deeper is
+  a per-request ``too_large``; past msgpack's own stack (1,024 levels) a stream error.
 
-Memory: a message is decoded only once all its bytes are in, so an unfinished message
-costs its bytes (twice: the skipper's buffer and ours), never objects. A message whose
-fields have their wire types is read by msgspec (`requests.read_frame`), within every
-budget by construction; any other is built by msgpack's unpacker under the budgets
-(the objects they allow: the largest valid request, max_sequence_tokens tokens as
-msgpack ints, ~40 MB of Python objects; as ``bin``: 4 MB). Either way the fields go
-through the same rules (`requests.parse_message`).
+Memory: a message is decoded once all its bytes are in, so an unfinished one costs its
+bytes (twice: the skipper's buffer and ours), never objects. msgspec reads a message
+whose fields have their wire types (`requests.read_frame`); any other is built by
+msgpack under the budgets (at most ~40 MB of objects: max_sequence_tokens tokens as
+msgpack ints). Either way one set of rules (`requests.parse_message`) judges it.
 
-Everything below the frame level is a per-request error: a well-formed message that is
-not a valid request yields a `BadMessage` with the request's id (0 when no id can be
-read); the server answers it and keeps the connection. Strings that are not valid
-UTF-8 are per-request errors too. Unknown extra fields are ignored (forward
-compatibility); a field given as nil counts as absent. Fields that would change the
-meaning of a request where they do not apply are refused: ``parent`` outside
-``insert``; a sequence or ``ids`` on ``clear``; ``from`` with ``ids``. ``clear``
-refuses a ``value`` with bits outside ``mask`` (it would match nothing).
+A well-formed message that is not a valid request yields a `BadMessage` with the
+request's id (0 when none can be read), answered on a connection that stays open; so
+do strings that are not valid UTF-8. Unknown fields are ignored (forward compatibility);
+a nil field counts as absent. Fields that would change a request's meaning where they
+do not apply are refused: ``parent`` outside ``insert``; a sequence or ``ids`` on
+``clear``; ``from`` with ``ids``; a ``clear`` ``value`` with bits outside ``mask``.
 """
 
 from __future__ import annotations
@@ -214,7 +208,7 @@ class Decoder:
     def _message(self, frame: bytes | memoryview) -> Request | BadMessage:
         """The request of one complete message."""
         obj: object = read_frame(frame, self.limits)
-        if obj is None:  # another shape: built under the frame budgets
+        if obj is None:  # another shape: built under the frame budgets, to be judged
             budget = _Budget(self.limits)
             try:
                 obj = msgpack.unpackb(frame, object_pairs_hook=budget.on_map,
