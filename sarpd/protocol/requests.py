@@ -1,16 +1,13 @@
 """The one typed decode of a request (PROTOCOL.md): a frame, or a value already decoded,
 -> a typed request of `sarpd.model`, or a `BadMessage` naming the field, the value and
-the rule. No sockets, no asyncio. Layout, top to bottom:
-
-- `Limits` (documented in `sarpd.protocol.wire`), `BadMessage`, `OddMap`, `too_deep`;
-- `Fields` and `read_frame`: msgspec reads a frame into `Fields`, each field typed as
-  the wire carries it (a list of 64-bit ids straight into numpy), or says no (None):
-  a value of another type, bad UTF-8, an unknown or repeated field, a frame that might
-  pass a frame budget. The framing (`wire`) then builds that frame under its budgets;
-- `parse_message`: `Fields`, or a built map, -> a typed request, by one set of rules
-  (`_OPS`, one function per op; the field rules below it) in a fixed order, so a
-  message with several bad fields names the same one whatever its key order;
-- the field rules the client also applies (`show`, `check_uint`, `uint_array`, ...).
+the rule. No sockets, no asyncio. Layout, top to bottom: `Limits` (see `wire`),
+`BadMessage`, `OddMap`, `too_deep`; `read_frame`: msgspec reads a frame into `Fields`,
+each field typed as the wire carries it, or says no (None: another type, bad UTF-8, an
+unknown or repeated field, a frame that might pass a frame budget; `wire` then builds
+it under its budgets); `parse_message`: `Fields`, or a built map, -> a typed request by
+one set of rules (`_OPS`, one function per op) in a fixed order, so a message with
+several bad fields names the same one whatever its key order; the field rules the
+client also applies (`show`, `check_uint`, `uint_array`, ...).
 """
 
 from __future__ import annotations
@@ -86,14 +83,12 @@ class BadMessage:
     error: SarpError
 
 
+@dataclass(slots=True)
 class OddMap:
     """A map whose keys are not all strings (never a valid request or field): what the
     framing builds for such a map, so that no dict with odd keys is ever made."""
 
-    __slots__ = ("pairs",)
-
-    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
-        self.pairs = pairs
+    pairs: list[tuple[Any, Any]]
 
 
 def too_deep(obj: object, limit: int) -> BadMessage | None:
@@ -103,9 +98,8 @@ def too_deep(obj: object, limit: int) -> BadMessage | None:
         o, d = stack.pop()
         if d > limit:
             rid = obj.get("id") if isinstance(obj, dict) else None
-            rid = rid if type(rid) is int and 0 <= rid <= U64_MAX else 0
-            return BadMessage(
-                rid, TooLarge(f"request: nesting depth over {limit} exceeds max_depth ({limit})"))
+            return BadMessage(rid if type(rid) is int and 0 <= rid <= U64_MAX else 0, TooLarge(
+                f"request: nesting depth over {limit} exceeds max_depth ({limit})"))
         kids = (o if isinstance(o, list) else list(o.values()) if isinstance(o, dict)
                 else [x for pair in o.pairs for x in pair] if isinstance(o, OddMap) else [])
         stack.extend((c, d + 1) for c in kids if isinstance(c, list | dict | OddMap))
@@ -149,10 +143,9 @@ _UINT64 = b"\xcf"  # msgpack's uint 64 marker (then 8 bytes big-endian)
 
 
 def read_frame(frame: bytes | memoryview, limits: Limits) -> Fields | None:
-    """The fields of the request map `frame`, or None (see the module docstring).
-    Within the frame budgets: its values nest at most 2 deep, one container each; a
-    frame of at most min(max_str_bytes, max_items) bytes holds no longer string and no
-    more items; a longer one is counted (`_within`)."""
+    """The fields of the request map `frame`, or None (see the module docstring). Its
+    values nest at most 2 deep, one container each; a frame of at most min(max_str_bytes,
+    max_items) bytes is within the other budgets; a longer one is counted (`_within`)."""
     head = frame[0] if len(frame) else 0
     n = head - 0x80 if 0x80 <= head <= 0x8F else int.from_bytes(frame[1:3], "big") \
         if head == 0xDE else int.from_bytes(frame[1:5], "big") if head == 0xDF else -1
@@ -193,10 +186,8 @@ def _read_ids(raw: Any, limits: Limits) -> Any:
 
 def _within(f: Fields, n: int, limits: Limits) -> bool:
     """Whether a large frame's fields keep within the frame budgets."""
-    items, containers = n, 1
-    for v in msgspec.structs.astuple(f):
-        if isinstance(v, list | dict | np.ndarray):
-            items, containers = items + len(v), containers + 1
+    sizes = [len(v) for v in msgspec.structs.astuple(f) if isinstance(v, list | dict | np.ndarray)]
+    items, containers = n + sum(sizes), 1 + len(sizes)
     strs = [f.op, f.ns, f.source, *(f.after_seq or ()), *(f.counters or ())]
     return items <= limits.max_items and containers <= limits.max_containers and \
         max(map(len, _ATTRS)) <= limits.max_str_bytes and \
@@ -335,12 +326,10 @@ def _op_dump(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
 
 _OPS: dict[str, Callable[[int, Fields, Limits, int], Request]] = {  # others ignore fields
     "hello": _op_hello, "match": _op_match, "insert": _op_insert, "remove": _op_remove,
-    "clear": _op_clear, "dump": _op_dump, "ping": lambda rid, f, limits, protocol: model.Ping(rid),
-    "stats": lambda rid, f, limits, protocol: model.Stats(rid),
-    "snapshot": lambda rid, f, limits, protocol: model.Snapshot(rid),
-    "check": lambda rid, f, limits, protocol: model.Check(rid, fix=_bool("fix", f.fix)),
-    "report": lambda rid, f, limits, protocol: parse_report(
-        rid, {"source": f.source, "counters": f.counters}),
+    "clear": _op_clear, "dump": _op_dump, "ping": lambda rid, *_: model.Ping(rid),
+    "stats": lambda rid, *_: model.Stats(rid), "snapshot": lambda rid, *_: model.Snapshot(rid),
+    "check": lambda rid, f, *_: model.Check(rid, fix=_bool("fix", f.fix)),
+    "report": lambda rid, f, *_: parse_report(rid, {"source": f.source, "counters": f.counters}),
 }
 
 
@@ -461,16 +450,21 @@ META_RULE = "a uint64, an array of uint64 (one per block) or a bin (uint64 LE pe
 
 
 def _tokens(v: object, limits: Limits) -> U32Array:
-    if isinstance(v, bytes):
-        if len(v) % 4:
-            raise BadRequest(
-                f"tokens: bin of {len(v)} bytes is not a multiple of 4 (uint32 LE per token)")
-        check_sequence_tokens(len(v) // 4, limits.max_sequence_tokens)  # the core's rule
-        return np.frombuffer(v, dtype="<u4").astype(np.uint32)
-    if not isinstance(v, list):
+    if not isinstance(v, bytes | list):
         raise BadRequest(f"tokens: {show(v)} is not {TOKENS_RULE}")
-    check_sequence_tokens(len(v), limits.max_sequence_tokens)
-    return uint_array(v, "tokens", 2**32, "uint32").astype(np.uint32)
+    n = _count(v, "tokens", 4, "uint32 LE per token")
+    check_sequence_tokens(n, limits.max_sequence_tokens)  # the core's rule
+    return np.frombuffer(v, dtype="<u4").astype(np.uint32) if isinstance(v, bytes) else \
+        uint_array(v, "tokens", 2**32, "uint32").astype(np.uint32)
+
+
+def _count(v: bytes | list[Any], name: str, size: int, unit: str) -> int:
+    """Values in a list, or in a bin of `size` bytes per value."""
+    if isinstance(v, list):
+        return len(v)
+    if len(v) % size:
+        raise BadRequest(f"{name}: bin of {len(v)} bytes is not a multiple of {size} ({unit})")
+    return len(v) // size
 
 
 def _ids(v: object, name: str, limits: Limits) -> IdArray:
@@ -480,9 +474,7 @@ def _ids(v: object, name: str, limits: Limits) -> IdArray:
         return v
     if not isinstance(v, bytes | list):
         raise BadRequest(f"{name}: {show(v)} is not {IDS_RULE}")
-    if isinstance(v, bytes) and len(v) % 16:
-        raise BadRequest(f"{name}: bin of {len(v)} bytes is not a multiple of 16 (id size)")
-    n = len(v) // 16 if isinstance(v, bytes) else len(v)
+    n = _count(v, name, 16, "id size")
     if n > limits.max_ids:
         raise TooLarge(f"{name}: {n} ids exceeds max_ids ({limits.max_ids})")
     return model.ids_from_bytes(v) if isinstance(v, bytes) else id_items(v, name)
@@ -515,15 +507,12 @@ def _meta(v: object, blocks: int, limits: Limits) -> U64Array | int:
         return check_uint("meta", v)
     if not isinstance(v, bytes | list):
         raise BadRequest(f"meta: {show(v)} is not {META_RULE}")
-    if isinstance(v, bytes) and len(v) % 8:
-        raise BadRequest(f"meta: bin of {len(v)} bytes is not a multiple of 8 (uint64 LE)")
-    n = len(v) // 8 if isinstance(v, bytes) else len(v)
+    n = _count(v, "meta", 8, "uint64 LE")
     if n != blocks:
         raise BadRequest(f"meta: {n} values for {blocks} blocks (one uint64 per whole "
                          f"{limits.block_tokens}-token block, or a single uint for all)")
-    if isinstance(v, bytes):
-        return np.frombuffer(v, dtype="<u8").astype(np.uint64)
-    return uint_array(v, "meta", U64_MAX + 1, "uint64")
+    return np.frombuffer(v, dtype="<u8").astype(np.uint64) if isinstance(v, bytes) else \
+        uint_array(v, "meta", U64_MAX + 1, "uint64")
 
 
 # -- report (extension op) --------------------------------------------------

@@ -3,30 +3,17 @@ msgpack bytes. No sockets, no asyncio (in the style of h11). Layout: `Decoder`, 
 framing (a skipping unpacker finds where each message ends, under the stream limits),
 hands each message to the one typed decode of `sarpd.protocol.requests`; encoding below.
 
-Limits (all in `Limits`; the server builds them with `Limits.from_config`):
+Limits are `Limits` fields (the server builds them with `Limits.from_config`);
+PROTOCOL.md "Limits" gives each one's default and what passing it costs. Past a stream
+limit (``max_frame_size``, the frame budgets, msgpack's 1,024 levels of nesting), or on
+bytes that are not msgpack, `Decoder.feed` raises `StreamError` (its ``decoded`` keeps
+the requests completed earlier in that feed): the server answers ``encode_error(0,
+exc)`` and closes. At most ``max_frame_size + 1`` bytes are buffered.
 
-- ``max_frame_size`` (64 MiB): the largest message. Bigger raises `FrameError` (code
-  ``too_large``, both sizes given): a stream error, after which the server answers
-  ``encode_error(0, exc)`` and closes; so do bytes that are not msgpack (code
-  ``bad_request``). `Decoder.feed` raises the subclass `StreamError`, whose ``decoded``
-  keeps the requests completed earlier in that feed. At most ``max_frame_size + 1``
-  bytes are buffered.
-- ``max_sequence_tokens`` (1,048,576): tokens per sequence (per-request ``too_large``);
-  ``block_tokens`` (16): ``meta`` needs one value per whole block; ``max_ns_bytes``
-  (1,024): a namespace's UTF-8 length (``bad_request``); ``max_ids`` (default
-  ``max_sequence_tokens // block_tokens``): ids in ``hashes`` / ``ids`` (``too_large``).
-- Frame budgets, stream errors (``too_large``): ``max_str_bytes`` (65,536) for any
-  string (``op``, ``ns``, map keys); ``max_map_len`` (1,024) pairs in any map;
-  ``max_containers`` (4,096) maps plus arrays in one message; ``max_items``
-  (``2 * max(max_sequence_tokens, max_ids)``) elements of any array, and elements plus
-  pairs of one message. ``max_depth`` (8) nesting (a valid request needs 2): deeper is
-  a per-request ``too_large``; past msgpack's own stack (1,024 levels) a stream error.
-
-Memory: a message is decoded once all its bytes are in, so an unfinished one costs its
-bytes (twice: the skipper's buffer and ours), never objects. msgspec reads a message
-whose fields have their wire types (`requests.read_frame`); any other is built by
-msgpack under the budgets (at most ~40 MB of objects: max_sequence_tokens tokens as
-msgpack ints). Either way one set of rules (`requests.parse_message`) judges it.
+Memory: an unfinished message costs its bytes (twice: the skipper's buffer and ours),
+never objects. msgspec reads a message whose fields have their wire types; any other is
+built by msgpack under the budgets (at most ~40 MB of objects: max_sequence_tokens ints).
+Either way one set of rules (`requests.parse_message`) judges it.
 
 A well-formed message that is not a valid request yields a `BadMessage` with the
 request's id (0 when none can be read), answered on a connection that stays open; so
@@ -45,39 +32,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from sarpd.errors import (
-    BadRequest,
-    Busy,
-    Forbidden,
-    FrameError,
-    Internal,
-    QuotaExceeded,
-    SarpError,
-    TooLarge,
-    Unavailable,
-    UnknownOp,
-    UnknownParent,
-)
-from sarpd.model import (
-    CheckReport,
-    Hello,
-    InsertResult,
-    MatchResult,
-    RemoveResult,
-    Request,
-    SnapshotResult,
-    ids_to_bytes,
-)
-from sarpd.protocol.requests import (
-    BadMessage,
-    Limits,
-    OddMap,
-    negotiate,
-    parse_message,
-    read_frame,
-    show,
-    too_deep,
-)
+from sarpd import errors, model
+from sarpd.errors import BadRequest, FrameError, SarpError
+from sarpd.model import Request
+from sarpd.protocol import requests
+from sarpd.protocol.requests import BadMessage, Limits, parse_message
 
 __all__ = ["BadMessage", "Decoder", "Limits", "StreamError", "encode_error", "encode_ok",
            "encode_request", "encode_result", "error_from_code", "parse_message"]
@@ -117,9 +76,9 @@ class _Budget:
         self._count(len(items))
         return items
 
-    def on_map(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any] | OddMap:
+    def on_map(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any] | requests.OddMap:
         self._count(len(pairs))
-        return dict(pairs) if all(type(key) is str for key, _ in pairs) else OddMap(pairs)
+        return dict(pairs) if all(type(key) is str for key, _ in pairs) else requests.OddMap(pairs)
 
 
 _LEN_LIMIT_RE = re.compile(r"(\d+) exceeds max_(\w+)_len\((\d+)\)")
@@ -156,9 +115,7 @@ class Decoder:
         return self._fed - self._frame_start
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Request | BadMessage]:
-        """Requests completed by ``data``, in stream order. Raises `StreamError` (a
-        `FrameError`) when the stream is unusable; its ``decoded`` holds the requests
-        completed earlier in this same ``data``, which the server may still answer."""
+        """Requests completed by ``data``, in stream order (see `Decoder`, `StreamError`)."""
         if self._dead is not None:
             raise StreamError(self._dead.message, self._dead.code) from self._dead
         out: list[Request | BadMessage] = []
@@ -207,7 +164,7 @@ class Decoder:
 
     def _message(self, frame: bytes | memoryview) -> Request | BadMessage:
         """The request of one complete message."""
-        obj: object = read_frame(frame, self.limits)
+        obj: object = requests.read_frame(frame, self.limits)
         if obj is None:  # another shape: built under the frame budgets, to be judged
             budget = _Budget(self.limits)
             try:
@@ -217,13 +174,13 @@ class Decoder:
                 raise
             except Exception as exc:  # over a limit, or a malformed ext value
                 raise self._stream_error(exc) from exc
-            deep = too_deep(obj, self.limits.max_depth) \
+            deep = requests.too_deep(obj, self.limits.max_depth) \
                 if budget.containers > self.limits.max_depth else None
             if deep is not None:
                 return deep
         req = parse_message(obj, self.limits, self.protocol)
-        if isinstance(req, Hello):  # the connection speaks what hello negotiated
-            self.protocol = negotiate(req.protocol)
+        if isinstance(req, model.Hello):  # the connection speaks what hello negotiated
+            self.protocol = requests.negotiate(req.protocol)
         return req
 
     def _stream_error(self, exc: Exception) -> FrameError:
@@ -242,110 +199,82 @@ class Decoder:
 # --------------------------------------------------------------------------- encoding
 
 # Shared by every connection (and thread): `pack` of plain values never calls back
-# into Python, so it runs start to end under the GIL. Numpy values are converted first.
+# into Python, so it runs start to end under the GIL. Any other message (numpy values,
+# lone surrogates, paths...) is packed by a packer of its own that converts them.
 _packer = msgpack.Packer(use_bin_type=True)
 
 
 def _plain(v: Any) -> Any:
-    """Numpy scalars/arrays and other near-plain values -> msgpack-able values."""
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, Mapping):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    if isinstance(v, str):
-        return _safe_text(v)
-    if v is None or isinstance(v, bool | int | float | bytes):
-        return v
-    return str(v)
+    """A value msgpack cannot pack -> one it can: numpy's as Python's, any other as str."""
+    return v.tolist() if isinstance(v, np.generic | np.ndarray) else \
+        dict(v) if isinstance(v, Mapping) else str(v)
 
 
 def _pack(msg: dict[str, Any]) -> bytes:
     try:
         out: bytes = _packer.pack(msg)
-    except (TypeError, ValueError):  # numpy values, lone surrogates, paths...
-        out = _packer.pack(_plain(msg))
+    except (TypeError, ValueError):
+        out = msgpack.packb(msg, default=_plain, unicode_errors="backslashreplace")
     return out
-
-
-def _safe_text(s: str) -> str:
-    return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def encode_ok(req_id: int, fields: Mapping[str, Any]) -> bytes:
     """A success response: ``{"id", "ok": true, **fields}``."""
-    msg: dict[str, Any] = {"id": req_id, "ok": True}
-    for key, value in fields.items():
-        if key not in ("id", "ok"):
-            msg[key] = value
-    return _pack(msg)
+    return _pack({"id": req_id, "ok": True,
+                  **{k: v for k, v in fields.items() if k not in ("id", "ok")}})
 
 
 def encode_error(req_id: int, err: SarpError) -> bytes:
     """A failure response with the error's wire code and message."""
     message = getattr(err, "message", None) or str(err)
-    error = {"code": _safe_text(err.code), "message": _safe_text(message)}
-    return _pack({"id": req_id, "ok": False, "error": error})
+    return _pack({"id": req_id, "ok": False, "error": {"code": err.code, "message": message}})
 
 
 def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
                   seq: int | None = None) -> bytes:
     """A typed index result (or a dict, None, or a SarpError) -> response bytes.
     `seq`: a write's sequence in its shard's log (cluster mode, PROTOCOL.md)."""
-    if isinstance(result, MatchResult):  # the response map built at once (hot path)
-        blocks = int(result.blocks)
-        msg: dict[str, Any] = {"id": req_id, "ok": True, "blocks": blocks,
-                               "tokens": blocks * block_tokens,
-                               "meta": np.ascontiguousarray(result.meta, dtype="<u8").tobytes()}
+    msg: dict[str, Any] = {"id": req_id, "ok": True}
+    if isinstance(result, model.MatchResult):  # the hot path
+        msg["blocks"] = blocks = int(result.blocks)
+        msg["tokens"] = blocks * block_tokens
+        msg["meta"] = np.ascontiguousarray(result.meta, dtype="<u8").tobytes()
         if result.ids is not None:
-            msg["ids"] = ids_to_bytes(result.ids)
+            msg["ids"] = model.ids_to_bytes(result.ids)
         if result.holders is not None:
             msg["holders"] = [[m, b] for m, b in result.holders]
-        return _pack(msg)
-    if isinstance(result, InsertResult):
-        msg = {"id": req_id, "ok": True, "blocks": result.blocks,
-               "new_blocks": result.new_blocks, "matched_blocks": result.matched_blocks}
-        if seq is not None:
-            msg["seq"] = seq
-        return _pack(msg)
-    if isinstance(result, RemoveResult):
-        return encode_ok(req_id, {"removed": result.removed} if seq is None
-                         else {"removed": result.removed, "seq": seq})
-    if isinstance(result, SnapshotResult):
-        return encode_ok(req_id, {"segment_id": result.segment_id,
-                                  "seconds": float(result.seconds)})
-    if isinstance(result, CheckReport):
-        return encode_ok(req_id, {"segments": result.segments,
-                                  "routing_points": result.routing_points,
-                                  "problems": [str(p) for p in result.problems],
-                                  "fixed": result.fixed, "clean": result.clean})
-    if isinstance(result, SarpError):
+    elif isinstance(result, model.InsertResult):
+        msg.update(blocks=result.blocks, new_blocks=result.new_blocks,
+                   matched_blocks=result.matched_blocks)
+    elif isinstance(result, model.RemoveResult):
+        msg["removed"] = result.removed
+    elif isinstance(result, model.SnapshotResult):
+        msg.update(segment_id=result.segment_id, seconds=float(result.seconds))
+    elif isinstance(result, model.CheckReport):
+        msg.update(segments=result.segments, routing_points=result.routing_points,
+                   problems=[str(p) for p in result.problems], fixed=result.fixed,
+                   clean=result.clean)
+    elif isinstance(result, SarpError):
         return encode_error(req_id, result)
-    if isinstance(result, Mapping):
-        return encode_ok(req_id, result)
-    if result is None:
-        return encode_ok(req_id, {})
-    raise TypeError(f"encode_result: cannot encode a {type(result).__name__}")
+    elif isinstance(result, Mapping) or result is None:
+        return encode_ok(req_id, result or {})
+    else:
+        raise TypeError(f"encode_result: cannot encode a {type(result).__name__}")
+    if seq is not None and isinstance(result, model.InsertResult | model.RemoveResult):
+        msg["seq"] = seq
+    return _pack(msg)
 
 
 def encode_request(req_id: int, op: str, fields: Mapping[str, Any]) -> bytes:
     """A request ``{"id", "op", **fields}``; fields whose value is None are left out.
     A value no request can carry (an int outside -2**63..2**64-1) is a `BadRequest`
     naming the field, raised before anything is sent."""
-    msg: dict[str, Any] = {"id": req_id, "op": op}
-    for key, value in fields.items():
-        if value is not None and key not in ("id", "op"):
-            msg[key] = value
+    msg = {"id": req_id, "op": op,
+           **{k: v for k, v in fields.items() if v is not None and k not in ("id", "op")}}
     try:
         return _pack(msg)
     except (OverflowError, TypeError, ValueError) as exc:
         raise _unsendable(msg) from exc
-
-
-_INT_MIN, _INT_LIMIT = -(2**63), 2**64
 
 
 def _unsendable(msg: Mapping[str, Any]) -> BadRequest:
@@ -353,30 +282,25 @@ def _unsendable(msg: Mapping[str, Any]) -> BadRequest:
     stack: list[tuple[str, Any]] = list(msg.items())[::-1]
     while stack:
         path, v = stack.pop()
-        if isinstance(v, np.generic | np.ndarray):
-            v = v.tolist()
-        if isinstance(v, int) and not isinstance(v, bool) and not _INT_MIN <= v < _INT_LIMIT:
-            return BadRequest(f"{path}: {show(v)} is out of range (no request field takes "
-                              "an int outside -2**63..2**64-1)")
-        if isinstance(v, Mapping):
-            stack.extend((f"{path}.{k}", x) for k, x in reversed(list(v.items())))
-        elif isinstance(v, list | tuple):
-            stack.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+        v = v.tolist() if isinstance(v, np.generic | np.ndarray) else v
+        if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**64:
+            return BadRequest(f"{path}: {requests.show(v)} is out of range (no request field "
+                              "takes an int outside -2**63..2**64-1)")
+        kids = [(f"{path}.{k}", x) for k, x in v.items()] if isinstance(v, Mapping) else \
+            [(f"{path}[{i}]", x) for i, x in enumerate(v)] if isinstance(v, list | tuple) else []
+        stack.extend(reversed(kids))
     return BadRequest("request: a field holds a value that cannot be sent (fields are "
                       "ints, floats, strs, bins, bools, nil, arrays and maps)")
 
 
 _ERROR_CLASSES: dict[str, type[SarpError]] = {cls.code: cls for cls in (
-    BadRequest, UnknownOp, UnknownParent, TooLarge, Busy, Forbidden, Unavailable, Internal,
-    QuotaExceeded)}
+    BadRequest, errors.UnknownOp, errors.UnknownParent, errors.TooLarge, errors.Busy,
+    errors.Forbidden, errors.Unavailable, errors.Internal, errors.QuotaExceeded)}
 
 
 def error_from_code(code: str, message: str) -> SarpError:
     """The SarpError subclass for a wire error code (unknown code: a plain SarpError
     carrying that code)."""
-    cls = _ERROR_CLASSES.get(code)
-    if cls is not None:
-        return cls(message)
-    err = SarpError(message)
+    err = _ERROR_CLASSES.get(code, SarpError)(message)
     err.code = code
     return err
