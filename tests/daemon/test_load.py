@@ -173,7 +173,9 @@ def test_sigterm_under_load_answers_received_requests_and_snapshots(
     acked: list[tuple[int, int]] = []
     for w, (sent, answers) in results.items():
         # what the server read it answered: the answered ids are a gap-free prefix
-        assert sorted(answers) == sent[: len(answers)], (w, len(sent), len(answers))
+        missing = sorted(set(sent[: len(answers)]) - set(answers))[:20]
+        assert sorted(answers) == sent[: len(answers)], (
+            w, len(sent), len(answers), missing, proc.log()[-4000:])  # the log: why
         for rid, resp in answers.items():
             if resp["ok"]:
                 assert resp["blocks"] == 8

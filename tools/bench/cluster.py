@@ -273,7 +273,8 @@ async def _published(urls: list[str], shard: str, timeout_s: float) -> None:
         js = nc.jetstream(timeout=5)
         deadline = time.monotonic() + timeout_s
         while True:
-            with contextlib.suppress(Unavailable):  # the store is being created
+            # the store is being created; a JetStream call slow on a loaded host: ask again
+            with contextlib.suppress(Unavailable, TimeoutError):
                 if await checkpoints.newest(js, shard) is not None:
                     return
             if time.monotonic() > deadline:
