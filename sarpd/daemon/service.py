@@ -69,6 +69,9 @@ class IndexLike(Protocol):
 
     def snapshot(self) -> SnapshotResult: ...
 
+    @property
+    def snapshot_current(self) -> bool: ...
+
     def check(self, fix: bool = False) -> CheckReport: ...
 
     def stats(self) -> dict[str, int | float | str]: ...
@@ -323,7 +326,7 @@ class Service:
     def periodic_snapshot(self) -> SnapshotResult | None:
         """A snapshot, unless the newest one already holds every change (an index that
         says so with `snapshot_current`): None, nothing written."""
-        if getattr(self.index, "snapshot_current", False):
+        if self.index.snapshot_current:
             return None
         self.counters["snapshots"] += 1
         return self.index.snapshot()

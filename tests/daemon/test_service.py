@@ -92,6 +92,8 @@ class FakeIndex:
         self.calls.append(("snapshot", []))
         return SnapshotResult(segment_id=7, seconds=0.01)
 
+    snapshot_current = False  # the fake never tracks its changes: always worth one
+
     def check(self, fix: bool = False) -> CheckReport:
         self.calls.append(("check", [int(fix)]))
         return CheckReport(segments=3)
