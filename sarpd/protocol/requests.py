@@ -1,13 +1,10 @@
-"""The one typed decode of a request (PROTOCOL.md): a frame, or a value already decoded,
--> a typed request of `sarpd.model`, or a `BadMessage` naming the field, the value and
-the rule. No sockets, no asyncio. Layout, top to bottom: `Limits` (see `wire`),
-`BadMessage`, `OddMap`, `too_deep`; `read_frame`: msgspec reads a frame into `Fields`,
-each field typed as the wire carries it, or says no (None: another type, bad UTF-8, an
-unknown or repeated field, a frame that might pass a frame budget; `wire` then builds
-it under its budgets); `parse_message`: `Fields`, or a built map, -> a typed request by
-one set of rules (`_OPS`, one function per op) in a fixed order, so a message with
-several bad fields names the same one whatever its key order; the field rules the
-client also applies (`show`, `check_uint`, `uint_array`, ...).
+"""The one typed decode of a request (PROTOCOL.md), no sockets, no asyncio: a frame, or
+a map the framing built, -> a typed request of `sarpd.model`, or a `BadMessage` naming
+the field, the value and the rule. Layout: `Limits`, `BadMessage`, `OddMap`, `too_deep`;
+`read_frame` (msgspec reads a frame into `Fields`, each field as the wire types it, or
+says None: another type, bad UTF-8, an unknown field, a frame that might pass a budget);
+`parse_message` (one set of rules, `_OPS`, in a fixed order: several bad fields name the
+same one whatever their order); the field rules the client also applies (`show`, ...).
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ import numpy as np
 
 from sarpd import model
 from sarpd.core.ids import check_sequence_tokens
+from sarpd.core.shards import MAX_SHARDS  # the shards `after_seq` may name
 from sarpd.errors import BadRequest, ConfigError, Internal, SarpError, TooLarge, UnknownOp
 from sarpd.model import IdArray, Request, U32Array, U64Array
 
@@ -106,13 +104,10 @@ def too_deep(obj: object, limit: int) -> BadMessage | None:
     return None
 
 
-# ------------------------------------------------------------------ the typed read
-
 
 class Fields(msgspec.Struct, forbid_unknown_fields=True, gc=False, rename={"from_": "from"}):
-    """Every field of every op, typed as the wire carries it (nil: absent); `hashes` and
-    `ids` are read raw, then put in numpy (`_read_ids`). Filled from a built map, a
-    field holds whatever the map held: the rules check both alike."""
+    """Every field of every op as the wire types it (nil: absent; `hashes`, `ids`: raw, for
+    `_read_ids`), or, from a built map, whatever it held: the rules check both alike."""
 
     id: int | None = None
     op: str | None = None
@@ -153,25 +148,19 @@ def read_frame(frame: bytes | memoryview, limits: Limits) -> Fields | None:
         return None
     try:
         f = _READER.decode(frame)
-        t = msgspec.structs.astuple(f)  # fewer fields than pairs: a nil, or a repeated key
-        if len(t) - t.count(None) - (not f.hashes) - (not f.ids) != n and \
-                len(_KEYS.decode(frame)) != n:
-            return None
         f.hashes, f.ids = _read_ids(f.hashes, limits), _read_ids(f.ids, limits)
+        if (f.after_seq is not None or f.counters is not None) and any(
+                m is not None and len(m) > limits.max_map_len for m in (f.after_seq, f.counters)):
+            return None
+        big = len(frame) > min(limits.max_str_bytes, limits.max_items)
+        return None if big and not _within(frame, f, n, limits) else f
     except msgspec.MsgspecError:
         return None
-    if (f.after_seq is not None or f.counters is not None) and any(
-            m is not None and len(m) > limits.max_map_len for m in (f.after_seq, f.counters)):
-        return None
-    if len(frame) > min(limits.max_str_bytes, limits.max_items) and not _within(f, n, limits):
-        return None
-    return f
 
 
 def _read_ids(raw: Any, limits: Limits) -> Any:
-    """hashes / ids from their raw msgpack bytes: an array of uint64s each encoded as
-    ``0xcf`` + 8 bytes big-endian (how msgpack writes every uint >= 2**32, so every
-    64-bit engine hash but one in 2**32) in one numpy view, any other form as a value."""
+    """hashes / ids from raw msgpack: uint64s each ``0xcf`` + 8 bytes big-endian (msgpack's
+    form of every uint >= 2**32: any 64-bit engine hash, almost) in one numpy view."""
     raw = bytes(raw)
     head = raw[0] if raw else 0
     n, start = ((head & 0x0F, 1) if 0x90 <= head <= 0x9F else
@@ -184,8 +173,10 @@ def _read_ids(raw: Any, limits: Limits) -> Any:
     return _ANY_IDS.decode(raw) if raw else None  # b"": absent
 
 
-def _within(f: Fields, n: int, limits: Limits) -> bool:
-    """Whether a large frame's fields keep within the frame budgets."""
+def _within(frame: bytes | memoryview, f: Fields, n: int, limits: Limits) -> bool:
+    """Whether a long frame keeps within the budgets (a repeated key: the build counts all)."""
+    if len(_KEYS.decode(frame)) != n:
+        return False
     sizes = [len(v) for v in msgspec.structs.astuple(f) if isinstance(v, list | dict | np.ndarray)]
     items, containers = n + sum(sizes), 1 + len(sizes)
     strs = [f.op, f.ns, f.source, *(f.after_seq or ()), *(f.counters or ())]
@@ -193,8 +184,6 @@ def _within(f: Fields, n: int, limits: Limits) -> bool:
         max(map(len, _ATTRS)) <= limits.max_str_bytes and \
         all(s is None or len(s) <= limits.max_str_bytes // 4 for s in strs)
 
-
-# ------------------------------------------------------------------ requests
 
 
 def negotiate(requested: int) -> int:
@@ -236,14 +225,11 @@ def parse_message(obj: object, limits: Limits, protocol: int = 1) -> Request | B
 
 
 def _op_hello(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
-    if f.protocol is None:
-        return model.Hello(rid)
-    if type(f.protocol) is not int or f.protocol < 1:
+    if f.protocol is not None and (type(f.protocol) is not int or f.protocol < 1):
         raise BadRequest(f"protocol: {show(f.protocol)} is not a uint >= 1 (a protocol version)")
-    return model.Hello(rid, protocol=f.protocol)
+    return model.Hello(rid, protocol=1 if f.protocol is None else f.protocol)
 
 
-MAX_AFTER_SEQ_SHARDS = 1024  # sarpd.core.shards.MAX_SHARDS
 MAX_SHARD_NAME_BYTES = 64
 MAX_AFTER_SEQ_WAIT_MS = 60_000
 
@@ -269,8 +255,8 @@ def _after_seq(v: object) -> tuple[tuple[str, int], ...]:
         return ()
     if not isinstance(v, dict):
         raise BadRequest(f"after_seq: {show(v)} is not a map of shard name -> uint64")
-    if len(v) > MAX_AFTER_SEQ_SHARDS:
-        raise TooLarge(f"after_seq: {len(v):,} shards exceeds {MAX_AFTER_SEQ_SHARDS:,}")
+    if len(v) > MAX_SHARDS:
+        raise TooLarge(f"after_seq: {len(v):,} shards exceeds {MAX_SHARDS:,}")
     for shard, seq in v.items():
         if not isinstance(shard, str) or not 0 < utf8_len("after_seq", shard) <= \
                 MAX_SHARD_NAME_BYTES:
@@ -284,8 +270,7 @@ def _op_insert(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
     seq = _seq(f, limits, "insert")
     if f.meta is None:
         raise BadRequest("meta: missing (one uint for all blocks, or one per block)")
-    blocks = len(seq.tokens) // limits.block_tokens if seq.tokens is not None \
-        else len(seq.hashes)
+    blocks = len(seq.hashes) if seq.tokens is None else len(seq.tokens) // limits.block_tokens
     return model.Insert(rid, seq=seq, meta=_meta(f.meta, blocks, limits), add_holder=protocol >= 2,
                         parent=None if f.parent is None else _one_id(f.parent, "parent"))
 
@@ -333,8 +318,6 @@ _OPS: dict[str, Callable[[int, Fields, Limits, int], Request]] = {  # others ign
 }
 
 
-# ------------------------------------------------------------------ field rules
-
 _KIND_NAMES: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str",
                                 bytes: "bin", list: "array", dict: "map", type(None): "nil",
                                 OddMap: "map"}
@@ -344,24 +327,17 @@ _repr.maxstring = _repr.maxother = _repr.maxlong = 40
 
 
 def _kind(v: object) -> str:
-    """What a value is, in the protocol's words (never a Python or numpy type name)."""
-    v = _plain_value(v)
+    """What a plain value is, in the protocol's words (never a Python type name)."""
     return _KIND_NAMES.get(type(v)) or (
         "bin" if isinstance(v, bytes | bytearray | memoryview) else "array" if isinstance(
             v, tuple | set | frozenset) else "ext" if type(v).__name__ in (
                 "ExtType", "Timestamp", "Ext") else "value")
 
 
-def _plain_value(v: object) -> object:
-    """A numpy scalar or array -> its Python value (so no dtype is ever shown)."""
-    return v.item() if isinstance(v, np.generic) else \
-        v.tolist() if isinstance(v, np.ndarray) else v
-
-
 def show(v: object, width: int = 60) -> str:
     """`v` for an error message: a bounded repr (strings and ints cut at 40 chars), numpy
     values as their Python values, other objects by what they are (never a type name)."""
-    v = _plain_value(v)
+    v = v.item() if isinstance(v, np.generic) else v.tolist() if isinstance(v, np.ndarray) else v
     if isinstance(v, bool | int | float | str | bytes | list | tuple | dict | set | type(None)):
         text = _repr.repr(v)
     else:
@@ -381,13 +357,11 @@ def first_bad(items: Sequence[Any], name: str, limit: int, what: str) -> BadRequ
 def uint_array(items: list[Any], name: str, limit: int, what: str) -> U64Array:
     """A list of ints in 0..limit-1 (limit <= 2**64) as a uint64 array, or the
     `first_bad` error (bools, floats, strings, None, nested lists are refused)."""
-    if not set(map(type, items)) <= {int}:
-        raise first_bad(items, name, limit, what)
     try:
-        arr = np.array(items, dtype=np.uint64)
-    except OverflowError as exc:  # a negative int, or one of 2**64 or more
-        raise first_bad(items, name, limit, what) from exc
-    if limit <= U64_MAX and arr.size and int(arr.max()) >= limit:
+        arr = np.array(items, dtype=np.uint64) if set(map(type, items)) <= {int} else None
+    except OverflowError:  # a negative int, or one of 2**64 or more
+        arr = None
+    if arr is None or (limit <= U64_MAX and arr.size and int(arr.max()) >= limit):
         raise first_bad(items, name, limit, what)
     return arr
 
@@ -438,9 +412,9 @@ def _seq(f: Fields, limits: Limits, op: str, *, required: bool = True) -> Any:
         if required:
             raise BadRequest(f"tokens, hashes: missing ({op} needs one of them)")
         return None
-    if f.tokens is not None:
-        return model.SeqSpec(ns=_ns(f.ns, limits), tokens=_tokens(f.tokens, limits))
-    return model.SeqSpec(ns=_ns(f.ns, limits), hashes=_ids(f.hashes, "hashes", limits))
+    ns = _ns(f.ns, limits)
+    return model.SeqSpec(ns=ns, hashes=_ids(f.hashes, "hashes", limits)) if f.tokens is None \
+        else model.SeqSpec(ns=ns, tokens=_tokens(f.tokens, limits))
 
 
 TOKENS_RULE = "an array of uint32 token ids or a bin (uint32 LE per token)"
@@ -482,15 +456,14 @@ def _ids(v: object, name: str, limits: Limits) -> IdArray:
 
 def id_items(v: list[Any], name: str) -> IdArray:
     """A list of ids (each a uint64, zero-extended, or a 16-byte bin) -> (n, 2) ids."""
-    types = set(map(type, v))
-    if types == {bytes} and set(map(len, v)) == {16}:
-        return model.ids_from_bytes(b"".join(v))
     out = np.zeros((len(v), 2), dtype=np.uint64)
-    if types <= {int}:
+    try:
         out[:, 0] = uint_array(v, name, U64_MAX + 1, ID_RULE)
-        return out
-    for i, item in enumerate(v):
-        out[i] = _one_id(item, f"{name}[{i}]")[0]
+    except BadRequest:  # not all uint64s: 16-byte bins, a mix, or a bad one (`_one_id`'s error)
+        if set(map(type, v)) == {bytes} and set(map(len, v)) == {16}:
+            return model.ids_from_bytes(b"".join(v))
+        for i, item in enumerate(v):
+            out[i] = _one_id(item, f"{name}[{i}]")[0]
     return out
 
 
@@ -514,8 +487,6 @@ def _meta(v: object, blocks: int, limits: Limits) -> U64Array | int:
     return np.frombuffer(v, dtype="<u8").astype(np.uint64) if isinstance(v, bytes) else \
         uint_array(v, "meta", U64_MAX + 1, "uint64")
 
-
-# -- report (extension op) --------------------------------------------------
 
 MAX_REPORT_COUNTERS = 64  # counters per report
 MAX_SOURCE_BYTES = 128

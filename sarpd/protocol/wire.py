@@ -1,30 +1,20 @@
-"""Sans-I/O wire codec of PROTOCOL.md: msgpack bytes -> typed requests, typed results ->
-msgpack bytes. No sockets, no asyncio (in the style of h11). Layout: `Decoder`, the
-framing (a skipping unpacker finds where each message ends, under the stream limits),
-hands each message to the one typed decode of `sarpd.protocol.requests`; encoding below.
+"""Sans-I/O wire codec of docs/PROTOCOL.md (h11's style: no sockets, no asyncio):
+msgpack bytes -> typed requests (`Decoder`), typed results -> msgpack bytes (below it).
 
-Limits are `Limits` fields (the server builds them with `Limits.from_config`);
-PROTOCOL.md "Limits" gives each one's default and what passing it costs. Past a stream
-limit (``max_frame_size``, the frame budgets, msgpack's 1,024 levels of nesting), or on
-bytes that are not msgpack, `Decoder.feed` raises `StreamError` (its ``decoded`` keeps
-the requests completed earlier in that feed): the server answers ``encode_error(0,
-exc)`` and closes. At most ``max_frame_size + 1`` bytes are buffered.
-
-Memory: an unfinished message costs its bytes (twice: the skipper's buffer and ours),
-never objects. msgspec reads a message whose fields have their wire types; any other is
-built by msgpack under the budgets (at most ~40 MB of objects: max_sequence_tokens ints).
-Either way one set of rules (`requests.parse_message`) judges it.
-
-A well-formed message that is not a valid request yields a `BadMessage` with the
-request's id (0 when none can be read), answered on a connection that stays open; so
-do strings that are not valid UTF-8. Unknown fields are ignored (forward compatibility);
-a nil field counts as absent. Fields that would change a request's meaning where they
-do not apply are refused: ``parent`` outside ``insert``; a sequence or ``ids`` on
-``clear``; ``from`` with ``ids``; a ``clear`` ``value`` with bits outside ``mask``.
+`Decoder`: a skipping unpacker finds where each message ends, under the stream limits
+(``max_frame_size``, the frame budgets, msgpack's 1,024 levels of nesting: `Limits`,
+PROTOCOL.md "Limits"); each message then has the one typed decode of
+`sarpd.protocol.requests`: msgspec reads one whose fields have their wire types,
+msgpack builds any other under the budgets, and one set of rules judges either. Past a
+stream limit, or on bytes that are not msgpack, `feed` raises `StreamError` (the
+server answers ``encode_error(0, exc)`` and closes). Memory: an unfinished message
+costs its bytes, twice (at most ``max_frame_size + 1`` in the skipper's buffer and in
+ours), never objects; a built one at most ~40 MB of objects (max_sequence_tokens ints).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -43,9 +33,8 @@ __all__ = ["BadMessage", "Decoder", "Limits", "StreamError", "encode_error", "en
 
 
 class StreamError(FrameError):
-    """The `FrameError` that `Decoder.feed` raises. ``decoded``: the requests completed
-    earlier in the same ``feed`` call (in order), which the server may still answer
-    before it sends the error and closes."""
+    """What `Decoder.feed` raises. ``decoded``: the requests completed earlier in the
+    same ``feed`` (in order), which the server may answer before it closes."""
 
     def __init__(self, message: str, code: str = "too_large",
                  decoded: list[Request | BadMessage] | None = None) -> None:
@@ -53,31 +42,26 @@ class StreamError(FrameError):
         self.decoded: list[Request | BadMessage] = decoded if decoded is not None else []
 
 
+@dataclasses.dataclass(slots=True)
 class _Budget:
     """Per-message container/item counters, fed by the unpacker's hooks."""
 
-    __slots__ = ("containers", "items", "limits")
+    limits: Limits
+    containers: int = 0
+    items: int = 0
 
-    def __init__(self, limits: Limits) -> None:
-        self.limits, self.containers, self.items = limits, 0, 0
-
-    def _count(self, n: int) -> None:
-        self.containers += 1
-        self.items += n
-        lim = self.limits
+    def on_list(self, items: list[Any]) -> list[Any]:
+        self.containers, self.items, lim = self.containers + 1, self.items + len(items), self.limits
         if self.containers > lim.max_containers:
             raise FrameError(f"frame: more than {lim.max_containers} maps and arrays in one "
                              f"message exceeds max_containers ({lim.max_containers})")
         if self.items > lim.max_items:
             raise FrameError(f"frame: {self.items} array elements and map pairs in one "
                              f"message exceeds max_items ({lim.max_items})")
-
-    def on_list(self, items: list[Any]) -> list[Any]:
-        self._count(len(items))
         return items
 
     def on_map(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any] | requests.OddMap:
-        self._count(len(pairs))
+        self.on_list(pairs)
         return dict(pairs) if all(type(key) is str for key, _ in pairs) else requests.OddMap(pairs)
 
 
@@ -85,15 +69,11 @@ _LEN_LIMIT_RE = re.compile(r"(\d+) exceeds max_(\w+)_len\((\d+)\)")
 
 
 class Decoder:
-    """Streaming request decoder for one connection.
-
-    ``feed(data)`` returns every request completed by ``data`` (typed `Request`s and
-    `BadMessage`s, in stream order) and raises `StreamError` (a `FrameError`) when the
-    stream is unusable; after that every ``feed`` raises it again. A skipping unpacker
-    sees every byte and finds where each message ends without building anything (so a
-    header that declares a huge array costs nothing until its bytes have arrived); the
-    message's bytes then go to `_message`. Nothing holds the caller's buffer past feed.
-    """
+    """Streaming request decoder for one connection: ``feed(data)`` returns every request
+    completed by ``data`` (`Request`s and `BadMessage`s, in stream order), or raises
+    `StreamError`, then again on every ``feed``. The skipper builds nothing (a header
+    declaring a huge array costs nothing until its bytes arrive); nothing holds the
+    caller's buffer past ``feed``."""
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = lim = limits if limits is not None else Limits()
@@ -230,6 +210,9 @@ def encode_error(req_id: int, err: SarpError) -> bytes:
     return _pack({"id": req_id, "ok": False, "error": {"code": err.code, "message": message}})
 
 
+_PLAIN_RESULTS = (model.InsertResult, model.RemoveResult, model.SnapshotResult, model.CheckReport)
+
+
 def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
                   seq: int | None = None) -> bytes:
     """A typed index result (or a dict, None, or a SarpError) -> response bytes.
@@ -243,17 +226,10 @@ def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
             msg["ids"] = model.ids_to_bytes(result.ids)
         if result.holders is not None:
             msg["holders"] = [[m, b] for m, b in result.holders]
-    elif isinstance(result, model.InsertResult):
-        msg.update(blocks=result.blocks, new_blocks=result.new_blocks,
-                   matched_blocks=result.matched_blocks)
-    elif isinstance(result, model.RemoveResult):
-        msg["removed"] = result.removed
-    elif isinstance(result, model.SnapshotResult):
-        msg.update(segment_id=result.segment_id, seconds=float(result.seconds))
-    elif isinstance(result, model.CheckReport):
-        msg.update(segments=result.segments, routing_points=result.routing_points,
-                   problems=[str(p) for p in result.problems], fixed=result.fixed,
-                   clean=result.clean)
+    elif isinstance(result, _PLAIN_RESULTS):  # their fields, as named (PROTOCOL.md "Ops")
+        msg.update((f.name, getattr(result, f.name)) for f in dataclasses.fields(result))
+        if isinstance(result, model.CheckReport):
+            msg["clean"] = result.clean
     elif isinstance(result, SarpError):
         return encode_error(req_id, result)
     elif isinstance(result, Mapping) or result is None:

@@ -81,6 +81,7 @@ def drive(index: FleetIndex, entries: Sequence[Query | Batch],
     `every` batches the newest queries are asked again against the masks kept from the
     batches. Returns the queries checked."""
     checked = batches = 0
+    index.prepare(entries)
     for e in entries:
         if isinstance(e, Query):
             assert index.query(e) == expected(e.truth), f"request {e.request}"

@@ -55,9 +55,10 @@ def test_json_figures_on_stdout() -> None:
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert doc["events"] == 50 and doc["unknown_parent"] == 0
     assert doc["blocks_new"] == 4 * 40  # 40 stores of 4 new blocks, 10 removals
-    for key in ("events_per_s", "blocks_per_s", "bare_blocks_per_s",
-                "bridge_alone_events_per_s", "bridge_cpu_us_per_event", "sarpd_cpu_us_per_event"):
+    for key in ("events_per_s", "blocks_per_s", "bare_blocks_per_s", "bridge_alone_events_per_s"):
         assert doc[key] > 0
+    # CPU in clock ticks (10 ms): a run this small may take less than one of sarpd's
+    assert doc["bridge_cpu_us_per_event"] > 0 and doc["sarpd_cpu_us_per_event"] >= 0
     assert doc["bare_write_batches"] == 10  # one per EventBatch
 
 

@@ -138,7 +138,11 @@ def ratios(results: Sequence[Result]) -> list[dict[str, Any]]:
         for o in (r for r in ok if r.speedup == s.speedup and r.index != "sarp"):
             out.append({"speedup": s.speedup, "vs": o.index,
                         "block_ops_per_s": s.block_ops_per_s / o.block_ops_per_s,
-                        "query_us_p50": s.query_us_p50 / o.query_us_p50})
+                        "query_us_p50": s.query_us_p50 / o.query_us_p50,
+                        "query_call_blocks_per_s":
+                            s.query_call_blocks_per_s / o.query_call_blocks_per_s,
+                        "event_call_blocks_per_s":
+                            s.event_call_blocks_per_s / o.event_call_blocks_per_s})
     return out
 
 
@@ -168,7 +172,11 @@ def table(doc: dict[str, Any]) -> str:
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
                        enumerate(zip(row, widths, strict=True))) for row in rows]
     lines += [f"sarp / {q['vs']} at x{q['speedup']:g}: block-ops/s {q['block_ops_per_s']:.2f}x, "
-              f"query p50 {q['query_us_p50']:.2f}x" for q in doc["ratios"]]
+              f"query p50 {q['query_us_p50']:.2f}x; on each index's own calls: query blocks/s "
+              f"{q['query_call_blocks_per_s']:.2f}x, event blocks/s "
+              f"{q['event_call_blocks_per_s']:.2f}x" for q in doc["ratios"]]
+    lines.append("own calls: time inside each index's apply/query only, inputs built before "
+                 "the clock (dynamo-radix's event JSON and query lists: `prepare`)")
     return "\n".join(lines + notes)
 
 

@@ -72,6 +72,10 @@ class RunResult:
     block_ops_per_s: float
     query_blocks_per_s: float
     event_blocks_per_s: float
+    # blocks per second of the index's own calls (`query` / `apply` time only: no pacing,
+    # no driver loop, inputs built before the clock by `prepare`); issue 24
+    query_call_blocks_per_s: float
+    event_call_blocks_per_s: float
     query_us_p50: float
     query_us_p99: float
     agreement: float
@@ -110,6 +114,7 @@ class Replay:
     answers: list[Answer | None]  # per query, in timeline order
     query_s: list[float]  # answered queries only
     seconds: float
+    apply_s: float = 0.0  # time inside `apply` calls
     crashed_at: int | None = None  # queries made before the kill
 
 
@@ -148,6 +153,7 @@ def replay(index: FleetIndex, timeline: Timeline, speedup: float,
     out = Replay([], [], 0.0)
     answers, lat = out.answers, out.query_s
     clock = time.perf_counter
+    index.prepare(entries)
     t0 = clock()
     for i, e in enumerate(entries):
         if scale:
@@ -164,7 +170,9 @@ def replay(index: FleetIndex, timeline: Timeline, speedup: float,
                 lat.append(clock() - s)
             answers.append(a)
         else:
+            s = clock()
             index.apply(e)
+            out.apply_s += clock() - s
         if progress is not None and i % PROGRESS_EVERY == PROGRESS_EVERY - 1:
             progress(PROGRESS_EVERY)
     index.drain()
@@ -205,6 +213,8 @@ def measure(name: str, timeline: Timeline, speedup: float, rep: Replay,
         offered_block_ops_per_s=t.block_ops / window if window else None,
         block_ops_per_s=t.block_ops / s, query_blocks_per_s=t.query_blocks / s,
         event_blocks_per_s=t.event_blocks / s,
+        query_call_blocks_per_s=t.query_blocks / (sum(rep.query_s) or 1e-9),
+        event_call_blocks_per_s=t.event_blocks / (rep.apply_s or 1e-9),
         query_us_p50=float(np.percentile(us, 50)), query_us_p99=float(np.percentile(us, 99)),
         agreement=agreement, holder_blocks_error=error, seconds=rep.seconds, window_s=window,
         queries_answered=answered)

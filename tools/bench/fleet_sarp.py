@@ -416,6 +416,9 @@ class SarpDirect:
     def _ns(self, worker: int) -> str:
         return f"{NS}/w{worker}" if self.per_worker else NS
 
+    def prepare(self, entries: Sequence[Batch | Query]) -> None:
+        pass  # mapping events to requests is sarp's own work (the bridge's, in production)
+
     def apply(self, batch: Batch) -> None:
         self.sink.send(batch)
 
@@ -497,6 +500,9 @@ class SarpInProcess:
 
     def _ns(self, worker: int) -> str:
         return f"{NS}/w{worker}" if self.per_worker else NS
+
+    def prepare(self, entries: Sequence[Batch | Query]) -> None:
+        pass  # mapping events to requests is sarp's own work (the bridge's, in production)
 
     def apply(self, batch: Batch) -> None:
         ns, meta = self._ns(batch.worker), holder(batch.worker)
