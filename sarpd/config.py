@@ -175,6 +175,10 @@ class IndexConfig:
     # need. Off: inserts write one record per segment instead of one per block, and
     # those two forms answer bad_request. Recorded in the data directory.
     block_locators: bool = True
+    # the block map's memory (bytes): where recently stored blocks live, by id, for
+    # `parent` and bare-id `remove` (issue 24); blocks it cannot hold are written as
+    # locator records in bulk, when it lets them go (docs/DECISIONS.md "Block map")
+    block_map_bytes: int = 64 << 20
     # quotas: an insert into a namespace that already holds this many blocks is refused
     # (`quota_exceeded`); 0 = none. `namespace_quotas` overrides it per namespace.
     namespace_quota_blocks: int = 0
@@ -184,6 +188,9 @@ class IndexConfig:
     max_holders: int = 1024
     delta_max_entries: int = 8192  # directory delta merged into the base past this
     snapshot_interval_s: float = 60.0  # periodic snapshot (0 = only on demand/shutdown)
+    # ... and one as soon as this many segments changed since the last (0 = by time
+    # only): a restart re-routes what changed after the snapshot (issue 24)
+    snapshot_changed_segments: int = 8192
     max_sequence_tokens: int = 1_048_576
 
     def __post_init__(self) -> None:
@@ -212,8 +219,10 @@ INDEX_RULES: dict[str, Rule] = {
     "block_tokens": integer(1), "segment_blocks": integer(1, 64), "routing_points": integer(1, 64),
     "refine_threshold": integer(0), "refine_min_gap": integer(1), "prune_max_pred": integer(0),
     "window_cap": integer(1), "exact_match": boolean, "block_locators": boolean,
+    "block_map_bytes": integer(0),
     "namespace_quota_blocks": integer(0), "max_holders": integer(1, 1 << 20),
     "delta_max_entries": integer(0), "snapshot_interval_s": number(0.0),
+    "snapshot_changed_segments": integer(0),
     "max_sequence_tokens": integer(1),
 }
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -328,7 +328,9 @@ class BulkBuilder:
 
     def __init__(self, cfg: IndexConfig, work_dir: Path) -> None:
         self.staging = Staging(work_dir)
-        self.index = SarpIndex(self.staging, cfg, None, sync=False)
+        # no block map: every new block's locator record is staged (sorted on disk in
+        # runs), as the map spills it; the data then needs no map (its snapshot's is empty)
+        self.index = SarpIndex(self.staging, replace(cfg, block_map_bytes=0), None, sync=False)
         self.index.recover()
 
     def insert_many(self, ops: Sequence[Insert]) -> list[InsertResult | RemoveResult | SarpError]:

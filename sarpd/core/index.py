@@ -39,6 +39,7 @@ import numpy as np
 from backends.base import Backend, WriteBatch
 from sarpd.config import IndexConfig
 from sarpd.core import kernel, native, verify
+from sarpd.core.blockmap import MapArrays
 from sarpd.core.directory import Directory
 from sarpd.core.fsck import run_check
 from sarpd.core.holders import match_holders
@@ -54,7 +55,7 @@ from sarpd.core.snapshot import (
     read_snapshot,
     write_snapshot,
 )
-from sarpd.core.store import Activity, Store, data_paths
+from sarpd.core.store import Activity, Held, Store, data_paths
 from sarpd.core.writer import WriteTxn
 from sarpd.errors import ConfigError, CorruptData, FormatVersionError, SarpError, StorageError
 from sarpd.model import (
@@ -104,6 +105,9 @@ class SarpIndex:
         # when the newest directory snapshot was written (its file's mtime, epoch s)
         self.snapshot_time: float | None = None
         self.snapshot_watermark: int | None = None  # the change-log version it holds
+        # segments created or changed since the newest snapshot: what a restart would
+        # re-route (the daemon snapshots past `snapshot_changed_segments`)
+        self.changed_segments = 0
         self._stale = False  # memory may differ from the disk: a commit failed
         self._resume = False  # the backend must be made writable before the next write
 
@@ -151,57 +155,67 @@ class SarpIndex:
         self.store.copies.clear()  # the directory is rebuilt: posting order may change
         warning: str | None = None
         meta = None
+        held = Held(self.store)
         if self.snapshot_dir is not None:
             loaded = load_newest(self.snapshot_dir, self.cfg.block_tokens, self.cfg.segment_blocks)
             if isinstance(loaded, Loaded):
                 meta = loaded.meta
                 self.dir.load_arrays(loaded.arrays)
+                held.load(loaded.blockmap)
                 self.snapshot_time = _mtime(loaded.path)
             else:
                 warning = loaded
         self.snapshot_watermark = meta.watermark if meta is not None else None
         if meta is not None:
-            n = self._reroute_logged(meta.watermark, progress)
+            n = self._reroute_logged(meta.watermark, held, progress)
         else:
             if warning:
                 log.warning("no usable snapshot (%s): full scan", warning)
-            n = self._reroute_all(progress)
+            n = self._reroute_all(held, progress)
+        held.flush()
+        self.changed_segments = n
         self.dir.merge()
         self.watermark = self.counters.next_version - 1
         self.recovered_in_s = time.perf_counter() - t0
         return RecoveryReport(self.recovered_in_s, meta.newest_seg if meta else 0, n,
                               meta is None, warning)
 
-    def _reroute_logged(self, watermark: int, progress: ProgressFn | None) -> int:
-        """Re-route every segment the change log lists after `watermark`."""
+    def _reroute_logged(self, watermark: int, held: Held, progress: ProgressFn | None) -> int:
+        """Re-route every segment the change log lists after `watermark`; the block map
+        holds their present blocks again."""
         cache: dict[int, Segment | None] = {}
         load = self.store.loader(cache)
-        sids = [int.from_bytes(v, "big") for _, v in
-                self.store.scan(log_key(watermark + 1), LOG_PREFIX + b"\xff" * 8)]
+        sids = [int.from_bytes(v[i : i + 8], "big") for _, v in
+                self.store.scan(log_key(watermark + 1), LOG_PREFIX + b"\xff" * 8)
+                for i in range(0, len(v), 8)]
         n = 0
         for sid in dict.fromkeys(sids):
             seg = load([sid]).get(sid)
             if seg is not None:
                 self.router.register(seg, load)
+                held.segment(seg)
             n += 1
             if n % 4096 == 0:
                 progress and progress(n, len(sids))
                 cache.clear()
         return n
 
-    def _reroute_all(self, progress: ProgressFn | None) -> int:
-        """Rebuild the directory from every segment on the backend (no snapshot)."""
+    def _reroute_all(self, held: Held, progress: ProgressFn | None) -> int:
+        """Rebuild the directory and the block map from every segment on the backend
+        (no snapshot)."""
         self.dir.clear()
         cache: dict[int, Segment | None] = {}
         load = self.store.loader(cache)
         total = self.counters.segments
         n = 0
+        pending = self.store.pending
         for key, value in self.store.scan(SEG_PREFIX, b"T"):
             sid = seg_id_of_key(key)
-            seg = self.store.decode_or_none(sid, value)
+            seg = pending[sid] if sid in pending else self.store.decode_or_none(sid, value)
             if seg is not None:
                 cache[sid] = seg
                 self.router.register(seg, load)
+                held.segment(seg)
             n += 1
             if n % 4096 == 0:
                 progress and progress(n, total)
@@ -369,11 +383,13 @@ class SarpIndex:
                                f"write: {exc}") from exc
 
     def write_many(self, ops: Sequence[WriteOp], applied_seq: int | None = None,
-                   ) -> list[InsertResult | RemoveResult | SarpError]:
+                   sync: bool | None = None) -> list[InsertResult | RemoveResult | SarpError]:
         """Apply a batch of writes in ONE backend write batch; each op gets its result
         or its error. `applied_seq` (a replica applying log entries, issue 15): the
         log sequence this batch brings the index to, stored in the same write batch
-        (durable with the data, `applied_seq`); it must be past the last one."""
+        (durable with the data, `applied_seq`); it must be past the last one. `sync`:
+        this batch's (None: the index's); False leaves it to a later `sync_now`
+        (the daemon's group commit)."""
         if self._stale or self._resume:
             self._reload_or_raise(resume=True)
         if applied_seq is not None and applied_seq <= self.store.applied_seq:
@@ -390,7 +406,8 @@ class SarpIndex:
                     raise
                 except SarpError as exc:
                     out.append(exc)
-            txn.commit(self.sync, applied_seq)
+            txn.commit(self.sync if sync is None else sync, applied_seq)
+            self.changed_segments += len(set(txn.logged))
         except Exception as exc:
             log.error("write batch failed (%s); reloading the index from disk", exc)
             self._stale, self._resume = True, True
@@ -404,6 +421,23 @@ class SarpIndex:
             self.dir.merge()
         return out
 
+    def sync_now(self) -> None:
+        """Make every write so far durable (group commit's one sync for several write
+        batches). A failure leaves the index to reload from the disk before its next
+        write, as a failed write does."""
+        try:
+            self.store.sync()
+        except StorageError:
+            self._stale, self._resume = True, True
+            raise
+
+    def fold(self) -> int:
+        """Fold every segment's delta records into it (`Store.fold`; with the index's
+        sync): what `write_many` deferred, written now. Returns the segments folded."""
+        if self._stale or self._resume:
+            self._reload_or_raise(resume=True)
+        return self.store.fold(self.sync)
+
     # -- snapshots -----------------------------------------------------------------
     def snapshot(self) -> SnapshotResult:
         if self.snapshot_dir is None:
@@ -412,7 +446,9 @@ class SarpIndex:
             self._reload_or_raise(resume=False)
         t0 = time.perf_counter()
         meta = self._snapshot_meta()
-        path = write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2)
+        path = write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2,
+                              blockmap=self._map_arrays())
+        self.changed_segments = 0
         self.snapshot_time, self.snapshot_watermark = _mtime(path), meta.watermark
         self._gc_log()
         return SnapshotResult(meta.newest_seg, time.perf_counter() - t0)
@@ -423,6 +459,10 @@ class SarpIndex:
         no write ever): another one would add nothing."""
         held = self.snapshot_watermark or 0
         return not self._stale and held == self.counters.next_version - 1
+
+    def _map_arrays(self) -> MapArrays | None:
+        bm = self.store.blockmap
+        return bm.to_arrays() if bm is not None else None
 
     def _snapshot_meta(self) -> SnapshotMeta:
         return SnapshotMeta(self.counters.next_version - 1, self.counters.next_seg - 1,
@@ -443,7 +483,8 @@ class SarpIndex:
         backend_dir, snapshot_dir = data_paths(dest, self.backend.name)
         snapshot_dir.mkdir(parents=True)
         meta = self._snapshot_meta()
-        write_snapshot(snapshot_dir, self.dir.to_arrays(), meta, keep=1)
+        write_snapshot(snapshot_dir, self.dir.to_arrays(), meta, keep=1,
+                       blockmap=self._map_arrays())
         self.store.copy_to(backend_dir)
         return CheckpointResult(self.applied_seq, meta.newest_seg, time.perf_counter() - t0)
 
@@ -496,6 +537,11 @@ class SarpIndex:
             "exact_match": int(self.cfg.exact_match),
             "change_log_version": self.counters.next_version - 1,
         }
+        out["delta_segments"] = len(self.store.pending)  # segments with delta records
+        out["delta_records"] = sum(self.store.pending_records.values())
+        out["delta_bytes"] = self.store.pending_bytes
+        if self.store.blockmap is not None:  # block_map_entries, _bytes, _hits, _spilled ...
+            out.update((f"block_map_{k}", v) for k, v in self.store.blockmap.stats().items())
         for k, v in self.store.backend_stats().items():  # the engine's own name: `backend`
             out["backend" if k == "backend" else f"backend_{k}"] = v
         if self.recovered_in_s is not None:

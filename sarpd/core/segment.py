@@ -4,9 +4,11 @@ Key spaces (one leading byte each; integers in keys are big-endian so that key
 order is numeric order):
 
     b"S" + u64 seg_id      -> segment value (below)
-    b"L" + u64 version     -> u64 seg_id: change log, one record per segment created
-                              or extended; "every segment changed after a snapshot"
-                              is the range scan L[watermark+1 ...]
+    b"L" + u64 version     -> u64 seg_id, ...: change log, one record per write batch
+                              naming every segment it created, extended or refilled
+                              (u64 BE each; data before issue 24 has one a record);
+                              "every segment changed after a snapshot" is the range
+                              scan L[watermark+1 ...]
     b"B" + 16-byte id      -> block locator: u64 head key (routing key of the block
                               at the start of its window) + u32 block position (LE)
     b"C" + u64 ns tag (LE) -> u64 LE: blocks indexed in the namespace with that tag
@@ -65,8 +67,10 @@ import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from sarpd.core import native
 from sarpd.errors import CorruptData, FormatVersionError
@@ -117,6 +121,18 @@ def log_key(version: int) -> bytes:
 def block_key(id16: bytes) -> bytes:
     """The locator key of one block, from its id's 16 bytes (BLOCK_KEY's layout)."""
     return BLOCK_PREFIX + id16
+
+
+_LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
+
+
+def locator_records(ids: IdArray, heads: U64Array, pos: npt.NDArray[Any]) -> dict[bytes, bytes]:
+    """Locator records (key -> value) of blocks `ids` at (head key, position), built as
+    packed numpy records: no per-block Python work but the dict (a later record for
+    the same block wins)."""
+    vals = np.empty(len(ids), dtype=LOCATOR_DTYPE)
+    vals["head"], vals["pos"] = heads, pos
+    return dict(zip(block_keys(ids), vals.view(_LOCATOR_RAW).tolist(), strict=True))
 
 
 def as_u64(a: U64Array) -> U64Array:

@@ -11,11 +11,18 @@ File `dir-<watermark:016x>.snap` in the snapshot directory, little-endian:
     32   8     n: number of entries
     40   4     block_tokens
     44   4     segment_blocks
-    48   4     CRC-32 of the body
+    48   4     CRC-32 of the body (the directory's and, format 2, the block map's)
     52   4     CRC-32 of bytes [0, 52)
     56   8n    routing keys (sorted ascending)
     56+8n 8n   segment ids
     56+16n 8n  filters
+    then (format 2) the block map (`sarpd.core.blockmap`), its live entries oldest first:
+    56+24n 8    m: entries
+    +8     8    zero
+    +16    8m   ids' low halves, then 8m high halves, 8m head keys, 4m positions (u32)
+
+A format 1 snapshot (no map) is read with an empty map: the data it comes from has a
+locator record for every block, which is what an empty map needs.
 
 Written to a temp name, fsync'd, renamed, and the directory fsync'd: a snapshot is
 either whole or absent. Loading checks both CRCs, the sizes and the geometry; a
@@ -38,16 +45,20 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from sarpd.core.blockmap import MapArrays
 from sarpd.core.directory import DirectoryArrays
 from sarpd.core.segment import SEGMENT_FORMAT, SEGMENT_FORMATS
 from sarpd.errors import CorruptData, FormatVersionError, StorageError
 
 log = logging.getLogger(__name__)
 
-SNAP_FORMAT = 1
+SNAP_FORMAT = 2
+SNAP_FORMATS = (1, 2)  # read
 MAGIC = b"SARPSNAP"
 HEAD = struct.Struct("<8sIIQQQIIII")
 assert HEAD.size == 56
+MAP_HEAD = struct.Struct("<QQ")
+MAP_ENTRY = 28  # bytes an entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +74,16 @@ def _name(watermark: int) -> str:
 
 
 def write_snapshot(directory: Path, arrays: DirectoryArrays, meta: SnapshotMeta,
-                   keep: int = 2) -> Path:
+                   keep: int = 2, blockmap: MapArrays | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     body = [np.ascontiguousarray(a, dtype="<u8").tobytes()
             for a in (arrays.keys, arrays.segs, arrays.filts)]
+    m = blockmap if blockmap is not None else MapArrays(
+        np.zeros((0, 2), np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint32))
+    mparts = [np.ascontiguousarray(a, dtype="<u8").tobytes() for a in (m.ids[:, 0], m.ids[:, 1],
+                                                                       m.heads)]
+    mparts.append(np.ascontiguousarray(m.pos, dtype="<u4").tobytes())
+    body += [MAP_HEAD.pack(len(m.ids), 0), *mparts]
     crc = 0
     for part in body:
         crc = zlib.crc32(part, crc)
@@ -106,8 +123,15 @@ def list_snapshots(directory: Path) -> list[Path]:
 
 
 def read_snapshot(path: Path) -> tuple[SnapshotMeta, DirectoryArrays]:
-    """Read and check a snapshot. The body is mapped, not copied (`_map_body`): the
-    directory takes that array over (at 1B blocks the body is 369 MB)."""
+    """Read and check a snapshot: its directory (`read_all`: and its block map)."""
+    meta, arrays, _ = read_all(path)
+    return meta, arrays
+
+
+def read_all(path: Path) -> tuple[SnapshotMeta, DirectoryArrays, MapArrays | None]:
+    """Read and check a snapshot (block map None: format 1). The directory's body is
+    mapped, not copied (`_map_body`): the directory takes that array over (at 1B
+    blocks it is 369 MB)."""
     with open(path, "rb") as fh:
         head = fh.read(HEAD.size)
         if len(head) < HEAD.size:
@@ -118,23 +142,28 @@ def read_snapshot(path: Path) -> tuple[SnapshotMeta, DirectoryArrays]:
             raise CorruptData(f"{path}: bad magic {magic!r}")
         if zlib.crc32(head[:52]) != hcrc:
             raise CorruptData(f"{path}: header checksum mismatch")
-        if fmt != SNAP_FORMAT or seg_fmt not in SEGMENT_FORMATS:
+        if fmt not in SNAP_FORMATS or seg_fmt not in SEGMENT_FORMATS:
             raise FormatVersionError(
                 f"{path}: snapshot format {fmt}/segment format {seg_fmt}; this build reads "
                 f"{SNAP_FORMAT}/{SEGMENT_FORMAT}"
             )
         size = os.fstat(fh.fileno()).st_size
-        if size != HEAD.size + 24 * n:
+        if size != HEAD.size + 24 * n if fmt == 1 else size < HEAD.size + 24 * n + MAP_HEAD.size:
             raise CorruptData(
-                f"{path}: {size} bytes, expected {HEAD.size + 24 * n} for {n} entries")
+                f"{path}: {size} bytes, expected {HEAD.size + 24 * n} for {n} entries"
+                f"{'' if fmt == 1 else ' and the block map'}")
         arr = _map_body(fh, n)
-    if zlib.crc32(arr.data.cast("B")) != crc:
+        fh.seek(HEAD.size + 24 * n)
+        rest = fh.read() if fmt > 1 else b""
+    body_crc = zlib.crc32(rest, zlib.crc32(arr.data.cast("B")) if n else 0)
+    if body_crc != crc:
         raise CorruptData(f"{path}: body checksum mismatch")
+    blockmap = _map_arrays(path, rest) if fmt > 1 else None
     arr = arr.astype(np.uint64, copy=False)  # a no-op on little-endian hosts
     keys, segs, filts = arr[:n], arr[n : 2 * n], arr[2 * n :]
     if n > 1 and bool((keys[1:] < keys[:-1]).any()):
         raise CorruptData(f"{path}: routing keys are not sorted")
-    return SnapshotMeta(watermark, newest, bt, sb), DirectoryArrays(keys, segs, filts)
+    return SnapshotMeta(watermark, newest, bt, sb), DirectoryArrays(keys, segs, filts), blockmap
 
 
 def _map_body(fh: BufferedReader, n: int) -> npt.NDArray[np.uint64]:
@@ -150,6 +179,19 @@ def _map_body(fh: BufferedReader, n: int) -> npt.NDArray[np.uint64]:
     return np.frombuffer(mm, dtype="<u8", count=3 * n, offset=HEAD.size)
 
 
+def _map_arrays(path: Path, raw: bytes) -> MapArrays:
+    """The block map section (`raw`: from its count on), checked by the body's CRC."""
+    m, _ = MAP_HEAD.unpack_from(raw)
+    data = memoryview(raw)[MAP_HEAD.size :]
+    if len(data) != MAP_ENTRY * m:
+        raise CorruptData(f"{path}: block map of {len(data)} bytes, expected "
+                          f"{MAP_ENTRY * m} for {m} entries")
+    u64 = np.frombuffer(data, dtype="<u8", count=3 * m).astype(np.uint64)
+    ids = np.stack([u64[:m], u64[m : 2 * m]], axis=1)
+    pos = np.frombuffer(data, dtype="<u4", count=m, offset=24 * m).astype(np.uint32)
+    return MapArrays(ids, u64[2 * m :].copy(), pos)
+
+
 @dataclass(frozen=True, slots=True)
 class Loaded:
     """A snapshot read back: its header, its directory, and its file."""
@@ -157,6 +199,7 @@ class Loaded:
     meta: SnapshotMeta
     arrays: DirectoryArrays
     path: Path
+    blockmap: MapArrays | None = None  # None: a format 1 snapshot
 
 
 def load_newest(directory: Path, block_tokens: int, segment_blocks: int
@@ -165,7 +208,7 @@ def load_newest(directory: Path, block_tokens: int, segment_blocks: int
     warnings: list[str] = []
     for path in list_snapshots(directory):
         try:
-            meta, arrays = read_snapshot(path)
+            meta, arrays, blockmap = read_all(path)
         except (OSError, CorruptData, FormatVersionError) as exc:
             warnings.append(str(exc))
             log.warning("snapshot skipped: %s", exc)
@@ -174,5 +217,5 @@ def load_newest(directory: Path, block_tokens: int, segment_blocks: int
             warnings.append(f"{path}: geometry {meta.block_tokens}/{meta.segment_blocks} "
                             f"differs from {block_tokens}/{segment_blocks}")
             continue
-        return Loaded(meta, arrays, path)
+        return Loaded(meta, arrays, path, blockmap)
     return "; ".join(warnings) or None

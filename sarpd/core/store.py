@@ -23,6 +23,10 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from backends import registry
 from backends.base import Backend, WriteBatch
@@ -34,7 +38,9 @@ from backends.errors import (
     BackendIOError,
 )
 from sarpd.config import IndexConfig
+from sarpd.core.blockmap import BlockMap, MapArrays, Spill, block_map_generation
 from sarpd.core.copies import Copies
+from sarpd.core.delta import DELTA_PREFIX, apply_delta, delta_key, delta_key_id
 from sarpd.core.ids import (
     chain_ids,
     chain_ids_many,
@@ -47,6 +53,7 @@ from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifes
 from sarpd.core.segment import (
     APPLIED_KEY,
     COUNTERS_KEY,
+    LOCATOR,
     MANIFEST_KEY,
     SEG_PREFIX,
     Counters,
@@ -54,6 +61,8 @@ from sarpd.core.segment import (
     Segment,
     block_keys,
     decode_segment,
+    encode_segment,
+    locator_records,
     ns_count_key,
     seg_key,
 )
@@ -66,7 +75,7 @@ from sarpd.errors import (
     TooLarge,
     missing_extra,
 )
-from sarpd.model import IdArray, SeqSpec
+from sarpd.model import IdArray, SeqSpec, U64Array
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +145,17 @@ class Store:
         self.cache_segments = SEGMENT_CACHE  # the cache's size (the bench sizes it)
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self.copies = Copies(cfg.segment_blocks)  # hot windows' copies (the writer's)
+        # where recently stored blocks live, by id (issue 24): None without locators
+        self.blockmap = BlockMap(cfg.block_map_bytes, block_map_generation(
+            cfg.block_map_bytes)) if cfg.block_locators else None
+        # segments with delta records on the backend (sarpd/core/delta.py), merged, and
+        # how many records each has: read from here, never from their base (issue 24)
+        self.pending: dict[int, Segment | None] = {}  # None: a record failed its checks
+        self.pending_records: dict[int, int] = {}
         self._open_manifest()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
         self._applied = self._read_applied()
+        self._load_pending()
 
     # -- the backend, errors mapped ----------------------------------------------------
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -153,15 +170,51 @@ class Store:
             yield from self.backend.scan(start, end)
 
     def indexed(self, ids: IdArray) -> list[bool]:
-        """Whether each block (internal ids) has a locator record, i.e. whether any
-        segment ever held it (only with `block_locators`): one multi-get."""
-        keys = block_keys(ids)
-        self.activity.locator_reads += len(keys)
-        return [v is not None for v in self.get_many(keys)]
+        """Whether each block (internal ids) may be present in a segment: held by the
+        block map or by a locator record (only with `block_locators`; `locate`). False
+        proves that no segment holds it present."""
+        return [loc is not None for loc in self.locate(ids)]
+
+    def locate(self, ids: IdArray) -> list[tuple[int, int] | None]:
+        """(head key, position) of each block (internal ids): the block map's, else its
+        locator record's (what the map spilled or the importer wrote; one multi-get for
+        the batch's misses); None: present in no segment."""
+        assert self.blockmap is not None
+        heads, pos = self.blockmap.lookup(ids)
+        out: list[tuple[int, int] | None] = [
+            (h, p) if p >= 0 else None for h, p in zip(heads.tolist(), pos.tolist(), strict=True)]
+        miss = [i for i, loc in enumerate(out) if loc is None]
+        if miss:
+            self.activity.locator_reads += len(miss)
+            for i, v in zip(miss, self.get_many(block_keys(ids[miss])), strict=True):
+                out[i] = None if v is None else LOCATOR.unpack(v)
+        return out
+
+    def hold(self, gone: IdArray | None, ids: IdArray | None, heads: U64Array | None,
+             pos: npt.NDArray[Any] | None, batch: WriteBatch) -> None:
+        """The block map forgets `gone` (blocks no segment holds present any more) and
+        holds `ids` at (`heads`, `pos`); what it evicts goes into `batch` as locator
+        records (the spill: written with the data, so the map or the records hold
+        every present block at every point). Memory changes before the batch is
+        written: a failed write reloads the index, the map included (`reset`)."""
+        if self.blockmap is None:
+            return
+        if gone is not None and len(gone):
+            self.blockmap.discard(gone)
+        if ids is not None and len(ids):
+            assert heads is not None and pos is not None
+            spill = self.blockmap.add(ids, heads, pos)
+            if spill is not None:
+                batch.put_many(locator_records(spill.ids, spill.heads, spill.pos))
 
     def write(self, batch: WriteBatch, sync: bool) -> None:
         with backend_errors():
             self.backend.write(batch, sync)
+
+    def sync(self) -> None:
+        """Make everything written so far durable (`Backend.sync`)."""
+        with backend_errors():
+            self.backend.sync()
 
     def copy_to(self, dest: Path) -> None:
         """The backend's consistent copy of what is written (`Backend.copy_to`)."""
@@ -223,11 +276,13 @@ class Store:
 
     def commit(self, batch: WriteBatch, sync: bool, counters: Counters,
                ns_blocks: Mapping[int, int] | None = None,
-               segments: Iterable[Segment] = (), applied_seq: int | None = None) -> None:
+               segments: Iterable[Segment] = (), applied_seq: int | None = None,
+               records: Mapping[int, int] | None = None) -> None:
         """Write `batch` (which holds `counters` and the namespace counts where they
         changed, and `applied_seq` when given), then make memory follow: the counters,
         the namespace counts, the applied sequence and the committed `segments`
-        (working copies enter the cache once durable)."""
+        (working copies enter the cache once durable); `records`: segment -> its delta
+        records now (0: folded, none left)."""
         if applied_seq is not None:
             batch.put(APPLIED_KEY, applied_seq.to_bytes(8, "little"))
         if len(batch):
@@ -237,16 +292,80 @@ class Store:
         self._counters = counters
         if ns_blocks:
             self._ns_blocks.update(ns_blocks)
-        for seg in segments:
-            self.remember(seg.seg_id, seg)
+        done = {seg.seg_id: seg for seg in segments}
+        for sid, seg in done.items():
+            self.remember(sid, seg)
+        for sid, k in (records or {}).items():
+            if k:
+                self.pending_records[sid] = k
+                self.pending[sid] = done[sid]
+            else:
+                self.pending_records.pop(sid, None)
+                self.pending.pop(sid, None)
 
     def reset(self) -> None:
         """Forget what memory holds of the disk and re-read the counters (a reload)."""
         self._cache.clear()
         self.copies.clear()
+        if self.blockmap is not None:
+            self.blockmap.clear()
         self._ns_blocks.clear()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
         self._applied = self._read_applied()
+        self._load_pending()
+
+    # -- delta records -----------------------------------------------------------------
+    def _load_pending(self) -> None:
+        """Read every delta record (few: `MAX_PENDING_BYTES` bounds them) and merge each
+        segment's onto its base."""
+        self.pending.clear()
+        self.pending_records.clear()
+        records: dict[int, list[tuple[int, bytes]]] = {}
+        for key, value in self.scan(DELTA_PREFIX, DELTA_PREFIX + b"\xff"):
+            sid, k = delta_key_id(key)
+            records.setdefault(sid, []).append((k, value))
+        if not records:
+            return
+        bases = dict(zip(records, self.get_many([seg_key(sid) for sid in records]),
+                         strict=True))
+        for sid, recs in records.items():
+            self.pending_records[sid] = len(recs)
+            seg = self.decode_or_none(sid, bases[sid])
+            try:
+                if seg is None:
+                    raise CorruptData(f"segment {sid}: delta records without a segment")
+                for i, (k, value) in enumerate(recs):
+                    if k != i:
+                        raise CorruptData(f"segment {sid}: delta record {i} missing")
+                    seg = apply_delta(seg, value, f"segment {sid} delta {k}")
+            except CorruptData as exc:
+                self.activity.corrupt_segments += 1
+                log.error("segment %d not served: %s", sid, exc)
+                seg = None
+            self.pending[sid] = seg
+
+    def fold(self, sync: bool) -> int:
+        """Write every segment that has delta records whole again and delete its records,
+        in one write batch (a segment whose records failed their checks is left as it
+        is, for `check`). Returns how many were folded."""
+        wb, done = WriteBatch(), []
+        for sid, seg in self.pending.items():
+            if seg is not None:
+                wb.put(seg_key(sid), encode_segment(seg))
+                for k in range(self.pending_records[sid]):
+                    wb.delete(delta_key(sid, k))
+                done.append(sid)
+        if done:
+            self.write(wb, sync)
+        for sid in done:
+            del self.pending[sid], self.pending_records[sid]
+        return len(done)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Memory of the merged segments that have delta records (counted in stats)."""
+        return sum(48 + 24 * s.nblocks + 16 * len(s.xmeta)
+                   for s in self.pending.values() if s is not None)
 
     def forget_segments(self) -> None:
         """Drop the decoded-segment cache (its segments are read again when needed)
@@ -322,10 +441,12 @@ class Store:
         turn's insert finds the segments its match just read."""
         out: dict[int, Segment | None] = {}
         missing = []
-        cache = self._cache
+        cache, pending = self._cache, self.pending
         for sid in sids:
             seg = cache.get(sid)
-            if seg is None:
+            if seg is None and sid in pending:  # base + delta records, merged
+                out[sid] = pending[sid]
+            elif seg is None:
                 missing.append(sid)
             else:
                 cache.move_to_end(sid)
@@ -376,3 +497,64 @@ class Store:
         cache.move_to_end(sid)
         while len(cache) > self.cache_segments:
             cache.popitem(last=False)
+
+
+class Held:
+    """Recovery's feed of the block map (issue 24): starts it empty or from a snapshot's
+    entries, then adds the present blocks of every re-routed segment, in chunks; what
+    the map evicts meanwhile is written as locator records (`flush`: the last write
+    synced), so that the map or the records hold every present block again."""
+
+    CHUNK = 65_536  # blocks added to the map at once
+    WRITE = 1 << 18  # locator records per write batch
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.map = store, store.blockmap
+        self._parts: list[tuple[IdArray, U64Array, npt.NDArray[Any]]] = []
+        self._n = 0
+        self._batch = WriteBatch()
+        self._wrote = False
+        if self.map is not None:
+            self.map.clear()
+
+    def load(self, arrays: MapArrays | None) -> None:
+        """Start from a snapshot's entries (None: a format 1 snapshot, whose data has a
+        locator record for every block: the map starts empty)."""
+        if self.map is not None and arrays is not None:
+            self._spill(self.map.load_arrays(arrays))
+
+    def segment(self, seg: Segment) -> None:
+        """Hold the segment's present blocks."""
+        if self.map is None or not seg.presence:
+            return
+        n = seg.nblocks
+        bits = np.unpackbits(np.frombuffer(seg.presence.to_bytes(8, "little"), np.uint8),
+                             bitorder="little")[:n]
+        offs = np.flatnonzero(bits)
+        head = int(seg.ids[0, 0])
+        self._parts.append((seg.ids[offs], np.full(len(offs), head, np.uint64),
+                            seg.window * self.store.cfg.segment_blocks + offs))
+        self._n += len(offs)
+        if self._n >= self.CHUNK:
+            self._add()
+
+    def flush(self) -> None:
+        self._add()
+        if len(self._batch) or self._wrote:
+            self.store.write(self._batch, True)
+            self._batch = WriteBatch()
+
+    def _add(self) -> None:
+        if self.map is None or not self._parts:
+            return
+        ids, heads, pos = (np.concatenate(p) for p in zip(*self._parts, strict=True))
+        self._parts, self._n = [], 0
+        self._spill(self.map.add(ids, heads, pos))
+
+    def _spill(self, spill: Spill | None) -> None:
+        if spill is None:
+            return
+        self._batch.put_many(locator_records(spill.ids, spill.heads, spill.pos))
+        if len(self._batch) >= self.WRITE:
+            self.store.write(self._batch, False)
+            self._batch, self._wrote = WriteBatch(), True

@@ -19,24 +19,25 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from backends.base import WriteBatch
 from sarpd.core import native
+from sarpd.core.delta import delta_key, encode_delta
 from sarpd.core.ids import id_bytes, ns_tag, salt_ids
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
     COUNTERS_KEY,
     LOCATOR,
-    LOCATOR_DTYPE,
     SEG_PREFIX,
     Counters,
     Segment,
     as_u64,
-    block_key,
     block_keys,
     decode_segment,
     encode_segment,
+    locator_records,
     log_key,
     ns_count_key,
     seg_id_of_key,
@@ -65,10 +66,10 @@ from sarpd.model import (
 
 log = logging.getLogger(__name__)
 
-Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
+FOLD_RECORDS = 16  # a segment's delta records before it is written whole again
+PENDING_BYTES = 16 << 20  # merged segments with delta records kept (the oldest fold)
 
-# a locator's value as packed numpy records: the raw view turns into bytes in one call
-_LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
+Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +87,11 @@ class WriteTxn:
         self.cache: dict[int, Segment | None] = {}  # working copies and what was read
         self.load = store.loader(self.cache)  # the router reads segments through it
         self.dirty: set[int] = set()
-        self._locators: dict[bytes, bytes] = {}
-        self._pending_locators: list[tuple[IdArray, int, int]] = []
+        self.before: dict[int, Segment] = {}  # dirty segments as committed (not created here)
+        self._locators: dict[bytes, bytes] = {}  # the txn's new locations, as records
+        self._added: list[tuple[IdArray, int, int]] = []  # (ids, head key, first position)
+        self._in_dict = 0  # how many of `_added` are in `_locators`
+        self._gone: list[IdArray] = []  # blocks left present in no segment
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
         # (id(SeqSpec), window) -> its prefetched route, for the batch's inserts
@@ -104,7 +108,7 @@ class WriteTxn:
         # block's presence changed, a segment grew); `clear` moves every window's
         self.stamps: dict[tuple[int, int], int] = {}
         self.cleared = 0
-        self._read: dict[bytes, bytes | None] = {}  # locator values read from the backend
+        self._read: dict[bytes, tuple[int, int] | None] = {}  # locations read (map, records)
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -123,6 +127,7 @@ class WriteTxn:
         s = self.cache[sid]
         assert s is not None
         if sid not in self.dirty:
+            self.before[sid] = s  # as committed: its change goes out as a delta record
             s = s.writable()
             self.cache[sid] = s
             self.dirty.add(sid)
@@ -157,40 +162,43 @@ class WriteTxn:
         self.stamps[key] = self.stamps.get(key, 0) + 1
 
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
-        """Locators of blocks ids[0..] at positions first_pos.. of the window whose head
-        key is `head_key` (built in bulk when `locators` is first read)."""
-        n = len(ids)
-        if not n or not self.cfg.block_locators:
-            return
-        c = native.module("write")
-        if c is not None:  # every record at once, into the txn's (flushed) records
-            c.put_locators(self.locators, as_u64(ids), head_key, first_pos)
-            return
-        if n > 8:
-            self._pending_locators.append((ids, head_key, first_pos))
-            return
-        # a few blocks (a serving engine's event): per block is cheaper than numpy;
-        # pending records go first, so that a later record of a block still wins
-        locs = self.locators
-        raw = np.ascontiguousarray(ids, dtype="<u8").tobytes()
-        for i in range(n):
-            locs[block_key(raw[16 * i : 16 * i + 16])] = LOCATOR.pack(head_key, first_pos + i)
+        """Blocks ids[0..] are present at positions first_pos.. of the window whose head
+        key is `head_key`: the block map holds them once committed (`commit`), and
+        `locate` finds them in this txn (`locators`, built when first read)."""
+        if len(ids) and self.cfg.block_locators:
+            self._added.append((ids, head_key, first_pos))
+
+    def _held(self) -> tuple[IdArray, U64Array, npt.NDArray[np.int64]] | None:
+        """The txn's new locations as arrays (ids, head keys, positions), in order."""
+        added = self._added
+        if not added:
+            return None
+        lens = np.array([len(ids) for ids, _, _ in added])
+        starts = np.repeat(np.cumsum(lens) - lens, lens)
+        heads = np.repeat(np.array([h for _, h, _ in added], np.uint64), lens)
+        first = np.repeat(np.array([p for _, _, p in added], np.int64), lens)
+        pos = np.arange(int(lens.sum())) - starts + first
+        return np.concatenate([ids for ids, _, _ in added]), heads, pos
 
     @property
     def locators(self) -> dict[bytes, bytes]:
-        """Every locator record of the txn (a later one for the same block wins), built
-        as packed numpy records in one pass: no per-block Python work."""
-        pending = self._pending_locators
-        if pending:
-            lens = np.array([len(ids) for ids, _, _ in pending])
-            starts = np.repeat(np.cumsum(lens) - lens, lens)
-            keys = block_keys(np.concatenate([ids for ids, _, _ in pending]))
-            vals = np.empty(len(keys), dtype=LOCATOR_DTYPE)
-            vals["head"] = np.repeat(np.array([h for _, h, _ in pending], np.uint64), lens)
-            first = np.repeat(np.array([p for _, _, p in pending], np.int64), lens)
-            vals["pos"] = np.arange(len(keys)) - starts + first
-            self._locators.update(zip(keys, vals.view(_LOCATOR_RAW).tolist(), strict=True))
-            pending.clear()
+        """The txn's new locations as locator records (a later one for the same block
+        wins), for `locate`: natively, or as packed numpy records in one pass."""
+        todo = self._added[self._in_dict :]
+        if todo:
+            c = native.module("write")
+            if c is not None:
+                for ids, head_key, first_pos in todo:
+                    c.put_locators(self._locators, as_u64(ids), head_key, first_pos)
+            else:
+                lens = np.array([len(ids) for ids, _, _ in todo])
+                starts = np.repeat(np.cumsum(lens) - lens, lens)
+                heads = np.repeat(np.array([h for _, h, _ in todo], np.uint64), lens)
+                first = np.repeat(np.array([p for _, _, p in todo], np.int64), lens)
+                self._locators.update(locator_records(
+                    np.concatenate([ids for ids, _, _ in todo]), heads,
+                    np.arange(int(lens.sum())) - starts + first))
+            self._in_dict = len(self._added)
         return self._locators
 
     # -- commit --------------------------------------------------------------------
@@ -199,14 +207,13 @@ class WriteTxn:
         replica); the store's memory follows once durable."""
         store = self.store
         wb = WriteBatch()
-        for sid in self.dirty:
-            seg = self.cache[sid]
-            assert seg is not None
-            wb.put(seg_key(sid), encode_segment(seg))
-        wb.put_many(self.locators)
+        records = self._write_segments(wb)
+        ids, heads, pos = self._held() or (None, None, None)
+        store.hold(np.concatenate(self._gone) if self._gone else None, ids, heads, pos, wb)
         version = store.counters.next_version
-        for sid in dict.fromkeys(self.logged):
-            wb.put(log_key(version), sid.to_bytes(8, "big"))
+        if self.logged:  # one change-log record for the batch: every segment it changed
+            wb.put(log_key(version), b"".join(sid.to_bytes(8, "big")
+                                              for sid in dict.fromkeys(self.logged)))
             version += 1
         for tag, delta in self.ns_delta.items():
             if delta:
@@ -217,8 +224,41 @@ class WriteTxn:
             wb.put(COUNTERS_KEY, counters.encode())
         committed = [self.cache[sid] for sid in self.dirty]
         store.commit(wb, sync, counters, self.ns_after,
-                     [seg for seg in committed if seg is not None], applied_seq)
+                     [seg for seg in committed if seg is not None], applied_seq, records)
         self.copies.end()  # durable: the copies map matches the backend again
+
+    def _write_segments(self, wb: WriteBatch) -> dict[int, int]:
+        """Put the dirty segments in `wb`: a segment created here whole, a changed one as
+        a delta record (sarpd/core/delta.py), folded (whole again, its records deleted)
+        at its FOLD_RECORDS-th record; and fold the oldest other segments with records
+        while they hold more than PENDING_BYTES. Returns segment -> its records now."""
+        store, out = self.store, {}
+        for sid in self.dirty:
+            seg = self.cache[sid]
+            assert seg is not None
+            k = store.pending_records.get(sid, 0)
+            before = self.before.get(sid)
+            if before is None or k + 1 >= FOLD_RECORDS:
+                wb.put(seg_key(sid), encode_segment(seg))
+                out[sid] = 0
+            else:
+                wb.put(delta_key(sid, k), encode_delta(before, seg))
+                out[sid] = k + 1
+        over = store.pending_bytes - PENDING_BYTES
+        for sid, seg in list(store.pending.items()):  # oldest first (insertion order)
+            if over <= 0:
+                break
+            if sid in self.dirty or seg is None:
+                continue
+            wb.put(seg_key(sid), encode_segment(seg))
+            out[sid] = 0
+            self.cache[sid] = seg
+            over -= 48 + 24 * seg.nblocks + 16 * len(seg.xmeta)
+        for sid, k in out.items():
+            if k == 0:
+                for i in range(store.pending_records.get(sid, 0)):
+                    wb.delete(delta_key(sid, i))
+        return out
 
     # -- operations ----------------------------------------------------------------
     def apply(self, op: Insert | Remove | Clear) -> InsertResult | RemoveResult:
@@ -545,6 +585,11 @@ class WriteTxn:
                     c.meta[o] = m
                     changed.add(o)
                     self.stamp((w, head_key))
+                    self.logged.append(sid)  # recovery adds its blocks to the map again
+        sb = self.geo.sb
+        for o, idv, _ in targets:
+            if o in changed:
+                self.add_locators(idv.reshape(1, 2), head_key, w * sb + o)
         return len(changed)
 
     def drop(self, w: int, head_key: int, targets: Sequence[Target],
@@ -573,23 +618,27 @@ class WriteTxn:
                     self.stamp((w, head_key))
                 c = self.cache[sid]
                 assert c is not None
+        if gone:  # present in no copy now: the block map forgets them
+            self._gone.append(np.array([[b[1], b[2]] for b in gone], dtype=np.uint64))
         return len(gone), sum(taken.values())
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
-        """Block locators (head key, position) for internal ids: the txn's own records,
-        then what it read before, the rest in one multi-get."""
+        """Where blocks (internal ids) are: (head key, position), None when present in
+        no segment. The txn's own new locations, then what it looked up before, the
+        rest from the store (the block map, then locator records in one multi-get)."""
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
         keys = block_keys(ids)
-        locs, read = self.locators, self._read  # the backend does not change in a txn
-        missing = [k for k in keys if k not in locs and k not in read]
+        locs, read = self.locators, self._read  # the map and backend do not change in a txn
+        missing = [i for i, k in enumerate(keys) if k not in locs and k not in read]
         if missing:
-            read.update(zip(missing, self.store.get_many(missing), strict=True))
+            read.update(zip([keys[i] for i in missing], self.store.locate(ids[missing]),
+                            strict=True))
         out: list[tuple[int, int] | None] = []
         for k in keys:
-            v = locs.get(k) or read[k]
-            out.append(None if v is None else LOCATOR.unpack(v))
+            v = locs.get(k)
+            out.append(LOCATOR.unpack(v) if v is not None else read[k])
         return out
 
     def find_present(self, idv: IdArray) -> tuple[Segment, int] | None:
@@ -689,8 +738,8 @@ class WriteTxn:
         for key, value in self.store.scan(SEG_PREFIX, b"T"):
             sid = seg_id_of_key(key)
             seen.add(sid)
-            if sid in self.cache:
-                cached = self.cache[sid]
+            if sid in self.cache or sid in self.store.pending:  # pending: base + deltas
+                cached = self.cache[sid] if sid in self.cache else self.store.pending[sid]
                 if cached is not None:
                     yield sid, cached
                 continue

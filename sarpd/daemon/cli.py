@@ -48,6 +48,7 @@ log = logging.getLogger("sarpd")
 
 LOCK_NAME = "sarpd.pid"
 PROGRESS_EVERY_S = 2.0
+SNAPSHOT_POLL_S = 0.25  # how often the snapshot loop looks at the changed segments
 
 
 class DataDirLocked(SarpError):
@@ -277,11 +278,21 @@ class Daemon:
             sdnotify.status(text)
 
     async def _periodic_snapshots(self, service: Service) -> None:
+        """A snapshot every `snapshot_interval_s`, and as soon as
+        `snapshot_changed_segments` segments changed since the last one."""
         interval = self.config.index.snapshot_interval_s
-        if interval <= 0:
+        changed = self.config.index.snapshot_changed_segments
+        if interval <= 0 and changed <= 0:
             return
+        loop = asyncio.get_running_loop()
+        tick = min(t for t in (interval, SNAPSHOT_POLL_S if changed > 0 else 0.0) if t > 0)
+        last = loop.time()
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(tick)
+            if not ((interval > 0 and loop.time() - last >= interval)
+                    or (changed > 0 and service.index.changed_segments >= changed)):
+                continue
+            last = loop.time()
             try:
                 res = await self.server.run_exclusive(service.periodic_snapshot)
             except Exception:

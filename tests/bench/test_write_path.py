@@ -40,6 +40,9 @@ def test_a_short_replay_reports_both_sides() -> None:
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["write_batches"] == 8 and out["blocks"] > 0
+    # issue 24: what the index wrote per stored block, its final fold included
+    assert 0 < out["engine_keys_per_block"] < 1.0 and 0 < out["engine_bytes_per_block"] < 158
+    assert out["engine_deletes_per_block"] >= 0
     assert out["blocks_per_s"] > 0 and out["bare_blocks_per_s"] > 0
     assert abs(out["cost_ratio"] - out["bare_blocks_per_s"] / out["blocks_per_s"]) < 1e-6
     assert set(out["native"]) >= {"write", "verify"}

@@ -84,7 +84,9 @@ def test_stream_matches_engine_model(
 def test_survives_sarpd_and_bridge_restarts(
     publisher: Publisher, sarpd_factory: Launcher, tmp_path: Path
 ) -> None:
-    sarpd = sarpd_factory()
+    # a block map of ~60 blocks: most parents and removals take the locator records the
+    # map spills (issue 24), across the kill too
+    sarpd = sarpd_factory(config={"index": {"block_map_bytes": 2048}})
     engine = FakeEngine(capacity=200)
     wl = Workload(seed=11)
     state = tmp_path / "pos.json"

@@ -30,7 +30,7 @@ from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
 from sarpd.core.manifest import FORMAT_VERSION
 from sarpd.core.segment import SEG_PREFIX, SEGMENT_FORMAT
-from sarpd.core.snapshot import list_snapshots
+from sarpd.core.snapshot import SNAP_FORMAT, list_snapshots
 from sarpd.core.store import open_backend
 from sarpd.errors import FormatVersionError
 from sarpd.model import Insert, Match, SeqSpec
@@ -79,15 +79,15 @@ def test_snapshot_of_another_format_is_skipped(tmp_path: Path) -> None:
     oracle = build(tmp_path)
     for path in list_snapshots(tmp_path / "snap"):
         data = bytearray(path.read_bytes())
-        struct.pack_into("<I", data, 8, 2)  # snapshot format 2, header CRC kept valid
+        struct.pack_into("<I", data, 8, SNAP_FORMAT + 1)  # a newer format, header CRC valid
         struct.pack_into("<I", data, 52, zlib.crc32(bytes(data[:52])))
         path.write_bytes(bytes(data))
     ix = SarpIndex(open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22), CFG,
                    tmp_path / "snap")
     try:
         rep = ix.recover()
-        assert rep.full_scan and rep.warning and "snapshot format 2" in rep.warning
-        assert "reads 1/" in rep.warning
+        assert rep.full_scan and rep.warning and f"snapshot format {SNAP_FORMAT + 1}" in rep.warning
+        assert f"reads {SNAP_FORMAT}/" in rep.warning
         res = ix.match_many([Match(0, SeqSpec("", tokens=np.array(t, np.uint32)))
                              for t in seqs()])
         for t, r in zip(seqs(), res, strict=True):

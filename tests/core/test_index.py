@@ -27,7 +27,8 @@ from tests.oracle import BT, Oracle
 # Exactness holds when the per-window cap never binds: these configurations read every
 # candidate (the cap's loss is measured by the benchmarks, and bounded below).
 TINY = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, refine_threshold=2,
-                   prune_max_pred=1, window_cap=64, delta_max_entries=16)
+                   prune_max_pred=1, window_cap=64, delta_max_entries=16,
+                   block_map_bytes=128)  # ~4 blocks: parents and bare ids mostly spilled
 DEFAULT = IndexConfig(window_cap=1 << 20)
 GEOMETRIES = {"tiny": TINY, "default": DEFAULT}
 

@@ -11,11 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sarpd.core.blockmap import MapArrays
 from sarpd.core.directory import DirectoryArrays
 from sarpd.core.segment import SEGMENT_FORMAT
 from sarpd.core.snapshot import (
     HEAD,
     MAGIC,
+    MAP_ENTRY,
+    MAP_HEAD,
     SNAP_FORMAT,
     Loaded,
     SnapshotMeta,
@@ -43,7 +46,7 @@ def test_round_trip_and_layout(tmp_path: Path) -> None:
     path = write_snapshot(tmp_path / "snap", arr, meta(0x2A))
     assert path.name == "dir-000000000000002a.snap"
     data = path.read_bytes()
-    assert len(data) == HEAD.size + 24 * 100
+    assert len(data) == HEAD.size + 24 * 100 + MAP_HEAD.size  # an empty block map
     magic, fmt, seg_fmt, wm, newest, n, bt, sb, _crc, hcrc = HEAD.unpack_from(data)
     assert (magic, fmt, seg_fmt, wm, newest, n, bt, sb) == (
         MAGIC, SNAP_FORMAT, SEGMENT_FORMAT, 0x2A, 0x54, 100, 16, 64)
@@ -53,6 +56,27 @@ def test_round_trip_and_layout(tmp_path: Path) -> None:
     for a, b in zip((got.keys, got.segs, got.filts), (arr.keys, arr.segs, arr.filts),
                     strict=True):
         assert a.tolist() == b.tolist()
+
+
+def test_the_block_map_round_trips_and_a_format_1_file_has_none(tmp_path: Path) -> None:
+    ids = np.array([[5, 1], [2**64 - 1, 0], [7, 7]], dtype=np.uint64)
+    m = MapArrays(ids, np.array([9, 8, 2**63], np.uint64), np.array([0, 63, 70_000], np.uint32))
+    path = write_snapshot(tmp_path, arrays(10), meta(3), blockmap=m)
+    data = path.read_bytes()
+    assert len(data) == HEAD.size + 24 * 10 + MAP_HEAD.size + MAP_ENTRY * 3
+    loaded = load_newest(tmp_path, 16, 64)
+    assert isinstance(loaded, Loaded) and loaded.blockmap is not None
+    assert loaded.blockmap.ids.tolist() == ids.tolist()
+    assert loaded.blockmap.heads.tolist() == [9, 8, 2**63]
+    assert loaded.blockmap.pos.tolist() == [0, 63, 70_000]
+    old = bytearray(data[: HEAD.size + 24 * 10])  # what format 1 wrote: no map section
+    struct.pack_into("<I", old, 8, 1)
+    struct.pack_into("<I", old, 48, zlib.crc32(bytes(old[HEAD.size:])))
+    struct.pack_into("<I", old, 52, zlib.crc32(bytes(old[:52])))
+    path.write_bytes(bytes(old))
+    loaded = load_newest(tmp_path, 16, 64)
+    assert isinstance(loaded, Loaded) and loaded.blockmap is None
+    assert len(loaded.arrays.keys) == 10
 
 
 def test_the_newest_keep_files_are_kept(tmp_path: Path) -> None:

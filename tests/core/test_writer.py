@@ -10,6 +10,7 @@ import pytest
 
 from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
+from sarpd.core.delta import DELTA_PREFIX, apply_delta
 from sarpd.core.ids import ns_tag, salt_ids, token_ids
 from sarpd.core.router import Router
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Segment, decode_segment
@@ -43,10 +44,19 @@ class Box:
         return out
 
     def segments(self) -> list[Segment]:
-        return [decode_segment(v) for _, v in self.backend.scan(SEG_PREFIX, b"T")]
+        """Every segment as stored: its value, with its delta records applied."""
+        out = []
+        for k, v in self.backend.scan(SEG_PREFIX, b"T"):
+            seg = decode_segment(v)
+            for _, d in self.backend.scan(DELTA_PREFIX + k[1:9], DELTA_PREFIX + k[1:9] + b"\xff"):
+                seg = apply_delta(seg, d, "test")
+            out.append(seg)
+        return out
 
     def log(self) -> list[int]:
-        return [int.from_bytes(v, "big") for _, v in self.backend.scan(LOG_PREFIX, b"M")]
+        """The segments the change log names, in order (a record names a batch's)."""
+        return [int.from_bytes(v[i : i + 8], "big")
+                for _, v in self.backend.scan(LOG_PREFIX, b"M") for i in range(0, len(v), 8)]
 
 
 def insert(t: np.ndarray, meta: int | list[int] = 1, ns: str = "") -> Insert:

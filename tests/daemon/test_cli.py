@@ -463,3 +463,20 @@ def test_an_idle_sarpd_writes_and_logs_no_snapshots(sarpd_factory: Launcher) -> 
     assert list(snaps.glob("*.snap")) == written and written[0].stat().st_mtime_ns == mtime
     with SyncClient(proc.socket) as c:
         assert c.stats()["snapshots"] == 1  # the service counts snapshots written
+
+
+def test_a_snapshot_follows_enough_changed_segments(sarpd_factory: Launcher) -> None:
+    """With snapshots by time only once an hour: none until 4 segments changed, then one
+    at once (issue 24: what a restart re-routes stays bounded under load)."""
+    wrote = "INFO sarpd: snapshot up to segment"
+    proc = sarpd_factory(config={"index": {"snapshot_interval_s": 3600,
+                                           "snapshot_changed_segments": 4}})
+    snaps = proc.data_dir / "snapshots" / "rocksdb"
+    with SyncClient(proc.socket) as c:
+        for i in range(3):  # three sessions, three segments
+            c.insert(tokens=seq(2, seed=100 + i), meta=1)
+        time.sleep(1.0)  # four polls: nothing due
+        assert wrote not in proc.log() and not list(snaps.glob("*.snap"))
+        c.insert(tokens=seq(2, seed=200), meta=1)
+    _wait_for(proc, wrote)
+    assert len(list(snaps.glob("*.snap"))) == 1

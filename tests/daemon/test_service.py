@@ -93,6 +93,7 @@ class FakeIndex:
         return SnapshotResult(segment_id=7, seconds=0.01)
 
     snapshot_current = False  # the fake never tracks its changes: always worth one
+    changed_segments = 0
 
     def check(self, fix: bool = False) -> CheckReport:
         self.calls.append(("check", [int(fix)]))

@@ -9,9 +9,12 @@ a parent (a random recent chain tail) for `--parent-share` of them (the bridge
 bench's mix: 0.7), the others starting a chain; protocol 2 (the
 insert's meta is its worker's holder word, `add_holder`), and every `--remove-every`-th
 event a removal, by holder, of the oldest live blocks. The index's backend records
-every write batch it commits; the same batches (segment values, locator records,
-change log, counters) are then written, in the same order and with the same sync, to
-a fresh backend of the same engine: `bare_blocks_per_s`. `cost_ratio` =
+every write batch it commits; the same batches (segment values and delta records, the
+locator records its block map spills, change log, counters) are then written, in the
+same order and with the same sync, to a fresh backend of the same engine:
+`bare_blocks_per_s`. `engine_keys_per_block` / `engine_bytes_per_block`: the keys and
+value bytes the index wrote per stored block, the final fold of its delta records
+(`SarpIndex.fold`, not timed) included; `engine_deletes_per_block`: keys it deleted. `cost_ratio` =
 `bare_blocks_per_s / blocks_per_s`: the index's time per stored block over the bare
 batches' (1.0: the index costs only its records; issue 14's target is <= 2).
 `cpu_cost_ratio` is the same on CPU time (`process_time`, the engine's threads
@@ -119,8 +122,10 @@ class Recorder:
 
 
 def replay(wl: Workload, work: list[tuple[list[WriteOp], int, int]], backend: str,
-           sync: bool) -> tuple[float, float, float, float, int]:
-    """(index seconds, its CPU, bare seconds, their CPU, write batches) of one replay."""
+           sync: bool) -> tuple[float, float, float, float, int, int, int, int]:
+    """(index seconds, its CPU, bare seconds, their CPU, write batches, keys written,
+    value bytes written, keys deleted) of one replay; the counts include the final fold
+    of what the index deferred (`SarpIndex.fold`)."""
     root = Path(tempfile.mkdtemp(prefix="sarp-write-path-"))
     try:
         be = open_backend(backend, root / "index", cache_bytes=CACHE_BYTES)
@@ -133,16 +138,21 @@ def replay(wl: Workload, work: list[tuple[list[WriteOp], int, int]], backend: st
                 if isinstance(r, SarpError):
                     raise click.ClickException(f"write_many: {r}")
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        timed = len(rec.batches)  # the bare side replays these
+        ix.fold()  # what the index deferred, written now: counted, not timed
         ix.close()
         bare = open_backend(backend, root / "bare", cache_bytes=CACHE_BYTES)
         t0, c0 = time.perf_counter(), time.process_time()
-        for batch in rec.batches:
+        for batch in rec.batches[:timed]:
             bare.write(batch, sync)
         bare_s, bare_cpu = time.perf_counter() - t0, time.process_time() - c0
         bare.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return seconds, cpu, bare_s, bare_cpu, len(rec.batches)
+    keys = sum(len(b.puts) for b in rec.batches)
+    value_bytes = sum(len(v) for b in rec.batches for v in b.puts.values())
+    deletes = sum(len(b.deletes) for b in rec.batches)
+    return seconds, cpu, bare_s, bare_cpu, timed, keys, value_bytes, deletes
 
 
 def run(wl: Workload, backend: str, sync: bool, runs: int) -> dict[str, Any]:
@@ -161,6 +171,11 @@ def run(wl: Workload, backend: str, sync: bool, runs: int) -> dict[str, Any]:
         "bare_blocks_per_s": blocks / bare_s, "cost_ratio": seconds / bare_s,
         "cpu_cost_ratio": cpu / bare_cpu,
         "cpu_us_per_insert": 1e6 * cpu / max(1, inserts), "native": native.status(),
+        # backend keys and value bytes the index wrote per stored block, a final fold of
+        # what it deferred included (issue 24)
+        "engine_keys_per_block": got[0][5] / max(1, blocks),
+        "engine_bytes_per_block": got[0][6] / max(1, blocks),
+        "engine_deletes_per_block": got[0][7] / max(1, blocks),  # folded delta records
     }
 
 
@@ -201,7 +216,10 @@ def main(batches: int, events: int, blocks: int, remove_every: int, workers: int
         f"{res['inserts_per_s']:,.0f} inserts/s, {res['blocks_per_s']:,.0f} blocks/s; "
         f"bare batches {res['bare_blocks_per_s']:,.0f} blocks/s; cost ratio "
         f"{res['cost_ratio']:.2f}; CPU {res['cpu_us_per_insert']:.0f} us/insert "
-        f"(bare {1e6 * res['bare_cpu_s'] / max(1, res['inserts']):.0f})", file=sys.stdout)
+        f"(bare {1e6 * res['bare_cpu_s'] / max(1, res['inserts']):.0f}); written per block: "
+        f"{res['engine_keys_per_block']:.2f} keys, {res['engine_bytes_per_block']:.0f} bytes "
+        f"(and {res['engine_deletes_per_block']:.2f} keys deleted)",
+        file=sys.stdout)
 
 
 if __name__ == "__main__":
