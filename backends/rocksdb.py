@@ -274,7 +274,7 @@ class RocksDBBackend:
             self._release()
             raise BackendIOError(f"rocksdb {self.path}: open failed: {exc}") from exc
         self._statistics = statistics
-        self._failed = ""  # why the last write or sync failed; resume() clears it
+        self._failed = ""  # why the first write or sync since resume() failed
         self._resume_failed_at = -RESUME_RETRY_S
         self._wo_sync = rocksdict.WriteOptions()
         self._wo_sync.sync = True
@@ -282,7 +282,15 @@ class RocksDBBackend:
         self._wo_async.sync = False
 
     def _error(self, action: str, exc: BaseException) -> BackendIOError:
-        return BackendIOError(f"rocksdb {self.path}: {action} failed: {type(exc).__name__}: {exc}")
+        why = f"{type(exc).__name__}: {exc}"
+        first = self._failed if self._failed and self._failed != why else ""
+        return BackendIOError(f"rocksdb {self.path}: {action} failed: {why}"
+                              + (f" (after: {first})" if first else ""))
+
+    def _fail(self, exc: BaseException) -> None:
+        """Remember why writing failed (the first cause: RocksDB answers later calls
+        "previous error", which names none)."""
+        self._failed = self._failed or f"{type(exc).__name__}: {exc}"
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if not keys:
@@ -312,8 +320,9 @@ class RocksDBBackend:
         try:
             self._db.write(wb, self._wo_sync if sync else self._wo_async)
         except Exception as exc:
-            self._failed = f"{type(exc).__name__}: {exc}"
-            raise self._error(f"write of {len(batch)} ops (sync={sync})", exc) from exc
+            err = self._error(f"write of {len(batch)} ops (sync={sync})", exc)
+            self._fail(exc)
+            raise err from exc
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """start <= key < end in key order, from one consistent view (the RocksDB
@@ -365,8 +374,9 @@ class RocksDBBackend:
         try:
             self._db.flush_wal(True)
         except Exception as exc:
-            self._failed = f"{type(exc).__name__}: {exc}"
-            raise self._error("sync (WAL fsync)", exc) from exc
+            err = self._error("sync (WAL fsync)", exc)
+            self._fail(exc)
+            raise err from exc
 
     def resume(self) -> None:
         """After a failed write: reopen so that writes work again (RocksDB's error state
@@ -451,8 +461,9 @@ class RocksDBBackend:
             self._db.flush_wal(True)
             self._db.flush(True)
         except Exception as exc:
-            self._failed = f"{type(exc).__name__}: {exc}"
-            raise self._error("flush of the memtables", exc) from exc
+            err = self._error("flush of the memtables", exc)
+            self._fail(exc)
+            raise err from exc
 
     def close(self) -> None:
         """Flush the memtables (a clean reopen then replays no WAL) and close.

@@ -39,6 +39,7 @@ from sarpd.core.index import RecoveryReport, SarpIndex
 from sarpd.daemon import sdnotify
 from sarpd.daemon.server import Server, check_socket_path
 from sarpd.daemon.service import Service
+from sarpd.daemon.syncer import Syncer
 from sarpd.errors import ConfigError, SarpError, missing_extra
 
 if TYPE_CHECKING:
@@ -170,10 +171,14 @@ class Daemon:
             await self.server.stop()
             await self._close(index, snapshot=False)
             return 0 if self._stop.is_set() else 1
+        # group commit (sarpd/daemon/syncer.py): a single node that syncs every write;
+        # a replica's writes are the shard log's, applied by the replica
+        group = cfg.sync == "always" and not cfg.cluster.enabled
         service = Service(
-            index, cfg, backend_name,
+            index, cfg, backend_name, group_commit=group,
             recovered_in_s=report.seconds, extra_stats=self.server.extra_stats,
         )
+        self.server.syncer = Syncer(index.sync_now) if group else None
         joined = None
         if cfg.cluster.enabled:
             try:
@@ -203,6 +208,9 @@ class Daemon:
             await self.server.stop()
         if joined is not None:
             await leave(self.server, *joined)  # the writes in flight end first
+        if self.server.syncer is not None:  # every answer went out: no sync pending
+            self.server.syncer.close()
+            self.server.syncer = None
         await self._close(index, snapshot=not gap)
         if gap:
             raise Rebootstrap(gap)

@@ -56,8 +56,9 @@ from sarpd.core import Activity
 from sarpd.daemon.access import PeerCred, Policy, peer_cred
 from sarpd.daemon.metrics import Metrics, op_name
 from sarpd.daemon.service import Service
+from sarpd.daemon.syncer import Syncer
 from sarpd.errors import Busy, ConfigError, FrameError, Internal, SarpError, Unavailable
-from sarpd.model import Request
+from sarpd.model import Clear, Insert, Remove, Request
 from sarpd.protocol.wire import (
     BadMessage,
     Decoder,
@@ -261,6 +262,10 @@ class Server:
         self._idle.set()
         self._srv: asyncio.AbstractServer | None = None
         self._batcher: asyncio.Task[None] | None = None
+        # group commit (sarpd/daemon/syncer.py): with sync "always", answers wait for a
+        # shared sync, in batch order; the newest batch's delivery is this task
+        self.syncer: Syncer | None = None
+        self._delivering: asyncio.Task[None] | None = None
         self._socket_ino: int | None = None
 
     # -- lifecycle -----------------------------------------------------------------
@@ -306,6 +311,8 @@ class Server:
         while self.queue or self._busy:
             self._idle.clear()
             await self._idle.wait()
+        if self._delivering is not None:  # answers waiting for their sync
+            await self._delivering
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run `fn` in the worker thread, between batches."""
@@ -377,6 +384,9 @@ class Server:
     def extra_stats(self) -> dict[str, object]:
         """The server's part of the `stats` op: gauges and metrics counters."""
         out: dict[str, object] = {**self.gauges(), **self.metrics.snapshot()}
+        if self.syncer is not None:  # group commit: write batches and the syncs they shared
+            out["group_commit_batches"] = self.syncer.written
+            out["group_commit_syncs"] = self.syncer.syncs
         cluster = self.cluster()
         if cluster is not None:
             out["cluster"] = dict(cluster)
@@ -460,23 +470,55 @@ class Server:
         block_tokens = self.config.index.block_tokens
         keyed = [(id(conn), req) for conn, req, _, _ in batch]
 
-        def work() -> tuple[list[object], list[bytes]]:
+        def work() -> tuple[list[object], list[bytes], bool]:
             results = service.run_batch(keyed)  # never raises
             frames = [
                 _encode(req, res, block_tokens)
                 for (_, req), res in zip(keyed, results, strict=True)
             ]
-            return results, frames
+            return results, frames, service.unsynced
 
-        results, frames = await self.run_exclusive(work)
+        results, frames, unsynced = await self.run_exclusive(work)
+        ticket = self.syncer.ticket() if unsynced and self.syncer is not None else None
+        if ticket is None and self._delivering is None:
+            self._deliver_now(batch, keyed, results, frames)
+        else:  # after the batches before it, and once its writes are durable
+            self._delivering = asyncio.create_task(
+                self._deliver(batch, keyed, results, frames, ticket, self._delivering))
+        if self.metrics.index_stats_due():
+            await self.run_exclusive(partial(self.metrics.refresh_index, service.index.stats))
+
+    def _deliver_now(self, batch: list[Queued], keyed: list[tuple[int, Request]],
+                     results: list[object], frames: list[bytes]) -> None:
         try:  # before the answers go out, so that a client sees its own requests counted
             self.metrics.record_batch([req for _, req in keyed], results)
         finally:  # metrics never cost an answer
             self._send(batch, frames)
         self.metrics.record_latency(  # the answers are written (to the transports) now
             [req for _, req in keyed], [at for *_, at in batch], time.monotonic())
-        if self.metrics.index_stats_due():
-            await self.run_exclusive(partial(self.metrics.refresh_index, service.index.stats))
+
+    async def _deliver(self, batch: list[Queued], keyed: list[tuple[int, Request]],
+                       results: list[object], frames: list[bytes], ticket: int | None,
+                       before: asyncio.Task[None] | None) -> None:
+        """Answer a batch once the batches before it are answered and its writes are
+        durable (group commit); a failed sync answers its writes `unavailable`."""
+        if before is not None:
+            await before
+        if ticket is not None:
+            assert self.syncer is not None
+            try:
+                await self.syncer.durable(ticket)
+            except Exception as exc:
+                err = Unavailable(f"write: the sync of the disk failed ({exc}); nothing "
+                                  "of this write is acknowledged, retry later")
+                log.error("group commit: sync failed: %s", exc)
+                results = [err if isinstance(req, Insert | Remove | Clear) else res
+                           for (_, req), res in zip(keyed, results, strict=True)]
+                frames = [encode_error(req.id, err) if isinstance(req, Insert | Remove | Clear)
+                          else frame for (_, req), frame in zip(keyed, frames, strict=True)]
+        self._deliver_now(batch, keyed, results, frames)
+        if self._delivering is asyncio.current_task():
+            self._delivering = None
 
     @staticmethod
     def _send(batch: list[Queued], frames: list[bytes]) -> None:

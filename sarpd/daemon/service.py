@@ -65,7 +65,10 @@ class IndexLike(Protocol):
 
     def match_many(self, reqs: Sequence[Match]) -> Sequence[object]: ...
 
-    def write_many(self, ops: Sequence[Insert | Remove | Clear]) -> Sequence[object]: ...
+    def write_many(self, ops: Sequence[Insert | Remove | Clear], applied_seq: int | None = None,
+                   sync: bool | None = None) -> Sequence[object]: ...
+
+    def sync_now(self) -> None: ...
 
     def snapshot(self) -> SnapshotResult: ...
 
@@ -184,6 +187,7 @@ class Service:
         recovered_in_s: float | None = None,
         extra_stats: Callable[[], Mapping[str, object]] = dict,
         clock: Callable[[], float] = time.monotonic,
+        group_commit: bool = False,
     ) -> None:
         self.index = index
         self.config = config
@@ -193,6 +197,10 @@ class Service:
         self._clock = clock
         self._started = clock()
         self.reports = Reports(clock)  # what clients (e.g. the vLLM bridge) report
+        # group commit (sarpd/daemon/syncer.py): with sync "always", writes go out
+        # unsynced and the server syncs them in groups; `unsynced`: this batch wrote
+        self.group_commit = group_commit
+        self.unsynced = False
         self.counters: dict[str, int] = {
             "requests": 0,
             "matches": 0,
@@ -213,6 +221,7 @@ class Service:
     def run_batch(self, batch: Sequence[Keyed]) -> list[object]:
         """One result (or SarpError) per request, in batch order. Never raises."""
         out: list[object] = [None] * len(batch)
+        self.unsynced = False
         self.counters["batches"] += 1
         self.counters["requests"] += len(batch)
         try:
@@ -276,6 +285,9 @@ class Service:
                 self.counters["clears"] += 1
         self.counters["write_calls"] += 1
         try:
+            if self.group_commit:
+                self.unsynced = True  # set first: a failed write may have reached the log
+                return self.index.write_many(ops, sync=False)
             return self.index.write_many(ops)
         except StorageError as exc:
             log.error("write batch of %d ops failed: %s", len(ops), exc)
