@@ -130,6 +130,8 @@ def test_survives_sarpd_and_bridge_restarts(
         finally:
             bt.stop()
         check_index(sarpd, engine, wl.seen)
+    with SyncClient(sarpd.socket) as c:  # the block map's fallback ran (since the restart)
+        assert c.stats()["block_map_spilled"] > 0
 
 
 def test_unknown_parent_bad_payloads_and_filters(

@@ -360,3 +360,45 @@ def test_a_new_block_after_a_hot_prefix_is_settled_by_one_locator_read(locators:
         assert ix.activity.locator_reads >= 1 and extra <= 4
     else:
         assert ix.activity.locator_reads == 0 and extra > 4
+
+
+def test_what_the_block_map_let_go_is_still_found_by_bare_id(tmp_path: Path) -> None:
+    """With room for ~4 blocks, the map spills almost every block: a parent stored long
+    ago and a bare id to remove are found through the spilled locator records, before
+    and after a snapshot and a reopen (issue 24's fallback)."""
+    cfg = IndexConfig(block_map_bytes=4 * 33)
+
+    def chain(c: int) -> np.ndarray:
+        ids = np.zeros((3, 2), np.uint64)
+        ids[:, 0] = [2**40 + 100 * c + i for i in range(3)]
+        return ids
+
+    def opened() -> SarpIndex:
+        ix = SarpIndex(open_backend("rocksdb", tmp_path / "db", cache_bytes=1 << 22), cfg,
+                       tmp_path / "snap")
+        ix.recover()
+        return ix
+
+    def blocks(ix: SarpIndex, ids: np.ndarray) -> int:
+        [res] = ix.match_many([Match(0, SeqSpec("", hashes=ids))])
+        assert not isinstance(res, Exception)
+        return int(res.blocks)
+
+    ix = opened()
+    ix.write_many([Insert(0, SeqSpec("", hashes=chain(c)), meta=1) for c in range(20)])
+    assert int(ix.stats()["block_map_spilled"]) > 0
+    for c, reopen in ((0, False), (2, True)):
+        if reopen:
+            ix.snapshot()
+            ix.close()
+            ix = opened()
+        nxt = np.array([[2**50 + c, 0]], np.uint64)
+        [res] = ix.write_many([Insert(0, SeqSpec("", hashes=nxt), meta=2,
+                                      parent=chain(c)[-1:].copy())])
+        assert not isinstance(res, Exception) and res.new_blocks == 1, res
+        assert blocks(ix, np.concatenate([chain(c), nxt])) == 4
+        [gone] = ix.write_many([Remove(0, ns="", ids=chain(c + 1)[1:2].copy())])
+        assert not isinstance(gone, Exception) and gone.removed == 1
+        assert blocks(ix, chain(c + 1)) == 1
+    assert ix.check().clean
+    ix.close()
