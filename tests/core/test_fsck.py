@@ -12,6 +12,7 @@ from backends.base import WriteBatch
 from backends.errors import BackendCorrupt
 from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
+from sarpd.core.delta import delta_key
 from sarpd.core.index import SarpIndex
 from sarpd.core.segment import (
     COUNTERS_KEY,
@@ -169,3 +170,30 @@ def test_a_holder_listed_twice_is_reported(tmp_path: Path) -> None:
     report = ix.check()
     assert any(p == f"segment 1: block 0 lists its first holder {int(seg.meta[5]):#x} again "
                "in the holder table (reported, not fixed)" for p in report.problems), report
+
+
+def test_delta_records_are_checked_against_what_the_index_serves(tmp_path: Path) -> None:
+    """A segment grown after it was written has a delta record; check re-applies it to
+    the segment's value. A damaged record (its checksum, its presence word) and one
+    whose segment is gone are each reported (issue 24)."""
+    ix = index(tmp_path, MemoryBackend())  # empty
+    first = seqs(1)[0]
+    assert first.tokens is not None
+    ix.write_many([Insert(1, SeqSpec("", tokens=first.tokens[:32]), meta=5)])
+    ix.write_many([Insert(2, first, meta=5)])  # grows segment 1: a delta record
+    assert ix.stats()["delta_records"] == 1 and ix.check().clean
+    key = delta_key(1, 0)
+    good = ix.backend.get_many([key])[0]
+    assert good is not None
+    for bad, want in ((good[:-1] + bytes([good[-1] ^ 1]), "segment 1: delta record 0: "
+                       "checksum mismatch"),
+                      (good[:8] + bytes([good[8] ^ 1]) + good[9:], "segment 1: delta record 0")):
+        wb = WriteBatch()
+        wb.put(key, bad)
+        ix.backend.write(wb, True)
+        assert any(p.startswith(want) for p in ix.check().problems), ix.check().problems
+    wb = WriteBatch()
+    wb.put(key, good)
+    wb.put(delta_key(99, 0), good)
+    ix.backend.write(wb, True)
+    assert ix.check().problems == ["segment 99: 1 delta records without a segment"]
