@@ -168,9 +168,10 @@ class WriteTxn:
         if len(ids) and self.cfg.block_locators:
             self._added.append((ids, head_key, first_pos))
 
-    def _held(self) -> tuple[IdArray, U64Array, npt.NDArray[np.int64]] | None:
-        """The txn's new locations as arrays (ids, head keys, positions), in order."""
-        added = self._added
+    def _held(self, start: int = 0) -> tuple[IdArray, U64Array, npt.NDArray[np.int64]] | None:
+        """The txn's new locations from the `start`-th on as arrays (ids, head keys,
+        positions), in order."""
+        added = self._added[start:]
         if not added:
             return None
         lens = np.array([len(ids) for ids, _, _ in added])
@@ -184,20 +185,15 @@ class WriteTxn:
     def locators(self) -> dict[bytes, bytes]:
         """The txn's new locations as locator records (a later one for the same block
         wins), for `locate`: natively, or as packed numpy records in one pass."""
-        todo = self._added[self._in_dict :]
-        if todo:
+        if self._in_dict < len(self._added):
             c = native.module("write")
             if c is not None:
-                for ids, head_key, first_pos in todo:
+                for ids, head_key, first_pos in self._added[self._in_dict :]:
                     c.put_locators(self._locators, as_u64(ids), head_key, first_pos)
             else:
-                lens = np.array([len(ids) for ids, _, _ in todo])
-                starts = np.repeat(np.cumsum(lens) - lens, lens)
-                heads = np.repeat(np.array([h for _, h, _ in todo], np.uint64), lens)
-                first = np.repeat(np.array([p for _, _, p in todo], np.int64), lens)
-                self._locators.update(locator_records(
-                    np.concatenate([ids for ids, _, _ in todo]), heads,
-                    np.arange(int(lens.sum())) - starts + first))
+                held = self._held(self._in_dict)
+                assert held is not None
+                self._locators.update(locator_records(*held))
             self._in_dict = len(self._added)
         return self._locators
 
