@@ -179,6 +179,9 @@ class IndexConfig:
     # `parent` and bare-id `remove` (issue 24); blocks it cannot hold are written as
     # locator records in bulk, when it lets them go (docs/DECISIONS.md "Block map")
     block_map_bytes: int = 64 << 20
+    # memory of the segments that have delta records (merged, read from memory): past
+    # it the oldest are folded (written whole again) (docs/DECISIONS.md, issue 24)
+    delta_bytes: int = 16 << 20
     # quotas: an insert into a namespace that already holds this many blocks is refused
     # (`quota_exceeded`); 0 = none. `namespace_quotas` overrides it per namespace.
     namespace_quota_blocks: int = 0
@@ -219,7 +222,7 @@ INDEX_RULES: dict[str, Rule] = {
     "block_tokens": integer(1), "segment_blocks": integer(1, 64), "routing_points": integer(1, 64),
     "refine_threshold": integer(0), "refine_min_gap": integer(1), "prune_max_pred": integer(0),
     "window_cap": integer(1), "exact_match": boolean, "block_locators": boolean,
-    "block_map_bytes": integer(0),
+    "block_map_bytes": integer(0), "delta_bytes": integer(0),
     "namespace_quota_blocks": integer(0), "max_holders": integer(1, 1 << 20),
     "delta_max_entries": integer(0), "snapshot_interval_s": number(0.0),
     "snapshot_changed_segments": integer(0),

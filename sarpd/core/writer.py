@@ -67,7 +67,6 @@ from sarpd.model import (
 log = logging.getLogger(__name__)
 
 FOLD_RECORDS = 16  # a segment's delta records before it is written whole again
-PENDING_BYTES = 16 << 20  # merged segments with delta records kept (the oldest fold)
 
 Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
 
@@ -227,7 +226,8 @@ class WriteTxn:
         """Put the dirty segments in `wb`: a segment created here whole, a changed one as
         a delta record (sarpd/core/delta.py), folded (whole again, its records deleted)
         at its FOLD_RECORDS-th record; and fold the oldest other segments with records
-        while they hold more than PENDING_BYTES. Returns segment -> its records now."""
+        while they hold more than `[index] delta_bytes`. Returns segment -> its records
+        now."""
         store, out = self.store, {}
         for sid in self.dirty:
             seg = self.cache[sid]
@@ -240,7 +240,7 @@ class WriteTxn:
             else:
                 wb.put(delta_key(sid, k), encode_delta(before, seg))
                 out[sid] = k + 1
-        over = store.pending_bytes - PENDING_BYTES
+        over = store.pending_bytes - self.cfg.delta_bytes
         for sid, seg in list(store.pending.items()):  # oldest first (insertion order)
             if over <= 0:
                 break

@@ -91,7 +91,9 @@ def test_memory_counts_the_engine_and_the_decoded_segments(tmp_path: Path) -> No
         cached = segment_bytes(ix)
         assert 0 < cached <= budget * OWN_CACHE_SHARE
         engine = int(ix.backend.stats()["memory_bytes"])
-        assert index.memory_bytes() == engine + cached
+        assert ix.store.blockmap is not None and 0 < ix.store.blockmap.nbytes <= budget // 10
+        assert index.memory_bytes() == (engine + cached + ix.store.blockmap.nbytes
+                                        + ix.store.pending_bytes)
         assert index.routing_bytes() == ix.dir.nbytes > 0
         index.recover()  # a reopen: the cache is empty, reads come from the backend
         before = index.backend_reads()

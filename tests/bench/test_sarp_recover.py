@@ -11,12 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
+from sarpd.config import IndexConfig
 from tools.bench.sarp_index import SarpBench
 from tools.bench.sarp_recover import (
+    BLOCK_MAP_SHARE,
+    DELTA_SHARE,
     OWN_CACHE_SHARE,
     SEGMENT_BYTES,
     recover_once,
     split_budget,
+    within_budget,
 )
 from tools.bench.spawn import REPO
 
@@ -24,10 +28,15 @@ U64 = np.uint64
 
 
 def test_the_budget_is_split_between_the_engine_and_the_segment_cache() -> None:
-    engine, segments = split_budget(10 << 20)
-    own = int((10 << 20) * OWN_CACHE_SHARE)
-    assert engine == (10 << 20) - own and segments == own // SEGMENT_BYTES
-    assert engine + segments * SEGMENT_BYTES <= 10 << 20
+    budget = 10 << 20
+    engine, segments = split_budget(budget)
+    own = int(budget * OWN_CACHE_SHARE)
+    cfg = within_budget(IndexConfig(), budget)  # the block map and the deltas (issue 24)
+    assert cfg.block_map_bytes == int(budget * BLOCK_MAP_SHARE) > 0
+    assert cfg.delta_bytes == int(budget * DELTA_SHARE) > 0
+    assert engine == budget - own - cfg.block_map_bytes - cfg.delta_bytes
+    assert segments == own // SEGMENT_BYTES
+    assert engine + segments * SEGMENT_BYTES + cfg.block_map_bytes + cfg.delta_bytes <= budget
     assert split_budget(0) == (0, 0)
 
 

@@ -12,7 +12,8 @@ its own cache, so it is sized from the run's budget and the engine gets the rest
 as its `cache_bytes`, which is its whole memory (RocksDB: block cache, memtables,
 index and filter partitions; backends/rocksdb.py), also for the bulk build's
 backend. memory_bytes = the engine's memory (backends.base stats)
-+ the decoded segments held (measured); routing_bytes = the directory;
++ the decoded segments held (measured) + the block map and the segments with delta
+records (their own byte counts, issue 24); routing_bytes = the directory;
 backend_reads = `activity.segment_reads` (segments fetched from the backend).
 
 `sarp-py` (`reference()`) is sarp with every native path replaced by its reference
@@ -213,7 +214,9 @@ class SarpBench:
 
     def memory_bytes(self) -> int:
         ix = self._index()
-        return int(ix.backend.stats().get("memory_bytes", 0)) + segment_bytes(ix)
+        held = ix.store.blockmap.nbytes if ix.store.blockmap is not None else 0
+        return (int(ix.backend.stats().get("memory_bytes", 0)) + segment_bytes(ix) + held
+                + ix.store.pending_bytes)
 
     def routing_bytes(self) -> int:
         return self._index().dir.nbytes

@@ -8,8 +8,9 @@ line `{"seconds": S, "rerouted": N, "full_scan": bool}` (S from after its import
 The parent (tools.bench.sarp_index) times the spawn itself.
 
 The budget: sarp's decoded-segment cache is its own cache, so it is sized from the
-run's budget (OWN_CACHE_SHARE of it, at SEGMENT_BYTES per full decoded segment) and
-the engine gets the rest as its `cache_bytes`.
+run's budget (OWN_CACHE_SHARE of it, at SEGMENT_BYTES per full decoded segment), and
+so are its block map and its segments with delta records (BLOCK_MAP_SHARE,
+DELTA_SHARE: issue 24); the engine gets the rest as its `cache_bytes`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,9 @@ from sarpd.core import SarpIndex, open_backend
 from sarpd.core import native as native_paths
 from sarpd.model import Match, SeqSpec
 
-OWN_CACHE_SHARE = 0.5  # of the budget, for the decoded-segment cache; the engine gets the rest
+OWN_CACHE_SHARE = 0.35  # of the budget, for the decoded-segment cache; the engine gets the rest
+BLOCK_MAP_SHARE = 0.1  # ... for the block map (`[index] block_map_bytes`)
+DELTA_SHARE = 0.05  # ... for the segments with delta records (`[index] delta_bytes`)
 ARRAY_HEADER = sys.getsizeof(np.zeros(0))  # a numpy array's header
 # one full decoded segment: the object, its ids (64 x 16 B) and metas (64 x 8 B)
 SEGMENT_BYTES = 200 + 2 * ARRAY_HEADER + 64 * 24
@@ -37,7 +41,14 @@ def split_budget(cache_bytes: int) -> tuple[int, int]:
     """(the engine's budget: its cache_bytes, decoded segments sarp may keep) for a
     budget."""
     own = int(cache_bytes * OWN_CACHE_SHARE)
-    return cache_bytes - own, own // SEGMENT_BYTES
+    rest = cache_bytes - own - int(cache_bytes * BLOCK_MAP_SHARE) - int(cache_bytes * DELTA_SHARE)
+    return rest, own // SEGMENT_BYTES
+
+
+def within_budget(config: IndexConfig, cache_bytes: int) -> IndexConfig:
+    """`config` with its block map and delta memory sized from the run's budget."""
+    return replace(config, block_map_bytes=int(cache_bytes * BLOCK_MAP_SHARE),
+                   delta_bytes=int(cache_bytes * DELTA_SHARE))
 
 
 def open_index(data_dir: Path, backend: str, cache_bytes: int, config: IndexConfig,
@@ -45,7 +56,7 @@ def open_index(data_dir: Path, backend: str, cache_bytes: int, config: IndexConf
     """sarp on `data_dir/backend` within `cache_bytes` (split_budget), not recovered."""
     engine, segments = split_budget(cache_bytes)
     be = open_backend(backend, data_dir / backend, cache_bytes=engine, direct_io=direct_io)
-    ix = SarpIndex(be, config, data_dir / "snapshots", sync=sync)
+    ix = SarpIndex(be, within_budget(config, cache_bytes), data_dir / "snapshots", sync=sync)
     ix.store.cache_segments = segments
     return ix
 
