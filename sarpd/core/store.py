@@ -152,6 +152,7 @@ class Store:
         # how many records each has: read from here, never from their base (issue 24)
         self.pending: dict[int, Segment | None] = {}  # None: a record failed its checks
         self.pending_records: dict[int, int] = {}
+        self.pending_bytes = 0  # their memory (`seg_bytes` each), kept as they change
         self._open_manifest()
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
         self._applied = self._read_applied()
@@ -296,12 +297,13 @@ class Store:
         for sid, seg in done.items():
             self.remember(sid, seg)
         for sid, k in (records or {}).items():
+            self.pending_bytes -= seg_bytes(self.pending.pop(sid, None))
             if k:
                 self.pending_records[sid] = k
-                self.pending[sid] = done[sid]
+                self.pending[sid] = done[sid]  # now the newest: folded last
+                self.pending_bytes += seg_bytes(done[sid])
             else:
                 self.pending_records.pop(sid, None)
-                self.pending.pop(sid, None)
 
     def reset(self) -> None:
         """Forget what memory holds of the disk and re-read the counters (a reload)."""
@@ -320,6 +322,7 @@ class Store:
         segment's onto its base."""
         self.pending.clear()
         self.pending_records.clear()
+        self.pending_bytes = 0
         records: dict[int, list[tuple[int, bytes]]] = {}
         for key, value in self.scan(DELTA_PREFIX, DELTA_PREFIX + b"\xff"):
             sid, k = delta_key_id(key)
@@ -343,6 +346,7 @@ class Store:
                 log.error("segment %d not served: %s", sid, exc)
                 seg = None
             self.pending[sid] = seg
+            self.pending_bytes += seg_bytes(seg)
 
     def fold(self, sync: bool) -> int:
         """Write every segment that has delta records whole again and delete its records,
@@ -358,14 +362,9 @@ class Store:
         if done:
             self.write(wb, sync)
         for sid in done:
-            del self.pending[sid], self.pending_records[sid]
+            self.pending_bytes -= seg_bytes(self.pending.pop(sid))
+            del self.pending_records[sid]
         return len(done)
-
-    @property
-    def pending_bytes(self) -> int:
-        """Memory of the merged segments that have delta records (counted in stats)."""
-        return sum(48 + 24 * s.nblocks + 16 * len(s.xmeta)
-                   for s in self.pending.values() if s is not None)
 
     def forget_segments(self) -> None:
         """Drop the decoded-segment cache (its segments are read again when needed)
@@ -497,6 +496,11 @@ class Store:
         cache.move_to_end(sid)
         while len(cache) > self.cache_segments:
             cache.popitem(last=False)
+
+
+def seg_bytes(seg: Segment | None) -> int:
+    """What a decoded segment with delta records is counted as (`Store.pending_bytes`)."""
+    return 0 if seg is None else 48 + 24 * seg.nblocks + 16 * len(seg.xmeta)
 
 
 class Held:

@@ -43,7 +43,7 @@ from sarpd.core.segment import (
     seg_id_of_key,
     seg_key,
 )
-from sarpd.core.store import Store
+from sarpd.core.store import Store, seg_bytes
 from sarpd.core.verify import first_mismatch
 from sarpd.errors import (
     BadRequest,
@@ -241,15 +241,14 @@ class WriteTxn:
                 wb.put(delta_key(sid, k), encode_delta(before, seg))
                 out[sid] = k + 1
         over = store.pending_bytes - self.cfg.delta_bytes
-        for sid, seg in list(store.pending.items()):  # oldest first (insertion order)
+        for sid, seg in list(store.pending.items()) if over > 0 else ():  # oldest first
             if over <= 0:
                 break
             if sid in self.dirty or seg is None:
                 continue
             wb.put(seg_key(sid), encode_segment(seg))
             out[sid] = 0
-            self.cache[sid] = seg
-            over -= 48 + 24 * seg.nblocks + 16 * len(seg.xmeta)
+            over -= seg_bytes(seg)
         for sid, k in out.items():
             if k == 0:
                 for i in range(store.pending_records.get(sid, 0)):
