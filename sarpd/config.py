@@ -193,7 +193,7 @@ class IndexConfig:
     snapshot_interval_s: float = 60.0  # periodic snapshot (0 = only on demand/shutdown)
     # ... and one as soon as this many segments changed since the last (0 = by time
     # only): a restart re-routes what changed after the snapshot (issue 24)
-    snapshot_changed_segments: int = 8192
+    snapshot_changed_segments: int = 1024
     max_sequence_tokens: int = 1_048_576
 
     def __post_init__(self) -> None:
