@@ -122,14 +122,14 @@ class Recorder:
 
 
 def replay(wl: Workload, work: list[tuple[list[WriteOp], int, int]], backend: str,
-           sync: bool) -> tuple[float, float, float, float, int, int, int, int]:
+           sync: bool, cfg: IndexConfig) -> tuple[float, float, float, float, int, int, int, int]:
     """(index seconds, its CPU, bare seconds, their CPU, write batches, keys written,
     value bytes written, keys deleted) of one replay; the counts include the final fold
     of what the index deferred (`SarpIndex.fold`)."""
     root = Path(tempfile.mkdtemp(prefix="sarp-write-path-"))
     try:
         be = open_backend(backend, root / "index", cache_bytes=CACHE_BYTES)
-        ix = SarpIndex(be, IndexConfig(), sync=sync)
+        ix = SarpIndex(be, cfg, sync=sync)
         rec = Recorder(be)
         ix.store.backend = rec  # the same interface, recorded
         t0, c0 = time.perf_counter(), time.process_time()
@@ -155,10 +155,12 @@ def replay(wl: Workload, work: list[tuple[list[WriteOp], int, int]], backend: st
     return seconds, cpu, bare_s, bare_cpu, timed, keys, value_bytes, deletes
 
 
-def run(wl: Workload, backend: str, sync: bool, runs: int) -> dict[str, Any]:
+def run(wl: Workload, backend: str, sync: bool, runs: int,
+        cfg: IndexConfig | None = None) -> dict[str, Any]:
     """The fastest of `runs` replays, index and bare each (interference only adds time)."""
     work = list(make_ops(wl))
-    got = [replay(wl, work, backend, sync) for _ in range(runs)]
+    cfg = cfg if cfg is not None else IndexConfig()
+    got = [replay(wl, work, backend, sync, cfg) for _ in range(runs)]
     seconds, cpu, bare_s, bare_cpu = (min(g[i] for g in got) for i in range(4))
     blocks = sum(b for _, b, _ in work)
     inserts = sum(sum(isinstance(o, Insert) for o in ops) for ops, _, _ in work)
@@ -171,6 +173,7 @@ def run(wl: Workload, backend: str, sync: bool, runs: int) -> dict[str, Any]:
         "bare_blocks_per_s": blocks / bare_s, "cost_ratio": seconds / bare_s,
         "cpu_cost_ratio": cpu / bare_cpu,
         "cpu_us_per_insert": 1e6 * cpu / max(1, inserts), "native": native.status(),
+        "block_map_bytes": cfg.block_map_bytes,
         # backend keys and value bytes the index wrote per stored block, a final fold of
         # what it deferred included (issue 24)
         "engine_keys_per_block": got[0][5] / max(1, blocks),
@@ -198,14 +201,18 @@ def run(wl: Workload, backend: str, sync: bool, runs: int) -> dict[str, Any]:
 @click.option("--runs", type=click.IntRange(1), default=3, show_default=True,
               help="Replays; the fastest of each side is reported.")
 @click.option("--seed", default=1, show_default=True)
+@click.option("--block-map-bytes", type=click.IntRange(0), default=None,
+              help="The index's block map budget (default: the index's, 64 MiB); a small one "
+                   "measures its fallback (the locator records it spills).")
 @click.option("--json", "json_out", type=click.File("w"), default=None,
               help="Write the figures as one JSON object here (- for stdout).")
 def main(batches: int, events: int, blocks: int, remove_every: int, workers: int,
          parent_share: float, backend: str, sync: str, runs: int, seed: int,
-         json_out: Any) -> None:  # fmt: skip
+         block_map_bytes: int | None, json_out: Any) -> None:  # fmt: skip
     """Insert-with-parent cost per block vs bare write batches of the same records."""
     wl = Workload(batches, events, blocks, remove_every, workers, parent_share, seed)
-    res = run(wl, backend, sync == "always", runs)
+    cfg = IndexConfig() if block_map_bytes is None else IndexConfig(block_map_bytes=block_map_bytes)
+    res = run(wl, backend, sync == "always", runs, cfg)
     if json_out is not None:
         json.dump(res, json_out)
         json_out.write("\n")
