@@ -223,8 +223,7 @@ class BlockMap:
             self._freeze()
 
     def _freeze(self) -> None:
-        """The young generation -> a frozen one (ids whose mix collides with another's
-        stay young: 2**-64 per pair)."""
+        """The young generation -> a frozen one."""
         if not self.young:
             return
         keys = list(self.young)
@@ -234,20 +233,40 @@ class BlockMap:
         hi = np.fromiter((k >> 64 for k in keys), np.uint64, n)
         head = np.fromiter((v >> 32 for v in vals), np.uint64, n)
         pos = np.fromiter((v & 0xFFFFFFFF for v in vals), np.uint32, n)
+        self.young.clear()  # in place: callers may hold it
+        self._append(lo, hi, head, pos)
+
+    def _append(self, lo: U64Array, hi: U64Array, head: U64Array, pos: np.ndarray) -> None:
+        """Entries (oldest first) -> a new newest frozen generation, sorted by mix. Of
+        entries with one mix, the last is kept: the same block's newer entry, or, for
+        another block (2**-64 a pair), that block goes young (found first)."""
         mix = _mix(lo, hi)
         order = np.argsort(mix, kind="stable")
-        mix, lo, hi, head, pos = mix[order], lo[order], hi[order], head[order], pos[order]
-        dup = np.zeros(n, dtype=bool)
-        dup[1:] = mix[1:] == mix[:-1]
-        self.young.clear()  # in place: callers may hold it
-        if dup.any():  # the later of two equal mixes stays young
-            for i in np.flatnonzero(dup).tolist():
+        mix, lo, hi, head = mix[order], lo[order], hi[order], head[order]
+        pos = np.asarray(pos, dtype=np.uint32)[order]
+        last = np.ones(len(mix), dtype=bool)
+        last[:-1] = mix[:-1] != mix[1:]
+        if not last.all():
+            ends = np.flatnonzero(last)
+            end = ends[np.searchsorted(ends, np.arange(len(mix)))]
+            other = ~last & ((lo != lo[end]) | (hi != hi[end]))
+            for i in np.flatnonzero(other).tolist():
                 self.young[int(lo[i]) | int(hi[i]) << 64] = int(head[i]) << 32 | int(pos[i])
-            keep = ~dup
-            mix, lo, hi, head, pos = mix[keep], lo[keep], hi[keep], head[keep], pos[keep]
+            mix, lo, hi, head, pos = mix[last], lo[last], hi[last], head[last], pos[last]
         g = _Gen(mix, lo, hi, head, pos, np.ones(len(mix), dtype=bool), len(mix))
         self.gens.append(g)
         self._frozen_live += g.live
+
+    def add_bulk(self, ids: IdArray, heads: U64Array, pos: np.ndarray) -> Spill | None:
+        """`add` of many blocks at once (recovery): frozen in generations straight from
+        the arrays, no dict on the way (the young generation is frozen first, so that
+        these are newer)."""
+        self._freeze()
+        step = self.generation
+        for i in range(0, len(ids), step):
+            self._append(ids[i : i + step, 0].copy(), ids[i : i + step, 1].copy(),
+                         np.asarray(heads[i : i + step], dtype=np.uint64), pos[i : i + step])
+        return self._evict()
 
     def _evict(self) -> Spill | None:
         """Drop the oldest generations while over budget; their live entries (unless a
@@ -305,5 +324,5 @@ class BlockMap:
         """Start from a snapshot's entries (oldest first); what the budget cannot hold
         (a smaller budget than the snapshot's) is returned: the caller spills it."""
         self.clear()
-        return self.add(arrays.ids, arrays.heads, arrays.pos)
+        return self.add_bulk(arrays.ids, arrays.heads, arrays.pos)
 

@@ -553,7 +553,7 @@ class Held:
             return
         ids, heads, pos = (np.concatenate(p) for p in zip(*self._parts, strict=True))
         self._parts, self._n = [], 0
-        self._spill(self.map.add(ids, heads, pos))
+        self._spill(self.map.add_bulk(ids, heads, pos))
 
     def _spill(self, spill: Spill | None) -> None:
         if spill is None:

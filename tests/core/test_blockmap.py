@@ -18,7 +18,7 @@ def ids_of(keys: list[tuple[int, int]]) -> np.ndarray:
 
 KEY = st.tuples(st.integers(0, 40), st.sampled_from([0, 7, 2**64 - 1]))
 OPS = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.lists(KEY, max_size=6)),
+    st.tuples(st.sampled_from(["add", "bulk"]), st.lists(KEY, max_size=6)),
     st.tuples(st.just("lookup"), st.lists(KEY, max_size=6)),
     st.tuples(st.just("discard"), st.lists(KEY, max_size=3)),
 ), max_size=60)
@@ -33,10 +33,11 @@ def test_answers_as_a_dict_and_spills_what_it_drops(ops: list[tuple[str, list[tu
     truth: dict[tuple[int, int], tuple[int, int]] = {}
     spilled: dict[tuple[int, int], tuple[int, int]] = {}
     for step, (op, keys) in enumerate(ops, 1):
-        if op == "add" and keys:
+        if op in ("add", "bulk") and keys:
             heads = [step * 10 + i for i in range(len(keys))]
             pos = [step + i for i in range(len(keys))]
-            sp = m.add(ids_of(keys), heads, pos)
+            sp = m.add(ids_of(keys), heads, pos) if op == "add" else m.add_bulk(
+                ids_of(keys), np.array(heads, np.uint64), np.array(pos, np.uint32))
             for k, h, p in zip(keys, heads, pos, strict=True):
                 truth[k] = (h, p)
             if sp is not None:
@@ -52,7 +53,7 @@ def test_answers_as_a_dict_and_spills_what_it_drops(ops: list[tuple[str, list[tu
             for k, h, p in zip(keys, heads.tolist(), pos.tolist(), strict=True):
                 if p >= 0:
                     assert truth.get(k) == (h, p), k  # never a wrong or discarded entry
-        if op == "add" and keys:  # a lookup's refreshed entries wait for an add to evict
+        if op in ("add", "bulk") and keys:  # a lookup's refreshed entries wait for an add
             assert m.nbytes <= max(m.budget_bytes, len(m.young) * YOUNG_ENTRY_BYTES)
     heads, pos = m.lookup(ids_of(list(truth))) if truth else (np.zeros(0), np.zeros(0))
     for k, h, p in zip(truth, heads.tolist(), pos.tolist(), strict=True):
@@ -94,3 +95,22 @@ def test_counts_and_bad_arguments() -> None:
     assert s["bytes"] == m.nbytes > 0
     with pytest.raises(ValueError, match="generation"):
         BlockMap(10, generation=0)
+
+
+def test_ids_whose_mixes_collide_are_both_held() -> None:
+    """Two blocks with one 64-bit mix (constructed: 2**-64 a pair by chance) and a block
+    added twice in one bulk: every lookup answers its own, newest entry."""
+    c = 0x9E3779B97F4A7C15
+    a = (5, 1)
+    b = (5 ^ (1 * c % 2**64) ^ (2 * c % 2**64), 2)  # lo ^ hi * C equal to a's
+    for bulk in (False, True):
+        m = BlockMap(1 << 20, generation=4)
+        keys = [a, b, (9, 9), a]
+        if bulk:
+            m.add_bulk(ids_of(keys), np.array([1, 2, 3, 4], np.uint64), np.array([1, 2, 3, 4],
+                                                                              np.uint32))
+        else:
+            m.add(ids_of(keys), [1, 2, 3, 4], [1, 2, 3, 4])
+            m._freeze()
+        heads, pos = m.lookup(ids_of([a, b, (9, 9)]))
+        assert heads.tolist() == [4, 2, 3] and pos.tolist() == [4, 2, 3], bulk
