@@ -445,6 +445,7 @@ class SarpIndex:
         if self._stale:
             self._reload_or_raise(resume=False)
         t0 = time.perf_counter()
+        self.store.sync()  # what the snapshot holds is durable first (group commit)
         meta = self._snapshot_meta()
         path = write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2,
                               blockmap=self._map_arrays())

@@ -312,7 +312,8 @@ class Server:
             self._idle.clear()
             await self._idle.wait()
         if self._delivering is not None:  # answers waiting for their sync
-            await self._delivering
+            with contextlib.suppress(Exception):  # `_deliver` logged it
+                await self._delivering
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run `fn` in the worker thread, between batches."""
@@ -503,7 +504,19 @@ class Server:
         """Answer a batch once the batches before it are answered and its writes are
         durable (group commit); a failed sync answers its writes `unavailable`."""
         if before is not None:
-            await before
+            with contextlib.suppress(Exception):  # its own failure is its own (logged)
+                await before
+        try:
+            await self._durable_then_send(batch, keyed, results, frames, ticket)
+        except Exception:  # a bug: logged, and the next batches still go out
+            log.exception("group commit: answering a batch of %d failed", len(batch))
+        finally:
+            if self._delivering is asyncio.current_task():
+                self._delivering = None
+
+    async def _durable_then_send(self, batch: list[Queued], keyed: list[tuple[int, Request]],
+                                 results: list[object], frames: list[bytes],
+                                 ticket: int | None) -> None:
         if ticket is not None:
             assert self.syncer is not None
             try:
@@ -517,8 +530,6 @@ class Server:
                 frames = [encode_error(req.id, err) if isinstance(req, Insert | Remove | Clear)
                           else frame for (_, req), frame in zip(keyed, frames, strict=True)]
         self._deliver_now(batch, keyed, results, frames)
-        if self._delivering is asyncio.current_task():
-            self._delivering = None
 
     @staticmethod
     def _send(batch: list[Queued], frames: list[bytes]) -> None:
