@@ -25,8 +25,14 @@ and keeps every write that was not acknowledged, and every write made while sarp
 down, in order; once sarpd answers a ping again it connects (hello protocol 2) and
 sends them again, in that order, before anything else. That is safe because a
 replayed suffix of adds and takes-off of one holder ends in the same state (each
-holder's blocks are decided by its last write). Queries made while sarpd is down get
-no answer (counted). A watcher thread times the restart: spawn -> first ping answered.
+holder's blocks are decided by its last write), with one exception the link keeps out:
+an insert after a parent, resent over a state where a later write (applied before the
+kill, its answer not yet received) took the parent away, would be refused
+(`unknown_parent`) where it once succeeded. So, as the vLLM bridge does
+(sarpd.bridge.vllm `_window_end`), a write that changes the presence of a block an
+unanswered insert names as its parent waits for every answer first. Queries made while
+sarpd is down get no answer (counted). A watcher thread times the restart: spawn ->
+first ping answered.
 """
 
 from __future__ import annotations
@@ -193,6 +199,8 @@ class Link:
         self.backlog: list[Op] = []  # writes to send again, in order
         self.resent = 0
         self.losses = 0
+        self.waits = 0  # writes that waited for every answer first (the parent rule)
+        self._parents: set[tuple[str, int]] = set()  # of unanswered inserts: (ns, hash)
         self._last_try = 0.0
 
     def connect(self, timeout: float = 60.0) -> None:
@@ -218,8 +226,11 @@ class Link:
             conn.wait(conn.send("ping", {}, keep=True))
             if self.protocol > 1:
                 conn.wait(conn.send("hello", {"protocol": self.protocol}, keep=True))
+            self._parents.clear()
             for op, fields in backlog:
+                self._guard(conn, op, fields)
                 conn.send(op, fields)
+                self._note(op, fields)
         except (Down, SarpError):  # gone again, or still recovering (unavailable)
             conn.close()
             return False
@@ -232,7 +243,29 @@ class Link:
         assert conn is not None
         self.backlog[:0] = [op for op in conn.pending.values() if op[0] in WRITES]
         conn.close()
+        self._parents.clear()
         self.losses += 1
+
+    def _guard(self, conn: PipeConn, op: str, fields: dict[str, Any]) -> None:
+        """Wait for every answer on `conn` first when this write changes the presence of
+        a block that an unanswered insert names as its parent (module doc, "Crash")."""
+        if not self._parents:
+            return
+        if not conn.pending:
+            self._parents.clear()
+            return
+        key = "ids" if op == "remove" else "hashes" if op == "insert" else ""
+        ns = str(fields.get("ns", ""))
+        named = {(ns, h) for h in np.frombuffer(fields[key], "<u8")[0::2].tolist()} \
+            if key and isinstance(fields.get(key), bytes) else set()
+        if op == "clear" or not named.isdisjoint(self._parents):
+            conn.drain()
+            self._parents.clear()
+            self.waits += 1
+
+    def _note(self, op: str, fields: dict[str, Any]) -> None:
+        if op == "insert" and fields.get("parent") is not None:
+            self._parents.add((str(fields.get("ns", "")), int(fields["parent"])))
 
     def submit(self, ops: Sequence[Op]) -> None:
         """Writes, pipelined (acknowledged later: `drain`); kept while sarpd is down."""
@@ -242,11 +275,18 @@ class Link:
         assert self.conn is not None
         for i, (op, fields) in enumerate(ops):
             try:
+                self._guard(self.conn, op, fields)
+            except Down:  # before ops[i] was sent: it goes with the backlog
+                self._lost()
+                self.backlog.extend(ops[i:])
+                return
+            try:
                 self.conn.send(op, fields)
             except Down:  # ops[i] was registered as pending: _lost keeps it
                 self._lost()
                 self.backlog.extend(ops[i + 1:])
                 return
+            self._note(op, fields)
 
     def call(self, ops: Sequence[Op]) -> list[dict[str, Any]] | None:
         """Requests answered in order (after every write before them); None if sarpd is
