@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterable
 
 import numpy as np
 
 from sarpd.core.segment import Segment
 from sarpd.errors import CorruptData
 
-__all__ = ["DELTA_PREFIX", "apply_delta", "delta_key", "delta_key_id", "encode_delta"]
+__all__ = ["DELTA_PREFIX", "Records", "apply_delta", "by_segment", "delta_key", "delta_key_id",
+           "encode_delta", "merge"]
 
 DELTA_PREFIX = b"D"
 MAGIC = b"SRPD"
@@ -45,6 +47,28 @@ FORMAT = 1
 HEAD = struct.Struct("<4sBBBBQQII")
 assert HEAD.size == 32
 KEY = struct.Struct(">QI")
+
+
+Records = dict[int, list[tuple[int, bytes]]]  # seg id -> [(record number, value)], in order
+
+
+def by_segment(items: Iterable[tuple[bytes, bytes]]) -> Records:
+    """Delta records as a key-order scan of the D prefix gives them, by segment."""
+    out: Records = {}
+    for key, value in items:
+        sid, k = delta_key_id(key)
+        out.setdefault(sid, []).append((k, value))
+    return out
+
+
+def merge(seg: Segment, records: list[tuple[int, bytes]]) -> Segment:
+    """`seg` (its base value) with its records applied in turn: CorruptData when one is
+    missing (they are numbered from 0) or fails its checks."""
+    for i, (k, value) in enumerate(records):
+        if k != i:
+            raise CorruptData(f"delta record {i} missing (found {k})")
+        seg = apply_delta(seg, value, f"delta record {k}")
+    return seg
 
 
 def delta_key(seg_id: int, k: int) -> bytes:

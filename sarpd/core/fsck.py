@@ -18,10 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from backends.base import WriteBatch
-from sarpd.core.delta import DELTA_PREFIX, apply_delta, delta_key_id
+from sarpd.core.delta import DELTA_PREFIX, by_segment, merge
 from sarpd.core.router import Router
 from sarpd.core.segment import (
     COUNTERS_KEY,
@@ -29,6 +27,7 @@ from sarpd.core.segment import (
     Counters,
     Segment,
     decode_segment,
+    encode_segment,
     seg_id_of_key,
 )
 from sarpd.core.snapshot import list_snapshots, read_snapshot
@@ -84,35 +83,21 @@ def run_check(store: Store, router: Router, snapshot_dir: Path | None,
     return _report(router, len(keys_of), problems, fixed)
 
 
-def _delta_records(store: Store) -> dict[int, list[tuple[int, bytes]]]:
-    """Every delta record on the backend, by segment, in key order."""
-    out: dict[int, list[tuple[int, bytes]]] = {}
-    for key, value in store.scan(DELTA_PREFIX, DELTA_PREFIX + b"\xff"):
-        sid, k = delta_key_id(key)
-        out.setdefault(sid, []).append((k, value))
-    return out
-
-
 def _merged(seg: Segment, records: list[tuple[int, bytes]], memory: Segment | None) -> str:
-    """What is wrong with a segment's delta records ('' when nothing): each applies in
-    turn, numbered from 0, and the result is what the index serves."""
-    for i, (k, value) in enumerate(records):
-        if k != i:
-            return f"delta record {i} missing (found {k})"
-        try:
-            seg = apply_delta(seg, value, f"delta record {k}")
-        except CorruptData as exc:
-            return str(exc)
-    if memory is None or not (memory.presence == seg.presence and np.array_equal(
-            memory.ids, seg.ids) and np.array_equal(memory.meta, seg.meta) and np.array_equal(
-            memory.xmeta, seg.xmeta) and np.array_equal(memory.xmask, seg.xmask)):
+    """What is wrong with a segment's delta records ('' when nothing): they apply to its
+    base (`sarpd.core.delta.merge`) and give what the index serves."""
+    try:
+        seg = merge(seg, records)
+    except CorruptData as exc:
+        return str(exc)
+    if memory is None or encode_segment(memory) != encode_segment(seg):
         return "base + delta records differ from what the index serves"
     return ""
 
 
 def _scan_segments(store: Store, router: Router, found: _Scan, problems: list[str]) -> None:
     geo, d = router.geo, router.dir
-    deltas = _delta_records(store)
+    deltas = by_segment(store.scan(DELTA_PREFIX, DELTA_PREFIX + b"\xff"))
     for key, value in store.scan(SEG_PREFIX, b"T"):
         sid = seg_id_of_key(key)
         found.max_sid = max(found.max_sid, sid)

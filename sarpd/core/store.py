@@ -40,7 +40,7 @@ from backends.errors import (
 from sarpd.config import IndexConfig
 from sarpd.core.blockmap import BlockMap, MapArrays, Spill, block_map_generation
 from sarpd.core.copies import Copies
-from sarpd.core.delta import DELTA_PREFIX, apply_delta, delta_key, delta_key_id
+from sarpd.core.delta import DELTA_PREFIX, by_segment, delta_key, merge
 from sarpd.core.ids import (
     chain_ids,
     chain_ids_many,
@@ -318,15 +318,12 @@ class Store:
 
     # -- delta records -----------------------------------------------------------------
     def _load_pending(self) -> None:
-        """Read every delta record (few: `MAX_PENDING_BYTES` bounds them) and merge each
+        """Read every delta record (few: `[index] delta_bytes` bounds them) and merge each
         segment's onto its base."""
         self.pending.clear()
         self.pending_records.clear()
         self.pending_bytes = 0
-        records: dict[int, list[tuple[int, bytes]]] = {}
-        for key, value in self.scan(DELTA_PREFIX, DELTA_PREFIX + b"\xff"):
-            sid, k = delta_key_id(key)
-            records.setdefault(sid, []).append((k, value))
+        records = by_segment(self.scan(DELTA_PREFIX, DELTA_PREFIX + b"\xff"))
         if not records:
             return
         bases = dict(zip(records, self.get_many([seg_key(sid) for sid in records]),
@@ -336,11 +333,8 @@ class Store:
             seg = self.decode_or_none(sid, bases[sid])
             try:
                 if seg is None:
-                    raise CorruptData(f"segment {sid}: delta records without a segment")
-                for i, (k, value) in enumerate(recs):
-                    if k != i:
-                        raise CorruptData(f"segment {sid}: delta record {i} missing")
-                    seg = apply_delta(seg, value, f"segment {sid} delta {k}")
+                    raise CorruptData("delta records without a segment")
+                seg = merge(seg, recs)
             except CorruptData as exc:
                 self.activity.corrupt_segments += 1
                 log.error("segment %d not served: %s", sid, exc)
@@ -355,9 +349,7 @@ class Store:
         wb, done = WriteBatch(), []
         for sid, seg in self.pending.items():
             if seg is not None:
-                wb.put(seg_key(sid), encode_segment(seg))
-                for k in range(self.pending_records[sid]):
-                    wb.delete(delta_key(sid, k))
+                self.fold_into(wb, seg)
                 done.append(sid)
         if done:
             self.write(wb, sync)
@@ -365,6 +357,13 @@ class Store:
             self.pending_bytes -= seg_bytes(self.pending.pop(sid))
             del self.pending_records[sid]
         return len(done)
+
+    def fold_into(self, batch: WriteBatch, seg: Segment) -> None:
+        """Put `seg` whole in `batch` and delete its delta records there (the one way a
+        segment is folded: both in one write batch)."""
+        batch.put(seg_key(seg.seg_id), encode_segment(seg))
+        for k in range(self.pending_records.get(seg.seg_id, 0)):
+            batch.delete(delta_key(seg.seg_id, k))
 
     def forget_segments(self) -> None:
         """Drop the decoded-segment cache (its segments are read again when needed)

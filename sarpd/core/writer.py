@@ -36,12 +36,10 @@ from sarpd.core.segment import (
     as_u64,
     block_keys,
     decode_segment,
-    encode_segment,
     locator_records,
     log_key,
     ns_count_key,
     seg_id_of_key,
-    seg_key,
 )
 from sarpd.core.store import Store, seg_bytes
 from sarpd.core.verify import first_mismatch
@@ -235,7 +233,7 @@ class WriteTxn:
             k = store.pending_records.get(sid, 0)
             before = self.before.get(sid)
             if before is None or k + 1 >= FOLD_RECORDS:
-                wb.put(seg_key(sid), encode_segment(seg))
+                store.fold_into(wb, seg)
                 out[sid] = 0
             else:
                 wb.put(delta_key(sid, k), encode_delta(before, seg))
@@ -246,13 +244,9 @@ class WriteTxn:
                 break
             if sid in self.dirty or seg is None:
                 continue
-            wb.put(seg_key(sid), encode_segment(seg))
+            store.fold_into(wb, seg)
             out[sid] = 0
             over -= seg_bytes(seg)
-        for sid, k in out.items():
-            if k == 0:
-                for i in range(store.pending_records.get(sid, 0)):
-                    wb.delete(delta_key(sid, i))
         return out
 
     # -- operations ----------------------------------------------------------------
