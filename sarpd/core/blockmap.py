@@ -222,19 +222,22 @@ class BlockMap:
         if len(self.young) >= self.generation:
             self._freeze()
 
+    def _young_arrays(self) -> tuple[U64Array, U64Array, U64Array, np.ndarray]:
+        """The young generation as arrays (lo, hi, head, pos), oldest first."""
+        keys, vals = list(self.young), list(self.young.values())
+        n = len(keys)
+        return (np.fromiter((k & 0xFFFFFFFFFFFFFFFF for k in keys), np.uint64, n),
+                np.fromiter((k >> 64 for k in keys), np.uint64, n),
+                np.fromiter((v >> 32 for v in vals), np.uint64, n),
+                np.fromiter((v & 0xFFFFFFFF for v in vals), np.uint32, n))
+
     def _freeze(self) -> None:
         """The young generation -> a frozen one."""
         if not self.young:
             return
-        keys = list(self.young)
-        vals = list(self.young.values())
-        n = len(keys)
-        lo = np.fromiter((k & 0xFFFFFFFFFFFFFFFF for k in keys), np.uint64, n)
-        hi = np.fromiter((k >> 64 for k in keys), np.uint64, n)
-        head = np.fromiter((v >> 32 for v in vals), np.uint64, n)
-        pos = np.fromiter((v & 0xFFFFFFFF for v in vals), np.uint32, n)
+        arrays = self._young_arrays()
         self.young.clear()  # in place: callers may hold it
-        self._append(lo, hi, head, pos)
+        self._append(*arrays)
 
     def _append(self, lo: U64Array, hi: U64Array, head: U64Array, pos: np.ndarray) -> None:
         """Entries (oldest first) -> a new newest frozen generation, sorted by mix. Of
@@ -308,12 +311,11 @@ class BlockMap:
             heads.append(g.head[g.alive])
             poss.append(g.pos[g.alive].astype(np.uint32))
         if self.young:
-            keys, vals = list(self.young), list(self.young.values())
-            n = len(keys)
-            los.append(np.fromiter((k & 0xFFFFFFFFFFFFFFFF for k in keys), np.uint64, n))
-            his.append(np.fromiter((k >> 64 for k in keys), np.uint64, n))
-            heads.append(np.fromiter((v >> 32 for v in vals), np.uint64, n))
-            poss.append(np.fromiter((v & 0xFFFFFFFF for v in vals), np.uint32, n))
+            lo, hi, head, pos = self._young_arrays()
+            los.append(lo)
+            his.append(hi)
+            heads.append(head)
+            poss.append(pos)
         if not los:
             return MapArrays(np.zeros((0, 2), np.uint64), np.zeros(0, np.uint64),
                              np.zeros(0, np.uint32))

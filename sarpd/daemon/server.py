@@ -55,10 +55,10 @@ from sarpd.config import ServerConfig
 from sarpd.core import Activity
 from sarpd.daemon.access import PeerCred, Policy, peer_cred
 from sarpd.daemon.metrics import Metrics, op_name
-from sarpd.daemon.service import Service
+from sarpd.daemon.service import Service, kind_of
 from sarpd.daemon.syncer import Syncer
 from sarpd.errors import Busy, ConfigError, FrameError, Internal, SarpError, Unavailable
-from sarpd.model import Clear, Insert, Remove, Request
+from sarpd.model import Request
 from sarpd.protocol.wire import (
     BadMessage,
     Decoder,
@@ -525,10 +525,10 @@ class Server:
                 err = Unavailable(f"write: the sync of the disk failed ({exc}); nothing "
                                   "of this write is acknowledged, retry later")
                 log.error("group commit: sync failed: %s", exc)
-                results = [err if isinstance(req, Insert | Remove | Clear) else res
-                           for (_, req), res in zip(keyed, results, strict=True)]
-                frames = [encode_error(req.id, err) if isinstance(req, Insert | Remove | Clear)
-                          else frame for (_, req), frame in zip(keyed, frames, strict=True)]
+                writes = [kind_of(req) == "write" for _, req in keyed]  # the service's rule
+                results = [err if w else res for w, res in zip(writes, results, strict=True)]
+                frames = [encode_error(req.id, err) if w else frame
+                          for w, (_, req), frame in zip(writes, keyed, frames, strict=True)]
         self._deliver_now(batch, keyed, results, frames)
 
     @staticmethod
