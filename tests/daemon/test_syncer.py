@@ -56,7 +56,11 @@ def test_a_failed_sync_fails_the_batches_it_was_to_cover() -> None:
     asyncio.run(main())
 
 
-def test_pipelining_writers_share_syncs(sarpd_factory: Launcher) -> None:
+def test_pipelining_writers_are_answered_after_syncs_that_cover_them(
+        sarpd_factory: Launcher) -> None:
+    """Through a real daemon (--sync always): every insert answered and matched, at
+    least one sync, never more syncs than batches (how many share one depends on the
+    timing: the unit test above pins the sharing)."""
     proc = sarpd_factory()  # --sync always
 
     async def writer(c: Client, k: int) -> None:
