@@ -1,9 +1,15 @@
-from typing_extensions import Buffer
+"""sarpd/core/_chash.c: the block-id chain (reference: sarpd.core.ids)."""
+
+from typing import Any
+
+import numpy.typing as npt
 
 XXHASH_VERSION: int
 MAX_BLOCK_TOKENS: int
 
-def chain_ids(parent: Buffer, tokens: Buffer, block_tokens: int, /) -> bytearray: ...
+BufferLike = bytes | bytearray | memoryview | npt.NDArray[Any]
+
+def chain_ids(parent: BufferLike, tokens: BufferLike, block_tokens: int, /) -> bytearray: ...
 def chain_ids_flat(
-    parents: Buffer, tokens: Buffer, offsets: Buffer, block_tokens: int, /
+    parents: BufferLike, tokens: BufferLike, offsets: BufferLike, block_tokens: int, /
 ) -> tuple[bytearray, bytearray]: ...

@@ -1,3 +1,5 @@
+"""sarpd/core/_cmatch.c: the match kernel (layout: sarpd/core/kernel.py)."""
+
 from collections.abc import Mapping
 
 import numpy as np
@@ -13,3 +15,8 @@ def route(qids: IdArray, qlens: npt.NDArray[np.int64], bkeys: U64Array, bsegs: U
           dorder: npt.NDArray[np.int64], sb: int, gap: int, cap: int, /) -> tuple[bytes, bytes]: ...
 def verify(qids: IdArray, qstarts: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
            first: U64Array, segs: Mapping[int, Segment], sb: int, /) -> tuple[bytes, bytes]: ...
+def assemble(rows: npt.NDArray[np.int64], span: npt.NDArray[np.int64],
+             best: npt.NDArray[np.int64], sids: U64Array, segs: Mapping[int, Segment],
+             /) -> tuple[bytes, bytes]: ...
+def merge_order(keys: U64Array, old: npt.NDArray[np.int64], old_keys: U64Array,
+                /) -> tuple[bytes, bytes]: ...

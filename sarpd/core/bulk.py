@@ -45,6 +45,7 @@ from backends.base import Backend, WriteBatch, ingest_by_batches
 from backends.errors import BackendIOError
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
+from sarpd.core.native import Kernels
 from sarpd.core.segment import (
     BLOCK_KEY,
     BLOCK_KEY_ID_AT,
@@ -326,11 +327,13 @@ class BulkBuilder:
     """Inserts through the write path into staging (`insert_many`), then `finish`
     writes the data set into an empty backend and its snapshot. Not thread-safe."""
 
-    def __init__(self, cfg: IndexConfig, work_dir: Path) -> None:
+    def __init__(self, cfg: IndexConfig, work_dir: Path, kernels: Kernels | None = None
+                 ) -> None:
         self.staging = Staging(work_dir)
         # no block map: every new block's locator record is staged (sorted on disk in
         # runs), as the map spills it; the data then needs no map (its snapshot's is empty)
-        self.index = SarpIndex(self.staging, replace(cfg, block_map_bytes=0), None, sync=False)
+        self.index = SarpIndex(self.staging, replace(cfg, block_map_bytes=0), None, sync=False,
+                               kernels=kernels)
         self.index.recover()
 
     def insert_many(self, ops: Sequence[Insert]) -> list[InsertResult | RemoveResult | SarpError]:

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sarpd.core import native
+from sarpd.core.native import Kernels, MatchKernel
 from sarpd.model import U64Array
 
 DEAD = 0  # seg id 0 is never assigned
@@ -34,9 +35,10 @@ class _Delta:
     key the rows that hold it. Folding it into the base is vectorised (no per-key work
     during a merge, which pauses every request queued behind it)."""
 
-    __slots__ = ("_order", "filts", "keys", "n", "rows", "segs")
+    __slots__ = ("_match", "_order", "filts", "keys", "n", "rows", "segs")
 
-    def __init__(self, capacity: int = 64) -> None:
+    def __init__(self, match: MatchKernel | None, capacity: int = 64) -> None:
+        self._match = match  # the kernel that merges `order` (None: numpy below)
         self.keys = np.empty(capacity, dtype=np.uint64)
         self.segs = np.empty(capacity, dtype=np.uint64)
         self.filts = np.empty(capacity, dtype=np.uint64)
@@ -61,7 +63,7 @@ class _Delta:
         if self._order is not None and self._order[0] == n:
             return self._order[1]
         n0, old, old_keys = self._order if self._order is not None else (0, _NO_ROWS, _EMPTY)
-        k = native.module("match")
+        k = self._match
         if k is not None:  # the same merge in one pass (_cmatch.c: merge_order)
             got, got_keys = k.merge_order(self.keys[:n], old, old_keys)
             order_c = np.frombuffer(got, np.int64)
@@ -145,12 +147,13 @@ _NO_ROWS = np.empty(0, dtype=np.int64)
 
 
 class Directory:
-    def __init__(self, delta_max_entries: int = 65536) -> None:
+    def __init__(self, delta_max_entries: int = 65536, kernels: Kernels | None = None) -> None:
         self.delta_max_entries = delta_max_entries
+        self._match = (kernels or native.pick()).match
         self._keys: U64Array = _EMPTY
         self._segs: U64Array = _EMPTY
         self._filts: U64Array = _EMPTY
-        self._delta = _Delta()
+        self._delta = _Delta(self._match)
         self._base_dead = False
         self._rcache: dict[int, tuple[int, int]] = {}
         self.merges = 0
@@ -303,7 +306,7 @@ class Directory:
             out[from_base] = base
             merged.append(out)
         self._keys, self._segs, self._filts = merged
-        self._delta = _Delta()
+        self._delta = _Delta(self._match)
         self.merges += 1
 
     # -- whole-directory views ---------------------------------------------------
@@ -319,7 +322,7 @@ class Directory:
         self._keys, self._segs, self._filts = (
             np.require(a, np.uint64, ("C", "W"))
             for a in (arrays.keys, arrays.segs, arrays.filts))
-        self._delta = _Delta()
+        self._delta = _Delta(self._match)
         self._rcache = {}
         self.merge()  # a snapshot holds no dead entries; this keeps the invariant anyway
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from backends.base import WriteBatch
 from sarpd.core.delta import DELTA_PREFIX, by_segment, merge
+from sarpd.core.native import Kernels
 from sarpd.core.router import Router
 from sarpd.core.segment import (
     COUNTERS_KEY,
@@ -83,14 +84,15 @@ def run_check(store: Store, router: Router, snapshot_dir: Path | None,
     return _report(router, len(keys_of), problems, fixed)
 
 
-def _merged(seg: Segment, records: list[tuple[int, bytes]], memory: Segment | None) -> str:
+def _merged(seg: Segment, records: list[tuple[int, bytes]], memory: Segment | None,
+            k: Kernels) -> str:
     """What is wrong with a segment's delta records ('' when nothing): they apply to its
     base (`sarpd.core.delta.merge`) and give what the index serves."""
     try:
         seg = merge(seg, records)
     except CorruptData as exc:
         return str(exc)
-    if memory is None or encode_segment(memory) != encode_segment(seg):
+    if memory is None or encode_segment(memory, k) != encode_segment(seg, k):
         return "base + delta records differ from what the index serves"
     return ""
 
@@ -102,13 +104,13 @@ def _scan_segments(store: Store, router: Router, found: _Scan, problems: list[st
         sid = seg_id_of_key(key)
         found.max_sid = max(found.max_sid, sid)
         try:
-            seg = decode_segment(value, sid)
+            seg = decode_segment(value, sid, store.k)
         except (CorruptData, FormatVersionError) as exc:
             problems.append(f"segment {sid}: {exc}")
             found.corrupt.append(key)
             continue
         if sid in deltas:  # issue 24: the segment is its base and its records
-            wrong = _merged(seg, deltas.pop(sid), store.pending.get(sid))
+            wrong = _merged(seg, deltas.pop(sid), store.pending.get(sid), store.k)
             if wrong:
                 problems.append(f"segment {sid}: {wrong}")
                 continue

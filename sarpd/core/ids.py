@@ -12,9 +12,10 @@ into the namespace by XOR with a per-namespace 128-bit salt, so two namespaces n
 share a block while the caller's ids stay recoverable (`with_ids` returns them as
 sent).
 
-The chain runs natively (sarpd/core/_chash.c, linked against libxxhash) when
-`sarpd.core.native` loaded it, else in the Python reference below, bit for bit the
-same; both check their arguments alike (the same exceptions, the same text).
+The chain runs natively (sarpd/core/_chash.c, linked against libxxhash) when the
+kernels given (`sarpd.core.native.Kernels`: an index's own, else the process default)
+have it, else in the Python reference below, bit for bit the same; both check
+their arguments alike (the same exceptions, the same text).
 `chain_ids` hashes one sequence; `chain_ids_flat` (concatenated tokens + offsets) and
 `chain_ids_many` (a list of sequences) hash a whole batch in one native call.
 """
@@ -33,6 +34,7 @@ import numpy.typing as npt
 import xxhash
 
 from sarpd.core import native
+from sarpd.core.native import Kernels
 from sarpd.errors import TooLarge
 from sarpd.model import IdArray, U32Array
 
@@ -66,24 +68,26 @@ def ns_tag(ns: str) -> int:
 
 
 # -- the chain: dispatch ---------------------------------------------------------------
-def chain_ids(parent: IdsInput, tokens: U32Array, block_tokens: int) -> IdArray:
+def chain_ids(parent: IdsInput, tokens: U32Array, block_tokens: int,
+              k: Kernels | None = None) -> IdArray:
     """Ids of the whole blocks of `tokens` (1-D C-contiguous uint32), chained after
-    `parent` (16 bytes); a trailing partial block has no id."""
-    c = native.module("hash")
+    `parent` (16 bytes); a trailing partial block has no id. `k`: the kernels that
+    hash (None: the process default, `native.pick()`)."""
+    c = (k or native.pick()).hash
     if c is None:
         return _ref_chain_ids(parent, tokens, block_tokens)
     return _ids(c.chain_ids(parent, tokens, block_tokens))
 
 
 def chain_ids_flat(parents: IdsInput, tokens: U32Array, offsets: I64Array,
-                   block_tokens: int) -> tuple[IdArray, I64Array]:
+                   block_tokens: int, k: Kernels | None = None) -> tuple[IdArray, I64Array]:
     """`chain_ids` of every sequence of a batch in one call: sequence j is
     `tokens[offsets[j]:offsets[j + 1]]` (int64 offsets, non-decreasing within
     len(tokens)) chained after `parents[j]` (16 bytes each: bytes or an (m, 2) id
     array). Returns all ids concatenated and their offsets (m + 1 rows)."""
     if isinstance(parents, np.ndarray):
         parents = np.ascontiguousarray(parents, dtype="<u8")
-    c = native.module("hash")
+    c = (k or native.pick()).hash
     if c is None:
         return _ref_chain_ids_flat(parents, tokens, offsets, block_tokens)
     raw, ioff = c.chain_ids_flat(parents, tokens, offsets, block_tokens)
@@ -91,7 +95,7 @@ def chain_ids_flat(parents: IdsInput, tokens: U32Array, offsets: I64Array,
 
 
 def chain_ids_many(parents: Sequence[bytes], seqs: Sequence[U32Array],
-                   block_tokens: int) -> list[IdArray]:
+                   block_tokens: int, k: Kernels | None = None) -> list[IdArray]:
     """`chain_ids(parents[j], seqs[j], block_tokens)` for every j, in one call (the
     results are views of one array)."""
     if len(parents) != len(seqs):
@@ -104,7 +108,7 @@ def chain_ids_many(parents: Sequence[bytes], seqs: Sequence[U32Array],
     if len(joined) != 16 * len(parents):
         j = next(j for j, p in enumerate(parents) if len(p) != 16)
         raise ValueError(f"parents[{j}] must be 16 bytes, got {len(parents[j])}")
-    ids, ioff = chain_ids_flat(joined, tokens, offsets, block_tokens)
+    ids, ioff = chain_ids_flat(joined, tokens, offsets, block_tokens, k)
     bounds = ioff.tolist()
     return [ids[a:b] for a, b in itertools.pairwise(bounds)]
 
@@ -124,8 +128,9 @@ def _concat(seqs: Sequence[U32Array]) -> U32Array:
     raise AssertionError("unreachable: every sequence is 1-D uint32")
 
 
-def token_ids(ns: str, tokens: U32Array, block_tokens: int) -> IdArray:
-    return chain_ids(ns_root(ns), tokens, block_tokens)
+def token_ids(ns: str, tokens: U32Array, block_tokens: int, k: Kernels | None = None
+              ) -> IdArray:
+    return chain_ids(ns_root(ns), tokens, block_tokens, k)
 
 
 def salt_ids(ns: str, ids: IdArray) -> IdArray:

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
@@ -44,6 +43,7 @@ from sarpd.core.directory import Directory
 from sarpd.core.fsck import run_check
 from sarpd.core.holders import match_holders
 from sarpd.core.ids import HASH_NAME, salt_ids
+from sarpd.core.native import Kernels, MatchKernel
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Counters, Segment, log_key, seg_id_of_key
@@ -94,12 +94,16 @@ class SarpIndex:
     (the routing directory), with match, write, recovery, snapshots, check and stats."""
 
     def __init__(self, backend: Backend, config: IndexConfig,
-                 snapshot_dir: Path | None = None, sync: bool = True) -> None:
+                 snapshot_dir: Path | None = None, sync: bool = True,
+                 kernels: Kernels | None = None) -> None:
         self.cfg = config
         self.snapshot_dir = snapshot_dir
         self.sync = sync
-        self.store = Store(backend, config)
-        self.router = Router(config)
+        # which implementation runs each hot path, picked once (None: the process
+        # default, sarpd.core.native); the store and the router call through it
+        self.k = kernels or native.pick()
+        self.store = Store(backend, config, self.k)
+        self.router = Router(config, self.k)
         self.watermark = 0
         self.recovered_in_s: float | None = None
         # when the newest directory snapshot was written (its file's mtime, epoch s)
@@ -233,7 +237,7 @@ class SarpIndex:
                 errors[i] = q
                 q = np.empty((0, 2), np.uint64)
             qs.append(q)
-        k = native.module("match")
+        k = self.k.match
         if k is not None:
             return self._match_native(reqs, qs, errors, k)
         plans = self.router.plan_many(qs)
@@ -246,7 +250,8 @@ class SarpIndex:
                 for i, (r, q, windows) in enumerate(zip(reqs, qs, plans, strict=True))]
 
     def _match_native(self, reqs: Sequence[Match], qs: Sequence[IdArray],
-                      errors: dict[int, SarpError], k: ModuleType) -> list[MatchResult | SarpError]:
+                      errors: dict[int, SarpError], k: MatchKernel
+                      ) -> list[MatchResult | SarpError]:
         """`match_many` with the match kernel (module `kernel`): one call routes the
         batch, one multi-get reads every first round, one call verifies them; only the
         queries whose window may still be beaten get plans and further rounds; one call
@@ -349,7 +354,7 @@ class SarpIndex:
                     offers.append((p, sid))
                     cands.append(c.ids)
                     queries.append(qw)
-        mism = verify.first_mismatch_many(cands, queries)
+        mism = verify.first_mismatch_many(cands, queries, self.k)
         for (p, sid), m in zip(offers, mism, strict=True):
             p.offer(sid, min(m, segs[sid].present_run(0)))
         return segs
@@ -526,7 +531,8 @@ class SarpIndex:
             "copies_rows": self.store.copies.rows,
             "copies_bytes": self.store.copies.nbytes,
             "hash": HASH_NAME,
-            "verifier": verify.implementation(),
+            "verifier": verify.implementation(self.k),
+            "kernels": self.k.name,
             "index_matches": act.matches,
             "matched_blocks": act.matched_blocks,
             "queried_blocks": act.queried_blocks,

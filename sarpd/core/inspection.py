@@ -73,7 +73,7 @@ def _window(index: SarpIndex, ns: str, qw: IdArray, w: int) -> tuple[dict[str, A
         })
     candidates = [int(s) for s in index.router.route_window(qw, w)]
     fetched = index.store.fetch(candidates)
-    segments = [_segment(ns, sid, fetched.get(sid), qw, w) for sid in candidates]
+    segments = [_segment(index, ns, sid, fetched.get(sid), qw, w) for sid in candidates]
     best = max((s.get("run", 0) for s in segments), default=0)
     entry = {
         "window": w,
@@ -86,13 +86,14 @@ def _window(index: SarpIndex, ns: str, qw: IdArray, w: int) -> tuple[dict[str, A
     return entry, best
 
 
-def _segment(ns: str, sid: int, seg: Segment | None, qw: IdArray, w: int) -> dict[str, Any]:
+def _segment(index: SarpIndex, ns: str, sid: int, seg: Segment | None, qw: IdArray, w: int
+             ) -> dict[str, Any]:
     if seg is None:
         return {"id": sid, "error": "missing or failed its checks (see sarpctl check)"}
     run = 0
     if seg.window == w:
         n = min(seg.nblocks, len(qw))
-        same = int(verify.first_mismatch(seg.ids[:n], qw[:n]))
+        same = verify.first_mismatch(seg.ids[:n], qw[:n], index.k)
         run = min(same, seg.present_run(0))
     return {
         "id": sid,

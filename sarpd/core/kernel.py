@@ -1,5 +1,5 @@
-"""The match kernel's side of a batch (sarpd/core/_cmatch.c, picked by
-`sarpd.core.native` as path "match"): the layout it takes and gives.
+"""The match kernel's side of a batch (sarpd/core/_cmatch.c, the `match` slot of an
+index's `sarpd.core.native.Kernels`): the layout it takes and gives.
 
 Its reference is the router's query half (`Router.deepest`, `plan_at`, `_first`)
 and the index's first verification round (`SarpIndex._verify_round`); answers are
@@ -30,12 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
 
 from sarpd.core.directory import FlatDirectory
+from sarpd.core.native import MatchKernel
 from sarpd.core.segment import Segment
 from sarpd.model import IdArray, U64Array
 
@@ -80,7 +80,7 @@ class Routed:
         return build
 
 
-def route(kernel: ModuleType, qs: Sequence[IdArray], flat: FlatDirectory, sb: int, gap: int,
+def route(kernel: MatchKernel, qs: Sequence[IdArray], flat: FlatDirectory, sb: int, gap: int,
           cap: int) -> Routed:
     """Every routed window of the batch and its first round, in one kernel call."""
     lens = np.array([len(q) for q in qs], dtype=np.int64)
@@ -93,7 +93,7 @@ def route(kernel: ModuleType, qs: Sequence[IdArray], flat: FlatDirectory, sb: in
                   np.frombuffer(first, np.uint64), flat)
 
 
-def verify(kernel: ModuleType, routed: Routed, segs: Mapping[int, Segment],
+def verify(kernel: MatchKernel, routed: Routed, segs: Mapping[int, Segment],
            sb: int) -> tuple[I64Array, U64Array]:
     """(best run, the candidate that has it) of every row's first round, in one call."""
     best, sids = kernel.verify(routed.qids, routed.qstarts, routed.rows, routed.first,
@@ -101,7 +101,7 @@ def verify(kernel: ModuleType, routed: Routed, segs: Mapping[int, Segment],
     return np.frombuffer(best, np.int64), np.frombuffer(sids, np.uint64)
 
 
-def assemble(kernel: ModuleType, routed: Routed, bounds: I64Array, best: I64Array,
+def assemble(kernel: MatchKernel, routed: Routed, bounds: I64Array, best: I64Array,
              sids: U64Array, segs: Mapping[int, Segment]) -> tuple[I64Array, U64Array]:
     """Every query's answer in one call: (res, meta), res (Q, 4) = blocks matched,
     single (no matched segment has a holder table), meta_start, first_run; a single

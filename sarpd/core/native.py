@@ -1,24 +1,32 @@
-"""The one place that picks native code.
+"""The one place that picks native code: a `Kernels` object, built once for an index.
 
 Every hot path has a numpy/Python reference beside it; its C counterpart, when the
-install built it, replaces the reference here and nowhere else. `SARPD_NO_EXTENSIONS=1`
-forces every reference (tests run both ways); inside `with references():` every path
-runs its reference whatever was built (the bench's `sarp-py`: both implementations in
-one process, same build, same run), so callers ask `module(path)` at each call, not
-once at import. `status()` says which paths run
-natively (the bench's `native` field); `expected()` says which the install should have
-built, for the test suite's guard (a compiler is here, and, for hashing, libxxhash's
-header): an extension that should have loaded and did not is a broken install, not a
-slower one.
+install built it, replaces the reference. Which one runs is decided here and nowhere
+else, once, when an index is built: `pick()` returns a `Kernels` (one slot per path:
+the loaded extension module, or None where the reference runs) that the index hands
+to its store, router, writer and matcher, which call through it. So `sarp` and
+`sarp-py` (`pick(reference=True)`: every reference) run side by side in one process,
+same build, same run (the bench). `SARPD_NO_EXTENSIONS=1` makes every slot the
+reference (`pick()` loads nothing), for the tests' second run. `status()` says which paths
+the default runs natively (the bench's `native` field); `expected()` says which the
+install should have built, for the test suite's guard (a compiler is here, and, for
+hashing, libxxhash's header): an extension that should have loaded and did not is a
+broken install, not a slower one.
 
     path      extension                          reference
     verify    sarpd.core.verify._cverify         sarpd.core.verify._numpy
     match     sarpd.core._cmatch                 sarpd.core.router (deepest, plan_at),
                                                  sarpd.core.index (_verify_round)
     hash      sarpd.core._chash (libxxhash)      sarpd.core.ids (Python + xxhash)
-    write     sarpd.core._cwrite                 sarpd.core.segment (codecs, locators)
+    write     sarpd.core._cwrite                 sarpd.core.segment (codecs, locators),
+                                                 sarpd.core.router (segment_filters)
 
-Standard library only: setup.py loads this file to decide what to build (`xxhash_found`).
+Every extension's functions are declared in its `.pyi` stub and, for the slots, in
+the protocols below (mypy checks that each module satisfies its protocol where `pick`
+assigns it). The C sources share sarpd/core/csrc/sarp.h (buffer checks, the id mix).
+
+Standard library only at run time: setup.py loads this file to decide what to build
+(`xxhash_found`).
 """
 
 from __future__ import annotations
@@ -26,12 +34,24 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import ModuleType
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "compiler", "expected", "module",
-           "references", "status", "summary", "xxhash_found"]
+if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping, Sequence
+
+    import numpy as np
+    import numpy.typing as npt
+
+    from sarpd.core.segment import Segment
+    from sarpd.model import IdArray, U64Array
+
+    I64Array = npt.NDArray[np.int64]
+    BufferLike = bytes | bytearray | memoryview | npt.NDArray[Any]
+
+__all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "HashKernel", "Kernels", "MatchKernel",
+           "VerifyKernel", "WriteKernel", "compiler", "expected", "pick", "status",
+           "summary", "xxhash_found"]
 
 ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
 
@@ -44,46 +64,103 @@ EXTENSIONS: dict[str, str] = {
 }
 
 
-def _load(name: str) -> ModuleType | None:
+class VerifyKernel(Protocol):
+    """sarpd/core/verify/_cverify.c (and its reference, sarpd/core/verify/_numpy.py)."""
+
+    def first_mismatch(self, cand: IdArray, query: IdArray, /) -> int: ...
+    def first_mismatch_many(self, cands: Sequence[IdArray], queries: Sequence[IdArray],
+                            /) -> list[int]: ...
+
+
+class HashKernel(Protocol):
+    """sarpd/core/_chash.c (reference: sarpd.core.ids `_ref_chain_ids*`)."""
+
+    def chain_ids(self, parent: BufferLike, tokens: BufferLike, block_tokens: int,
+                  /) -> bytearray: ...
+    def chain_ids_flat(self, parents: BufferLike, tokens: BufferLike, offsets: BufferLike,
+                       block_tokens: int, /) -> tuple[bytearray, bytearray]: ...
+
+
+class MatchKernel(Protocol):
+    """sarpd/core/_cmatch.c (layout: sarpd/core/kernel.py)."""
+
+    def route(self, qids: IdArray, qlens: I64Array, bkeys: U64Array, bsegs: U64Array,
+              bfilts: U64Array, dkeys: U64Array, dsegs: U64Array, dfilts: U64Array,
+              dorder: I64Array, sb: int, gap: int, cap: int, /) -> tuple[bytes, bytes]: ...
+    def verify(self, qids: IdArray, qstarts: I64Array, rows: I64Array, first: U64Array,
+               segs: Mapping[int, Segment], sb: int, /) -> tuple[bytes, bytes]: ...
+    def assemble(self, rows: I64Array, span: I64Array, best: I64Array, sids: U64Array,
+                 segs: Mapping[int, Segment], /) -> tuple[bytes, bytes]: ...
+    def merge_order(self, keys: U64Array, old: I64Array, old_keys: U64Array,
+                    /) -> tuple[bytes, bytes]: ...
+
+
+class WriteKernel(Protocol):
+    """sarpd/core/_cwrite.c (references in sarpd.core.segment and sarpd.core.router)."""
+
+    def encode_segment(self, seg_id: int, window: int, presence: int, ns_tag: int,
+                       ids: U64Array, meta: U64Array, xmeta: U64Array, xmask: U64Array,
+                       /) -> bytes: ...
+    def parse_segment(self, value: bytes, /) -> tuple[int, int, int, int, int, int, int] | int: ...
+    def block_keys(self, ids: U64Array, /) -> list[bytes]: ...
+    def put_locators(self, d: MutableMapping[bytes, bytes], ids: U64Array, head_key: int,
+                     first_pos: int, /) -> None: ...
+    def filters(self, ids: U64Array, offsets: Sequence[int], /) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """Which implementation runs each path, picked once (`pick`) and handed to an
+    index: an extension module, or None where the reference runs."""
+
+    verify: VerifyKernel | None
+    hash: HashKernel | None
+    match: MatchKernel | None
+    write: WriteKernel | None
+
+    def status(self) -> dict[str, bool]:
+        """Per path: whether it runs natively."""
+        return {path: getattr(self, path) is not None for path in EXTENSIONS}
+
+    @property
+    def name(self) -> str:
+        """"native" (every built path native), "reference", or "mixed"."""
+        got = set(self.status().values())
+        return "mixed" if len(got) > 1 else "native" if got == {True} else "reference"
+
+
+REFERENCE = Kernels(None, None, None, None)
+
+
+def _load(path: str) -> object | None:
     if not ENABLED:
         return None
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(EXTENSIONS[path])
     except ImportError:
         return None
 
 
-_loaded: dict[str, ModuleType | None] = {}  # filled on first use: an extension's package
-# may itself ask this module for it while it is being imported
+@functools.lru_cache(maxsize=2)
+def pick(reference: bool = False) -> Kernels:
+    """The kernels of an index: every extension the install built and this process
+    loads (missing ones, and all with SARPD_NO_EXTENSIONS=1, run their references),
+    or with `reference` every reference. Loaded on first use: an extension's package
+    may itself import this module."""
+    if reference:
+        return REFERENCE
+    if TYPE_CHECKING:  # what mypy checks: each module satisfies its protocol
+        from sarpd.core import _chash, _cmatch, _cwrite
+        from sarpd.core.verify import _cverify
 
-
-_forced = [False]  # inside references(): the one owner of this flag is this module
-
-
-@contextmanager
-def references() -> Iterator[None]:
-    """Every path runs its reference inside (not thread-aware: for a benchmark's
-    single-threaded replay, never for a serving process)."""
-    before = _forced[0]
-    _forced[0] = True
-    try:
-        yield
-    finally:
-        _forced[0] = before
-
-
-def module(path: str) -> ModuleType | None:
-    """The extension that runs `path` natively now, or None (the reference runs)."""
-    if _forced[0]:
-        return None
-    if path not in _loaded:
-        _loaded[path] = _load(EXTENSIONS[path])
-    return _loaded[path]
+        return Kernels(_cverify, _chash, _cmatch, _cwrite)
+    return Kernels(_load("verify"), _load("hash"), _load("match"), _load("write"))
 
 
 def status() -> dict[str, bool]:
-    """Per path: whether it runs natively in this process."""
-    return {path: module(path) is not None for path in EXTENSIONS}
+    """Per path: whether `pick()` (what an index built without kernels runs) runs it
+    natively."""
+    return pick().status()
 
 
 def _cc() -> list[str]:

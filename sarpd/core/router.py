@@ -24,13 +24,13 @@ list that reaches (T+1), 2(T+1), ... entries is refined at the next lattice midp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import ModuleType
 
 import numpy as np
 
 from sarpd.config import IndexConfig
 from sarpd.core import kernel, native
 from sarpd.core.directory import Directory
+from sarpd.core.native import Kernels, MatchKernel
 from sarpd.core.plan import WindowPlan, held
 from sarpd.core.routing import (
     Geometry,
@@ -47,10 +47,11 @@ RANKED_MAX = 65_536  # candidate rankings kept between writes (a bound for read-
 
 
 class Router:
-    def __init__(self, cfg: IndexConfig) -> None:
+    def __init__(self, cfg: IndexConfig, kernels: Kernels | None = None) -> None:
         self.cfg = cfg
+        self.k = kernels or native.pick()  # the index's kernels (sarpd.core.native)
         self.geo = Geometry.of(cfg)
-        self.dir = Directory(cfg.delta_max_entries)
+        self.dir = Directory(cfg.delta_max_entries, self.k)
         # first-round rankings, valid while the directory's version is unchanged
         self._ranked: dict[bytes, tuple[list[int], int]] = {}  # -> (first, weakest agreement)
         self._ranked_at = -1
@@ -84,15 +85,19 @@ class Router:
         """Per query, per window from 0 up to the first without a routing hit: how its
         candidates are read (module `plan`: a first round, then bound-and-verify).
         Each plan holds its posting list as `Directory.posting` gives it now."""
-        k = native.module("match")
+        k = self.k.match
         if k is None:
-            sb = self.geo.sb
-            return [[self.plan_at(q[w * sb : (w + 1) * sb], w, d) for w, d in enumerate(dp)]
-                    for q, dp in zip(qs, self.deepest(qs), strict=True)]
+            return self.plan_many_reference(qs)
         routed = self.route(qs, k)
         return [self.plans(routed, lo, hi, held_now=True) for lo, hi in routed.spans()]
 
-    def route(self, qs: Sequence[IdArray], k: ModuleType) -> kernel.Routed:
+    def plan_many_reference(self, qs: Sequence[IdArray]) -> list[list[WindowPlan]]:
+        """`plan_many` as the reference computes it (`deepest`, then `plan_at`)."""
+        sb = self.geo.sb
+        return [[self.plan_at(q[w * sb : (w + 1) * sb], w, d) for w, d in enumerate(dp)]
+                for q, dp in zip(qs, self.deepest(qs), strict=True)]
+
+    def route(self, qs: Sequence[IdArray], k: MatchKernel) -> kernel.Routed:
         """The match kernel's routing of a batch (module `kernel`): one native call."""
         return kernel.route(k, qs, self.dir.flat(), self.geo.sb, self.geo.gap,
                             self.cfg.window_cap)
@@ -175,7 +180,7 @@ class Router:
         if old_n == 0 and fresh_from == 0 and self.cfg.prune_max_pred >= 1:
             # all new content: only the head is listed (every later base point has a
             # predecessor listed once at most: pruned; refinement needs a long list)
-            d.add(int(seg.ids[0, 0]), sid, segment_filters(seg.ids, [0], geo.sb)[0])
+            d.add(int(seg.ids[0, 0]), sid, segment_filters(seg.ids, [0], geo.sb, self.k)[0])
             return
         offs = [o for o in geo.offsets if o < seg.nblocks]
         if old_n is not None:  # points whose filter cannot have changed are left alone
@@ -183,7 +188,7 @@ class Router:
         if not offs:
             return
         fresh = seg.nblocks if fresh_from is None else fresh_from
-        filts = segment_filters(seg.ids, offs, geo.sb)
+        filts = segment_filters(seg.ids, offs, geo.sb, self.k)
         refine: list[tuple[int, int, int]] = []
         t = self.cfg.refine_threshold + 1
         for o, key, f in zip(offs, seg.ids[offs, 0].tolist(), filts, strict=True):
@@ -216,7 +221,7 @@ class Router:
             return 0  # pruned: the predecessor's few candidates are read instead
         d.add(key, seg.seg_id, f)
         if o < fresh:
-            pred_filt = segment_filters(seg.ids, [o - geo.spacing], geo.sb)[0]
+            pred_filt = segment_filters(seg.ids, [o - geo.spacing], geo.sb, self.k)[0]
             self._list_siblings(pred_key, pred_filt, o, seg, load)
         return d.count(key)
 
@@ -239,7 +244,7 @@ class Router:
         for sid in sids:
             c = loaded.get(sid)
             if c is not None and c.window == seg.window and c.has_at(o, want):
-                self.dir.add(want[0], sid, segment_filters(c.ids, [o], self.geo.sb)[0])
+                self.dir.add(want[0], sid, segment_filters(c.ids, [o], self.geo.sb, self.k)[0])
 
     def _add_point(self, from_key: int, offset: int, load: Loader) -> None:
         """Refinement: list every segment under `from_key` at its own key at `offset`."""
@@ -251,7 +256,7 @@ class Router:
                 continue
             key = int(c.ids[offset, 0])
             if not self.dir.has(key, sid):
-                self.dir.add(key, sid, segment_filters(c.ids, [offset], self.geo.sb)[0])
+                self.dir.add(key, sid, segment_filters(c.ids, [offset], self.geo.sb, self.k)[0])
 
     def _splits(self, key: int, step: int) -> bool:
         """Would a point `step` blocks deeper split this posting list? Not when every
@@ -262,11 +267,11 @@ class Router:
         return bool(filts.size) and bool((agreement(filts, int(filts[0])) < step).any())
 
 
-def segment_filters(ids: IdArray, offsets: list[int], sb: int) -> list[int]:
+def segment_filters(ids: IdArray, offsets: list[int], sb: int, k: Kernels) -> list[int]:
     """The filters of routing points at `offsets` of a segment with these ids (at most
     `sb` of them): routing's fingerprint arithmetic, or its C twin (native path
     "write", sarpd/core/_cwrite.c)."""
-    c = native.module("write")
+    c = k.write
     if c is not None:
         out: list[int] = c.filters(as_u64(ids), offsets)
         return out

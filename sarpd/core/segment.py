@@ -56,8 +56,9 @@ blocks (presence bit 0) keep their ids, so a later insert can refill them.
 A value that fails any check is CorruptData and is never served.
 
 The codecs (`encode_segment`, `decode_segment`'s checks, `block_keys`) have a C twin,
-sarpd/core/_cwrite.c (native path "write"), picked at each call by sarpd.core.native;
-the functions here are its reference, and a value the C refuses is decoded by the
+sarpd/core/_cwrite.c (native path "write"): each takes the kernels that run it
+(`sarpd.core.native.Kernels`: an index's own; None: the process default); the
+functions here are its reference, and a value the C refuses is decoded by the
 reference, which raises its own error.
 """
 
@@ -73,6 +74,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sarpd.core import native
+from sarpd.core.native import Kernels
 from sarpd.errors import CorruptData, FormatVersionError
 from sarpd.model import IdArray, U64Array
 
@@ -126,13 +128,14 @@ def block_key(id16: bytes) -> bytes:
 _LOCATOR_RAW = np.dtype(f"V{LOCATOR_DTYPE.itemsize}")
 
 
-def locator_records(ids: IdArray, heads: U64Array, pos: npt.NDArray[Any]) -> dict[bytes, bytes]:
+def locator_records(ids: IdArray, heads: U64Array, pos: npt.NDArray[Any],
+                    k: Kernels | None = None) -> dict[bytes, bytes]:
     """Locator records (key -> value) of blocks `ids` at (head key, position), built as
     packed numpy records: no per-block Python work but the dict (a later record for
     the same block wins)."""
     vals = np.empty(len(ids), dtype=LOCATOR_DTYPE)
     vals["head"], vals["pos"] = heads, pos
-    return dict(zip(block_keys(ids), vals.view(_LOCATOR_RAW).tolist(), strict=True))
+    return dict(zip(block_keys(ids, k), vals.view(_LOCATOR_RAW).tolist(), strict=True))
 
 
 def as_u64(a: U64Array) -> U64Array:
@@ -143,10 +146,10 @@ def as_u64(a: U64Array) -> U64Array:
     return np.ascontiguousarray(a, dtype=np.uint64)
 
 
-def block_keys(ids: IdArray) -> list[bytes]:
+def block_keys(ids: IdArray, k: Kernels | None = None) -> list[bytes]:
     """The locator keys of blocks `ids` ((n, 2) uint64), built as packed BLOCK_KEY
     records in one pass: no per-block Python work."""
-    c = native.module("write")
+    c = (k or native.pick()).write
     if c is not None:
         out: list[bytes] = c.block_keys(as_u64(ids))
         return out
@@ -274,11 +277,11 @@ class Segment:
 Loader = Callable[[Iterable[int]], Mapping[int, "Segment | None"]]
 
 
-def encode_segment(seg: Segment) -> bytes:
+def encode_segment(seg: Segment, k: Kernels | None = None) -> bytes:
     n = seg.nblocks
     if not 1 <= n <= 64:
         raise CorruptData(f"segment {seg.seg_id}: nblocks {n} not in 1..64")
-    c = native.module("write")
+    c = (k or native.pick()).write
     if c is None:
         return _encode_segment(seg)
     out: bytes = c.encode_segment(
@@ -300,9 +303,10 @@ def _encode_segment(seg: Segment) -> bytes:
     return head[:40] + crc.to_bytes(4, "little") + head[44:] + body
 
 
-def decode_segment(value: bytes, expect_id: int | None = None) -> Segment:
+def decode_segment(value: bytes, expect_id: int | None = None,
+                   k: Kernels | None = None) -> Segment:
     """Parse and check a segment value. Arrays are read-only views of `value`."""
-    c = native.module("write")
+    c = (k or native.pick()).write
     if c is None:
         return _decode_segment(value, expect_id)
     got = c.parse_segment(value)

@@ -38,6 +38,7 @@ from backends.errors import (
     BackendIOError,
 )
 from sarpd.config import IndexConfig
+from sarpd.core import native
 from sarpd.core.blockmap import BlockMap, MapArrays, Spill, block_map_generation
 from sarpd.core.copies import Copies
 from sarpd.core.delta import DELTA_PREFIX, by_segment, delta_key, merge
@@ -50,6 +51,7 @@ from sarpd.core.ids import (
     salt_ids_many,
 )
 from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
+from sarpd.core.native import Kernels
 from sarpd.core.segment import (
     APPLIED_KEY,
     COUNTERS_KEY,
@@ -137,9 +139,11 @@ class Activity:
 
 
 class Store:
-    def __init__(self, backend: Backend, cfg: IndexConfig) -> None:
+    def __init__(self, backend: Backend, cfg: IndexConfig, kernels: Kernels | None = None
+                 ) -> None:
         self.backend = backend
         self.cfg = cfg
+        self.k = kernels or native.pick()  # the index's kernels (sarpd.core.native)
         self.activity = Activity()
         self._cache: OrderedDict[int, Segment] = OrderedDict()
         self.cache_segments = SEGMENT_CACHE  # the cache's size (the bench sizes it)
@@ -187,7 +191,7 @@ class Store:
         miss = [i for i, loc in enumerate(out) if loc is None]
         if miss:
             self.activity.locator_reads += len(miss)
-            for i, v in zip(miss, self.get_many(block_keys(ids[miss])), strict=True):
+            for i, v in zip(miss, self.get_many(block_keys(ids[miss], self.k)), strict=True):
                 out[i] = None if v is None else LOCATOR.unpack(v)
         return out
 
@@ -206,7 +210,7 @@ class Store:
             assert heads is not None and pos is not None
             spill = self.blockmap.add(ids, heads, pos)
             if spill is not None:
-                batch.put_many(locator_records(spill.ids, spill.heads, spill.pos))
+                batch.put_many(locator_records(spill.ids, spill.heads, spill.pos, self.k))
 
     def write(self, batch: WriteBatch, sync: bool) -> None:
         with backend_errors():
@@ -361,7 +365,7 @@ class Store:
     def fold_into(self, batch: WriteBatch, seg: Segment) -> None:
         """Put `seg` whole in `batch` and delete its delta records there (the one way a
         segment is folded: both in one write batch)."""
-        batch.put(seg_key(seg.seg_id), encode_segment(seg))
+        batch.put(seg_key(seg.seg_id), encode_segment(seg, self.k))
         for k in range(self.pending_records.get(seg.seg_id, 0)):
             batch.delete(delta_key(seg.seg_id, k))
 
@@ -390,7 +394,8 @@ class Store:
         internal id's 16 bytes) or the namespace root; caller ids are salted."""
         if seq.tokens is not None:
             check_sequence_tokens(len(seq.tokens), self.cfg.max_sequence_tokens)
-            return chain_ids(parent or ns_root(seq.ns), seq.tokens, self.cfg.block_tokens)
+            return chain_ids(parent or ns_root(seq.ns), seq.tokens, self.cfg.block_tokens,
+                             self.k)
         assert seq.hashes is not None
         return salt_ids(seq.ns, seq.hashes)
 
@@ -413,7 +418,7 @@ class Store:
         if todo:
             tokens = [t for t in (seqs[i].tokens for i in todo) if t is not None]
             ids = chain_ids_many([ns_root(seqs[i].ns) for i in todo], tokens,
-                                 self.cfg.block_tokens)
+                                 self.cfg.block_tokens, self.k)
             out.update(zip(todo, ids, strict=True))
         if salted:  # caller ids: salted in one pass for the batch (`salt_ids_many`)
             hashes = [h for h in (seqs[i].hashes for i in salted) if h is not None]
@@ -426,7 +431,7 @@ class Store:
         if value is None:
             return None
         try:
-            return decode_segment(value, sid)
+            return decode_segment(value, sid, self.k)
         except (CorruptData, FormatVersionError) as exc:
             self.activity.corrupt_segments += 1
             log.error("segment %d not served: %s", sid, exc)
@@ -557,7 +562,8 @@ class Held:
     def _spill(self, spill: Spill | None) -> None:
         if spill is None:
             return
-        self._batch.put_many(locator_records(spill.ids, spill.heads, spill.pos))
+        self._batch.put_many(locator_records(spill.ids, spill.heads, spill.pos,
+                                             self.store.k))
         if len(self._batch) >= self.WRITE:
             self.store.write(self._batch, False)
             self._batch, self._wrote = WriteBatch(), True

@@ -22,7 +22,6 @@ import numpy as np
 import numpy.typing as npt
 
 from backends.base import WriteBatch
-from sarpd.core import native
 from sarpd.core.delta import delta_key, encode_delta
 from sarpd.core.ids import id_bytes, ns_tag, salt_ids
 from sarpd.core.plan import WindowPlan
@@ -183,14 +182,14 @@ class WriteTxn:
         """The txn's new locations as locator records (a later one for the same block
         wins), for `locate`: natively, or as packed numpy records in one pass."""
         if self._in_dict < len(self._added):
-            c = native.module("write")
+            c = self.store.k.write
             if c is not None:
                 for ids, head_key, first_pos in self._added[self._in_dict :]:
                     c.put_locators(self._locators, as_u64(ids), head_key, first_pos)
             else:
                 held = self._held(self._in_dict)
                 assert held is not None
-                self._locators.update(locator_records(*held))
+                self._locators.update(locator_records(*held, self.store.k))
             self._in_dict = len(self._added)
         return self._locators
 
@@ -443,7 +442,8 @@ class WriteTxn:
             first = plan.first if plan is not None else []
             cands = list(dict.fromkeys(first + self.touched.get((w, int(qw[0, 0])), [])))
         best, run = self._pick(w, qw, cands, extra,
-                               first_mismatch(extra.ids, qw) if extra is not None else 0)
+                               first_mismatch(extra.ids, qw, self.store.k) if extra is not None
+                               else 0)
         while plan is not None and self.router.cfg.exact_match and plan.open(run):
             if self.router.cfg.block_locators and plan.checked_at != run:
                 plan.checked_at = run  # is the next block indexed anywhere? (one read)
@@ -463,7 +463,7 @@ class WriteTxn:
             c = self.cache.get(sid)
             if c is None or c.window != w:
                 continue
-            r = first_mismatch(c.ids, qw)
+            r = first_mismatch(c.ids, qw, self.store.k)
             if r > run or (best is not None and r == run and r > 0 and c.nblocks > best.nblocks):
                 best, run = c, r
         return best, run
@@ -618,7 +618,7 @@ class WriteTxn:
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
-        keys = block_keys(ids)
+        keys = block_keys(ids, self.store.k)
         locs, read = self.locators, self._read  # the map and backend do not change in a txn
         missing = [i for i, k in enumerate(keys) if k not in locs and k not in read]
         if missing:
@@ -733,7 +733,7 @@ class WriteTxn:
                     yield sid, cached
                 continue
             try:
-                yield sid, decode_segment(value, sid)
+                yield sid, decode_segment(value, sid, self.store.k)
             except (CorruptData, FormatVersionError) as exc:
                 log.error("clear: skipping segment %d: %s", sid, exc)
         for sid, cached in list(self.cache.items()):

@@ -35,7 +35,8 @@ from sarpd.core.ids import (
 from sarpd.model import IdArray
 
 U32_MAX = 2**32 - 1
-NATIVE = native.module("hash") is not None
+NATIVE = native.pick().hash is not None
+REF = native.pick(reference=True)
 needs_native = pytest.mark.skipif(not NATIVE, reason="native hashing not loaded")
 
 
@@ -57,12 +58,11 @@ def u32(tokens: list[int]) -> np.ndarray[Any, np.dtype[np.uint32]]:
     return np.array(tokens, dtype=np.uint32)
 
 
-def impls(fn: Callable[[], Any]) -> list[Any]:
-    """fn's result on the reference, then (when it is loaded) on the native path."""
-    with native.references():
-        out = [fn()]
+def impls(fn: Callable[[native.Kernels], Any]) -> list[Any]:
+    """fn's result on the reference kernels, then (when loaded) on the native ones."""
+    out = [fn(REF)]
     if NATIVE:
-        out.append(fn())
+        out.append(fn(native.pick()))
     return out
 
 
@@ -86,7 +86,7 @@ VECTORS = [
 @pytest.mark.parametrize(("ns", "tokens", "bt"), VECTORS)
 def test_known_vectors_are_todays_ids(ns: str, tokens: list[int], bt: int) -> None:
     want = reference_chain(xxhash.xxh3_128_digest(b"sarp-ns\0" + ns.encode()), tokens, bt)
-    for ids in impls(lambda: token_ids(ns, u32(tokens), bt)):
+    for ids in impls(lambda k: token_ids(ns, u32(tokens), bt, k)):
         check_ids(ids, len(tokens) // bt)
         assert raw(ids) == want
 
@@ -95,7 +95,7 @@ def test_a_known_id_is_its_digest_read_as_two_little_endian_words() -> None:
     digest = xxhash.xxh3_128_digest(ns_root("") + bytes(range(64)))
     toks = np.frombuffer(bytes(range(64)), dtype="<u4").astype(np.uint32)
     lo, hi = int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
-    for ids in impls(lambda: token_ids("", toks, 16)):
+    for ids in impls(lambda k: token_ids("", toks, 16, k)):
         assert ids.tolist() == [[lo, hi]]
 
 
@@ -114,7 +114,7 @@ PARENT = st.one_of(st.binary(min_size=16, max_size=16), st.just(bytes(16)),
 @given(parent=PARENT, tokens=TOKENS, bt=BT)
 def test_one_sequence_equals_the_stated_chain(parent: bytes, tokens: list[int], bt: int) -> None:
     want = reference_chain(parent, tokens, bt)
-    for ids in impls(lambda: chain_ids(parent, u32(tokens), bt)):
+    for ids in impls(lambda k: chain_ids(parent, u32(tokens), bt, k)):
         check_ids(ids, len(tokens) // bt)
         assert raw(ids) == want
 
@@ -139,7 +139,7 @@ def test_a_flat_batch_equals_each_sequence_chained_alone(
     t, off = u32(tokens), np.array(offsets, dtype=np.int64)
     want = [reference_chain(parents[16 * j : 16 * j + 16], tokens[a:b], bt)
             for j, (a, b) in enumerate(itertools.pairwise(offsets))]
-    for ids, ioff in impls(lambda: chain_ids_flat(parents, t, off, bt)):
+    for ids, ioff in impls(lambda k: chain_ids_flat(parents, t, off, bt, k)):
         check_ids(ids, sum(len(w) // 16 for w in want))
         assert ioff.dtype == np.int64 and ioff.tolist()[0] == 0 and len(ioff) == len(offsets)
         assert [raw(ids[a:b]) for a, b in itertools.pairwise(ioff.tolist())] == want
@@ -152,9 +152,8 @@ def test_many_sequences_in_one_call_equal_one_call_each() -> None:
     seqs = [rng.integers(0, 2**32, size=n, dtype=np.uint32) for n in lens]
     seqs[5] = np.full(200, U32_MAX, dtype=np.uint32)
     parents = [ns_root(f"ns{j % 7}") for j in range(len(seqs))]
-    results = impls(lambda: chain_ids_many(parents, seqs, 16))
-    with native.references():
-        one_each = [chain_ids(p, s, 16) for p, s in zip(parents, seqs, strict=True)]
+    results = impls(lambda k: chain_ids_many(parents, seqs, 16, k))
+    one_each = [chain_ids(p, s, 16, REF) for p, s in zip(parents, seqs, strict=True)]
     for many in results:
         assert len(many) == len(seqs)
         for got, want in zip(many, one_each, strict=True):
@@ -165,7 +164,7 @@ def test_parents_may_be_an_id_array() -> None:
     toks = np.arange(96, dtype=np.uint32)
     first = token_ids("", toks[:32], 16)  # two ids, used as the parents of two chains
     off = np.array([0, 48, 96], dtype=np.int64)
-    for ids, ioff in impls(lambda: chain_ids_flat(first, toks, off, 16)):
+    for ids, ioff in impls(lambda k: chain_ids_flat(first, toks, off, 16, k)):
         assert ioff.tolist() == [0, 3, 6]
         assert raw(ids[:3]) == reference_chain(id_bytes(first[0]), list(range(48)), 16)
         assert raw(ids[3:]) == reference_chain(id_bytes(first[1]), list(range(48, 96)), 16)
@@ -173,23 +172,24 @@ def test_parents_may_be_an_id_array() -> None:
 
 
 def test_an_empty_batch_gives_no_id() -> None:
-    for ids, ioff in impls(lambda: chain_ids_flat(b"", u32([]), np.zeros(1, np.int64), 16)):
+    for ids, ioff in impls(lambda k: chain_ids_flat(b"", u32([]), np.zeros(1, np.int64), 16,
+                                                    k)):
         check_ids(ids, 0)
         assert ioff.tolist() == [0]
-    for many in impls(lambda: chain_ids_many([], [], 16)):
+    for many in impls(lambda k: chain_ids_many([], [], 16, k)):
         assert many == []
 
 
 def test_any_uint32_buffer_is_hashed() -> None:
     toks = array.array("I", range(48))
-    for ids in impls(lambda: chain_ids(bytearray(ns_root("")), toks, 16)):
+    for ids in impls(lambda k: chain_ids(bytearray(ns_root("")), toks, 16, k)):
         assert raw(ids) == reference_chain(ns_root(""), list(range(48)), 16)
 
 
 def test_read_only_tokens_are_hashed() -> None:
     toks = np.frombuffer(np.arange(64, dtype=np.uint32).tobytes(), dtype=np.uint32)
     assert not toks.flags.writeable
-    for ids in impls(lambda: chain_ids(ns_root(""), toks, 16)):
+    for ids in impls(lambda k: chain_ids(ns_root(""), toks, 16, k)):
         assert raw(ids) == reference_chain(ns_root(""), list(range(64)), 16)
 
 
@@ -197,61 +197,63 @@ def test_read_only_tokens_are_hashed() -> None:
 P, T = bytes(16), np.arange(64, dtype=np.uint32)
 OFF = np.array([0, 32, 64], dtype=np.int64)
 BAD_CALLS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
-    ("parent short", lambda: chain_ids(b"x" * 15, T, 16), ValueError,
+    ("parent short", lambda k: chain_ids(b"x" * 15, T, 16, k), ValueError,
      "parent must be 16 bytes, got 15"),
-    ("parent long", lambda: chain_ids(b"x" * 17, T, 16), ValueError,
+    ("parent long", lambda k: chain_ids(b"x" * 17, T, 16, k), ValueError,
      "parent must be 16 bytes, got 17"),
-    ("parent str", lambda: chain_ids("p" * 16, T, 16), TypeError,
+    ("parent str", lambda k: chain_ids("p" * 16, T, 16, k), TypeError,
      "parent must be a 16-byte id (bytes), got str"),
-    ("parent strided", lambda: chain_ids(np.zeros(4, np.uint64)[::2], T, 16), ValueError,
+    ("parent strided", lambda k: chain_ids(np.zeros(4, np.uint64)[::2], T, 16, k), ValueError,
      "parent must be C-contiguous"),
-    ("tokens int64", lambda: chain_ids(P, T.astype(np.int64), 16), TypeError,
+    ("tokens int64", lambda k: chain_ids(P, T.astype(np.int64), 16, k), TypeError,
      "tokens must have dtype uint32, got buffer format 'l' (itemsize 8)"),
-    ("tokens big-endian", lambda: chain_ids(P, T.astype(">u4"), 16), TypeError,
+    ("tokens big-endian", lambda k: chain_ids(P, T.astype(">u4"), 16, k), TypeError,
      "tokens must have dtype uint32, got buffer format '>I' (itemsize 4)"),
-    ("tokens strided", lambda: chain_ids(P, T[::2], 16), ValueError,
+    ("tokens strided", lambda k: chain_ids(P, T[::2], 16, k), ValueError,
      "tokens must be C-contiguous (np.ascontiguousarray)"),
-    ("tokens 2-D", lambda: chain_ids(P, T.reshape(8, 8), 16), ValueError,
+    ("tokens 2-D", lambda k: chain_ids(P, T.reshape(8, 8), 16, k), ValueError,
      "tokens must be 1-D, got ndim 2"),
-    ("tokens list", lambda: chain_ids(P, [1, 2, 3], 16), TypeError,
+    ("tokens list", lambda k: chain_ids(P, [1, 2, 3], 16, k), TypeError,
      "tokens must be a 1-D uint32 array, got list"),
-    ("block_tokens 0", lambda: chain_ids(P, T, 0), ValueError,
+    ("block_tokens 0", lambda k: chain_ids(P, T, 0, k), ValueError,
      f"block_tokens must be in [1, {MAX_BLOCK_TOKENS}], got 0"),
-    ("block_tokens -1", lambda: chain_ids(P, T, -1), ValueError,
+    ("block_tokens -1", lambda k: chain_ids(P, T, -1, k), ValueError,
      f"block_tokens must be in [1, {MAX_BLOCK_TOKENS}], got -1"),
-    ("block_tokens huge", lambda: chain_ids(P, T, 2**70), ValueError,
+    ("block_tokens huge", lambda k: chain_ids(P, T, 2**70, k), ValueError,
      f"block_tokens must be in [1, {MAX_BLOCK_TOKENS}], got {2**70}"),
-    ("block_tokens float", lambda: chain_ids(P, T, 16.0), TypeError,
+    ("block_tokens float", lambda k: chain_ids(P, T, 16.0, k), TypeError,
      "block_tokens must be an int, got float"),
-    ("offsets empty", lambda: chain_ids_flat(b"", T, np.zeros(0, np.int64), 16), ValueError,
+    ("offsets empty", lambda k: chain_ids_flat(b"", T, np.zeros(0, np.int64), 16, k), ValueError,
      "offsets must hold one entry more than there are sequences, got 0 entries"),
-    ("offsets int32", lambda: chain_ids_flat(P * 2, T, OFF.astype(np.int32), 16), TypeError,
+    ("offsets int32", lambda k: chain_ids_flat(P * 2, T, OFF.astype(np.int32), 16, k), TypeError,
      "offsets must have dtype int64, got buffer format 'i' (itemsize 4)"),
-    ("offsets strided", lambda: chain_ids_flat(P, T, np.zeros(4, np.int64)[::2], 16),
+    ("offsets strided", lambda k: chain_ids_flat(P, T, np.zeros(4, np.int64)[::2], 16, k),
      ValueError, "offsets must be C-contiguous (np.ascontiguousarray)"),
-    ("offsets decrease", lambda: chain_ids_flat(P * 2, T, np.array([0, 40, 30]), 16),
+    ("offsets decrease", lambda k: chain_ids_flat(P * 2, T, np.array([0, 40, 30]), 16, k),
      ValueError, "offsets[2] = 30: offsets must be non-decreasing within [0, 64] (len(tokens))"),
-    ("offsets negative", lambda: chain_ids_flat(P, T, np.array([-1, 3]), 16),
+    ("offsets negative", lambda k: chain_ids_flat(P, T, np.array([-1, 3]), 16, k),
      ValueError, "offsets[0] = -1: offsets must be non-decreasing within [0, 64] (len(tokens))"),
-    ("offsets past the end", lambda: chain_ids_flat(P, T, np.array([0, 65]), 16),
+    ("offsets past the end", lambda k: chain_ids_flat(P, T, np.array([0, 65]), 16, k),
      ValueError, "offsets[1] = 65: offsets must be non-decreasing within [0, 64] (len(tokens))"),
-    ("parents short", lambda: chain_ids_flat(P, T, OFF, 16), ValueError,
+    ("parents short", lambda k: chain_ids_flat(P, T, OFF, 16, k), ValueError,
      "parents must be 16 bytes per sequence (2 sequences: 32 bytes), got 16"),
-    ("parents list", lambda: chain_ids_flat([P, P], T, OFF, 16), TypeError,
+    ("parents list", lambda k: chain_ids_flat([P, P], T, OFF, 16, k), TypeError,
      "parents must be 16 bytes per sequence (bytes), got list"),
-    ("flat tokens int64", lambda: chain_ids_flat(P * 2, T.astype(np.int64), OFF, 16), TypeError,
+    ("flat tokens int64", lambda k: chain_ids_flat(P * 2, T.astype(np.int64), OFF, 16, k),
+     TypeError,
      "tokens must have dtype uint32, got buffer format 'l' (itemsize 8)"),
-    ("flat block_tokens 0", lambda: chain_ids_flat(P * 2, T, OFF, 0), ValueError,
+    ("flat block_tokens 0", lambda k: chain_ids_flat(P * 2, T, OFF, 0, k),
+     ValueError,
      f"block_tokens must be in [1, {MAX_BLOCK_TOKENS}], got 0"),
-    ("many lengths", lambda: chain_ids_many([P], [T, T], 16), ValueError,
+    ("many lengths", lambda k: chain_ids_many([P], [T, T], 16, k), ValueError,
      "parents and seqs must have the same length, got 1 and 2"),
-    ("many parent", lambda: chain_ids_many([P, P[:8]], [T, T], 16), ValueError,
+    ("many parent", lambda k: chain_ids_many([P, P[:8]], [T, T], 16, k), ValueError,
      "parents[1] must be 16 bytes, got 8"),
-    ("many seq dtype", lambda: chain_ids_many([P, P], [T, T.astype(np.int64)], 16), TypeError,
+    ("many seq dtype", lambda k: chain_ids_many([P, P], [T, T.astype(np.int64)], 16, k), TypeError,
      "seqs[1] must be a 1-D uint32 array, got dtype int64, ndim 1"),
-    ("many seq list", lambda: chain_ids_many([P], [[1, 2]], 16), TypeError,
+    ("many seq list", lambda k: chain_ids_many([P], [[1, 2]], 16, k), TypeError,
      "seqs[0] must be a 1-D uint32 array, got list"),
-    ("many seq 0-d", lambda: chain_ids_many([P, P], [T, np.uint32(3)], 16), TypeError,
+    ("many seq 0-d", lambda k: chain_ids_many([P, P], [T, np.uint32(3)], 16, k), TypeError,
      "seqs[1] must be a 1-D uint32 array, got numpy.uint32"),
 ]
 
@@ -259,10 +261,10 @@ BAD_CALLS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
 @pytest.mark.parametrize(("call", "exc", "message"), [c[1:] for c in BAD_CALLS],
                          ids=[c[0] for c in BAD_CALLS])
 def test_bad_arguments_raise_the_same_error_naming_the_argument(
-        call: Callable[[], object], exc: type[Exception], message: str) -> None:
-    def error() -> tuple[type[BaseException], str]:
+        call: Callable[[native.Kernels], object], exc: type[Exception], message: str) -> None:
+    def error(k: native.Kernels) -> tuple[type[BaseException], str]:
         with pytest.raises(exc) as info:
-            call()
+            call(k)
         return info.type, str(info.value)
 
     for got in impls(error):
@@ -271,8 +273,8 @@ def test_bad_arguments_raise_the_same_error_naming_the_argument(
 
 # -- dispatch and the install's gate --------------------------------------------------
 @needs_native
-def test_the_path_is_picked_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = native.module("hash")
+def test_the_kernels_given_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = native.pick().hash
     calls: list[str] = []
 
     def spy(name: str) -> Callable[..., Any]:
@@ -281,10 +283,9 @@ def test_the_path_is_picked_at_each_call(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(mod, "chain_ids", spy("chain_ids"))
     monkeypatch.setattr(mod, "chain_ids_flat", spy("chain_ids_flat"))
-    with native.references():
-        ref = token_ids("", T, 16), chain_ids_many([P], [T], 16)[0]
+    ref = token_ids("", T, 16, REF), chain_ids_many([P], [T], 16, REF)[0]
     assert calls == []
-    nat = token_ids("", T, 16), chain_ids_many([P], [T], 16)[0]
+    nat = token_ids("", T, 16), chain_ids_many([P], [T], 16, native.pick())[0]
     assert calls == ["chain_ids", "chain_ids_flat"]
     assert all((a == b).all() for a, b in zip(ref, nat, strict=True))
     assert native.status()["hash"]

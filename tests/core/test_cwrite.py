@@ -207,18 +207,17 @@ def test_routing_filters_match_the_fingerprint_reference(rows: list[tuple[int, i
     ids = np.array(rows, dtype=np.uint64).reshape(len(rows), 2)
     want = filters_at(fingerprints(ids, 64), np.array(offsets, dtype=np.int64)).tolist()
     assert CW.filters(ids, offsets) == want  # blocks past the end fingerprint as 0
-    assert segment_filters(ids, offsets, 64) == want
-    with native.references():
-        assert segment_filters(ids, offsets, 64) == want
+    assert segment_filters(ids, offsets, 64, native.pick()) == want
+    assert segment_filters(ids, offsets, 64, native.pick(reference=True)) == want
 
 
-def test_dispatch_follows_native_references() -> None:
+def test_the_kernels_given_run() -> None:
     seg = Segment(1, 0, 1, 2, np.ones((1, 2), np.uint64), np.ones(1, np.uint64))
-    assert native.module("write") is not None or not native.ENABLED
-    fast = (encode_segment(seg), block_keys(seg.ids))
-    with native.references():
-        assert native.module("write") is None
-        assert (encode_segment(seg), block_keys(seg.ids)) == fast
+    assert native.pick().write is not None or not native.ENABLED
+    fast = (encode_segment(seg, native.pick()), block_keys(seg.ids, native.pick()))
+    ref = native.pick(reference=True)
+    assert ref.write is None
+    assert (encode_segment(seg, ref), block_keys(seg.ids, ref)) == fast
     strided = np.arange(12, dtype=np.uint64).reshape(3, 4)[:, ::2]  # not contiguous
     assert block_keys(strided) == _block_keys(strided)
     signed = Segment(1, 0, 1, 2, np.ones((1, 2), np.int64), np.ones(1, np.int64))

@@ -8,7 +8,6 @@ not built (SARPD_NO_EXTENSIONS=1: the reference is what runs)."""
 from __future__ import annotations
 
 from itertools import pairwise
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,8 @@ from sarpd.core.routing import filter_at, fingerprints
 from sarpd.core.segment import Segment
 from sarpd.model import IdArray, Insert, Match, MatchResult, SeqSpec
 
-K = native.module("match")
+K = native.pick().match
+REF = native.pick(reference=True)
 pytestmark = pytest.mark.skipif(K is None, reason="the match kernel is not built")
 
 SMALL = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, window_cap=2)
@@ -40,7 +40,7 @@ CONFIGS = {
 }
 
 
-def kern() -> ModuleType:
+def kern() -> native.MatchKernel:
     assert K is not None
     return K
 
@@ -52,8 +52,7 @@ def plan_fields(p: WindowPlan) -> tuple[Any, ...]:
 
 
 def reference_plans(router: Router, qs: list[IdArray]) -> list[list[tuple[Any, ...]]]:
-    with native.references():
-        return [[plan_fields(p) for p in plans] for plans in router.plan_many(qs)]
+    return [[plan_fields(p) for p in plans] for plans in router.plan_many_reference(qs)]
 
 
 def kernel_plans(router: Router, qs: list[IdArray]) -> list[list[tuple[Any, ...]]]:
@@ -177,8 +176,7 @@ def reference_verify(routed: kernel.Routed, segs: dict[int, Segment],
         for s in routed.first[row[kernel.FSTART] : row[kernel.FSTART] + row[kernel.FCOUNT]]:
             c = segs.get(int(s))
             if c is not None and c.window == row[kernel.W]:
-                with native.references():
-                    run = min(verify.first_mismatch(c.ids, qw), c.present_run(0))
+                run = min(verify.first_mismatch(c.ids, qw, REF), c.present_run(0))
                 if run > best:
                     best, sid = run, int(s)
         out.append((best, sid))
@@ -219,21 +217,22 @@ def test_match_many_answers_what_the_reference_answers(seed: int, exact: bool) -
     rng = np.random.default_rng(seed)
     cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, refine_threshold=2,
                       window_cap=2, exact_match=exact)
-    ix = SarpIndex(MemoryBackend(), cfg)
+    ix, ref = (SarpIndex(MemoryBackend(), cfg, kernels=k) for k in (native.pick(), REF))
     ix.recover()
+    ref.recover()
     trunk = ids(40, seed % 1000)
     seqs = []
     for i in range(30):  # siblings of shared prefixes: ties past the cap, holders
         cut = int(rng.integers(0, 40))
         seq = np.concatenate([trunk[:cut], ids(int(rng.integers(1, 12)), seed + i)])
         seqs.append(seq)
-        ix.write_many([_insert(i, seq, int(rng.integers(1, 4)))])
+        op = _insert(i, seq, int(rng.integers(1, 4)))
+        for index in (ix, ref):
+            index.write_many([op])
     queries = [Match(i, SeqSpec("", hashes=s[: int(rng.integers(0, len(s) + 1))]),
                      holders=int(rng.integers(0, 3)), with_ids=bool(i % 2))
                for i, s in enumerate(seqs)]
-    got = _answers(ix.match_many(queries))
-    with native.references():
-        assert _answers(ix.match_many(queries)) == got
+    assert _answers(ix.match_many(queries)) == _answers(ref.match_many(queries))
 
 
 def _insert(i: int, seq: IdArray, meta: int) -> Insert:
@@ -403,14 +402,12 @@ EDGE_KEYS = st.sampled_from([0, 1, 2, 2**63, 2**64 - 2, 2**64 - 1]) | st.integer
 def test_delta_order_merge_is_the_references(steps: list[list[int]]) -> None:
     """The kernel's merge of appended rows (ties, the extremes of uint64, empty steps)
     gives the numpy reference's order and sorted keys, and both a stable argsort."""
-    native_d, ref_d = _Delta(), _Delta()
+    native_d, ref_d = _Delta(kern()), _Delta(None)
     for keys in steps:
         for key in keys:
             native_d.append(key, 1, 0)
             ref_d.append(key, 1, 0)
-        got = native_d.order()
-        with native.references():
-            want = ref_d.order()
+        got, want = native_d.order(), ref_d.order()
         assert got.tolist() == want.tolist()
         stable = np.argsort(native_d.keys[: native_d.n], kind="stable")
         assert got.tolist() == stable.tolist()

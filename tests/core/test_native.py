@@ -26,7 +26,7 @@ def _probe(no_extensions: str | None) -> tuple[bool, dict[str, bool], dict[str, 
 def test_every_path_is_reported_by_status_and_expected() -> None:
     assert set(native.status()) == set(native.expected()) == set(native.EXTENSIONS)
     for path in native.EXTENSIONS:
-        assert native.status()[path] == (native.module(path) is not None)
+        assert native.status()[path] == (getattr(native.pick(), path) is not None)
 
 
 def test_no_extensions_forces_every_reference() -> None:
@@ -42,22 +42,26 @@ def test_without_the_variable_what_was_built_is_loaded() -> None:
         assert status[path] or not want, f"{path}: expected native, the reference ran"
 
 
-def test_references_runs_every_reference_inside_and_restores_after() -> None:
+def test_an_index_runs_the_kernels_it_was_built_with_beside_another() -> None:
+    """sarp and sarp-py in one process: each index calls through its own kernels."""
     import numpy as np
 
+    from backends.memory import MemoryBackend
+    from sarpd.config import IndexConfig
     from sarpd.core import verify
+    from sarpd.core.index import SarpIndex
 
-    before = native.status()
+    ref = native.pick(reference=True)
+    assert ref is native.REFERENCE and not any(ref.status().values()) and ref.name == "reference"
+    assert native.pick() is native.pick()  # picked once
+    fast = SarpIndex(MemoryBackend(), IndexConfig(), kernels=native.pick())
+    slow = SarpIndex(MemoryBackend(), IndexConfig(), kernels=ref)
+    assert fast.store.k is fast.router.k is fast.k and slow.router.dir._match is None
+    assert slow.stats()["kernels"] == "reference" and slow.stats()["verifier"] == "numpy"
+    assert fast.stats()["verifier"] == verify.implementation(native.pick())
     a = np.arange(20, dtype=np.uint64).reshape(10, 2)
     b = a.copy()
     b[7, 1] += np.uint64(1)
-    with native.references():
-        assert not any(native.status().values())
-        assert verify.implementation() == "numpy"
-        inside = (verify.first_mismatch(a, b), verify.first_mismatch_many([a, a], [b, a]))
-        with native.references():  # nests
-            assert native.module("verify") is None
-        assert native.module("verify") is None
-    assert native.status() == before
-    assert inside == (7, [7, 10])
-    assert (verify.first_mismatch(a, b), verify.first_mismatch_many([a, a], [b, a])) == inside
+    for k in (ref, native.pick()):
+        assert (verify.first_mismatch(a, b, k), verify.first_mismatch_many([a, a], [b, a], k)
+                ) == (7, [7, 10])

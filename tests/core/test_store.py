@@ -247,18 +247,15 @@ def test_seq_ids_many_is_seq_ids_of_each_in_one_call(references: bool) -> None:
     from sarpd.core import native
     from sarpd.errors import TooLarge
 
-    st = Store(MemoryBackend(), IndexConfig(max_sequence_tokens=64))
+    st = Store(MemoryBackend(), IndexConfig(max_sequence_tokens=64),
+               native.pick(reference=references))
     rng = np.random.default_rng(5)
     seqs = [SeqSpec("a", tokens=rng.integers(0, 1 << 32, 40, dtype=np.uint64).astype(np.uint32)),
             SeqSpec("b", hashes=rng.integers(0, 1 << 63, (3, 2), dtype=np.uint64)),
             SeqSpec("a", tokens=np.zeros(65, np.uint32)),  # one token over the limit
             SeqSpec("", tokens=np.zeros(7, np.uint32)),  # no whole block
             SeqSpec("c", tokens=rng.integers(0, 9, 64, dtype=np.uint64).astype(np.uint32))]
-    if references:
-        with native.references():
-            got = st.seq_ids_many(seqs)
-    else:
-        got = st.seq_ids_many(seqs)
+    got = st.seq_ids_many(seqs)
     assert len(got) == len(seqs)
     for seq, q in zip(seqs, got, strict=True):
         if seq.tokens is not None and len(seq.tokens) > 64:

@@ -180,7 +180,7 @@ def _implementation(env_value: str | None) -> str:
     if env_value is not None:
         env["SARPD_NO_EXTENSIONS"] = env_value
     out = subprocess.run(
-        [sys.executable, "-c", "import sarpd.core.verify as v; print(v.IMPLEMENTATION)"],
+        [sys.executable, "-c", "import sarpd.core.verify as v; print(v.implementation())"],
         env=env, capture_output=True, text=True, check=True,
     )
     return out.stdout.strip()

@@ -17,9 +17,10 @@ records (their own byte counts, issue 24); routing_bytes = the directory;
 backend_reads = `activity.segment_reads` (segments fetched from the backend).
 
 `sarp-py` (`reference()`) is sarp with every native path replaced by its reference
-(`sarpd.core.native.references()` around everything it runs, its recovery child
-too): same build, same run. `native()` says which paths ran natively (match, hash,
-write; a path the install does not know reads False). Kernel efficiency: every
+(its index, bulk builder and recovery child are built with
+`sarpd.core.native.pick(reference=True)`): same build, same run, same process.
+`native()` says which paths run natively for the index (match, hash, write; a path
+the install does not know reads False). Kernel efficiency: every
 match call records the keys it read (segments asked of the store, cached or not,
 and locators looked up); `bare_reread()` re-reads them with ONE bare backend
 multi-get right after (warm), timed: sarp's match time over that time is the CPU it
@@ -33,7 +34,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 from pathlib import Path
@@ -88,6 +88,7 @@ class SarpBench:
         self.config = config or IndexConfig()
         self.sync = sync
         self.reference = reference  # every native path replaced by its reference (sarp-py)
+        self.kernels = native_paths.pick(reference=reference)
         self._read = Reads()  # what the last match call read
         self.ix: SarpIndex | None = None
         self.backend: Backend | None = None
@@ -101,18 +102,13 @@ class SarpBench:
              direct_io: bool = False) -> None:
         self.data_dir, self.backend_name, self.cache_bytes = data_dir, backend, cache_bytes
         self.direct_io = direct_io
-        with self._paths():
-            self.ix = open_index(data_dir, backend, cache_bytes, self.config, self.sync, direct_io)
-            self.ix.recover()
-
-    def _paths(self) -> AbstractContextManager[None]:
-        """The context everything of this index runs in (sarp-py: the references)."""
-        return native_paths.references() if self.reference else nullcontext()
+        self.ix = open_index(data_dir, backend, cache_bytes, self.config, self.sync, direct_io,
+                             self.kernels)
+        self.ix.recover()
 
     def native(self) -> dict[str, bool]:
         """Per path (match, hash, write): whether it runs natively for this index."""
-        with self._paths():
-            status = native_paths.status()
+        status = self.kernels.status()
         return {p: bool(status.get(p, False)) for p in NATIVE_PATHS}
 
     def bulk_open(self, data_dir: Path, backend: str, cache_bytes: int,
@@ -122,14 +118,13 @@ class SarpBench:
         """`open` on a directory built by sarp's bulk path (sarpd/core/bulk.py: the
         write path into staging, one sorted ingest, a snapshot) from `batches` of
         `insert_many` arguments."""
-        with self._paths():
-            self._bulk(data_dir, backend, cache_bytes, batches, progress)
+        self._bulk(data_dir, backend, cache_bytes, batches, progress)
         self.open(data_dir, backend, cache_bytes, direct_io)
 
     def _bulk(self, data_dir: Path, backend: str, cache_bytes: int,
               batches: Iterable[tuple[Sequence[Ids], Sequence[str], Sequence[U64]]],
               progress: Callable[[int], None] | None) -> None:
-        builder = BulkBuilder(self.config, data_dir / "bulk.tmp")
+        builder = BulkBuilder(self.config, data_dir / "bulk.tmp", self.kernels)
         try:
             for seqs, ns, metas in batches:
                 self.ix = builder.index
@@ -155,7 +150,7 @@ class SarpBench:
                 enumerate(zip(as_hashes_many(prompts), ns, strict=True))]
         out: list[U64] = []
         self._read.clear()
-        with self._paths(), Recording(self._index().store, self._read):
+        with Recording(self._index().store, self._read):
             results = self._index().match_many(reqs)
         for r in results:
             assert isinstance(r, MatchResult), r
@@ -173,15 +168,13 @@ class SarpBench:
     def insert_many(self, seqs: Sequence[Ids], ns: Sequence[str], metas: Sequence[U64]) -> None:
         reqs = [Insert(i, SeqSpec(n, hashes=as_hashes(s)), meta=m) for i, (s, n, m) in
                 enumerate(zip(seqs, ns, metas, strict=True))]
-        with self._paths():
-            results = self._index().write_many(reqs)
+        results = self._index().write_many(reqs)
         for r in results:
             assert not isinstance(r, Exception), r
 
     def flush(self) -> None:
         ix = self._index()
-        with self._paths():
-            ix.snapshot()
+        ix.snapshot()
         ix.backend.flush_buffers()
 
     def recover(self) -> RecoveryResult:
@@ -230,8 +223,7 @@ class SarpBench:
         return int(self._index().backend.stats().get("disk_bytes", 0)) + snaps
 
     def stats(self) -> dict[str, int | float | str]:
-        with self._paths():
-            return self._index().stats()
+        return self._index().stats()
 
     def close(self) -> None:
         if self.ix is not None:

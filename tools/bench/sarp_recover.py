@@ -27,6 +27,7 @@ import numpy as np
 from sarpd.config import IndexConfig
 from sarpd.core import SarpIndex, open_backend
 from sarpd.core import native as native_paths
+from sarpd.core.native import Kernels
 from sarpd.model import Match, SeqSpec
 
 OWN_CACHE_SHARE = 0.35  # of the budget, for the decoded-segment cache; the engine gets the rest
@@ -52,22 +53,25 @@ def within_budget(config: IndexConfig, cache_bytes: int) -> IndexConfig:
 
 
 def open_index(data_dir: Path, backend: str, cache_bytes: int, config: IndexConfig,
-               sync: bool, direct_io: bool) -> SarpIndex:
-    """sarp on `data_dir/backend` within `cache_bytes` (split_budget), not recovered."""
+               sync: bool, direct_io: bool, kernels: Kernels | None = None) -> SarpIndex:
+    """sarp on `data_dir/backend` within `cache_bytes` (split_budget), not recovered;
+    `kernels`: the index's (sarp-py: `native.pick(reference=True)`)."""
     engine, segments = split_budget(cache_bytes)
     be = open_backend(backend, data_dir / backend, cache_bytes=engine, direct_io=direct_io)
-    ix = SarpIndex(be, within_budget(config, cache_bytes), data_dir / "snapshots", sync=sync)
+    ix = SarpIndex(be, within_budget(config, cache_bytes), data_dir / "snapshots", sync=sync,
+                   kernels=kernels)
     ix.store.cache_segments = segments
     return ix
 
 
 def recover_once(data_dir: Path, backend: str, cache_bytes: int, block_locators: bool,
-                 direct_io: bool) -> tuple[SarpIndex, dict[str, float | int | bool]]:
+                 direct_io: bool, kernels: Kernels | None = None
+                 ) -> tuple[SarpIndex, dict[str, float | int | bool]]:
     """Open, recover, answer one match: (the open index, seconds from the call to the
     answer and what recovery did). The caller closes the index after reporting."""
     t0 = time.perf_counter()
     ix = open_index(data_dir, backend, cache_bytes, IndexConfig(block_locators=block_locators),
-                    False, direct_io)
+                    False, direct_io, kernels)
     rep = ix.recover()
     probe = np.zeros((4, 2), dtype=np.uint64)
     probe[:, 0] = np.arange(1, 5, dtype=np.uint64)
@@ -87,12 +91,8 @@ def main() -> None:
     p.add_argument("--references", action="store_true",
                    help="Every native path replaced by its reference (sarp-py).")
     a = p.parse_args()
-    args = (a.data_dir, a.backend, a.cache_bytes, not a.no_block_locators, a.direct_io)
-    if a.references:
-        with native_paths.references():
-            ix, out = recover_once(*args)
-    else:
-        ix, out = recover_once(*args)
+    ix, out = recover_once(a.data_dir, a.backend, a.cache_bytes, not a.no_block_locators,
+                           a.direct_io, native_paths.pick(reference=a.references))
     print(json.dumps(out), flush=True)  # the parent's clock stops at this line
     ix.close()
 
