@@ -7,7 +7,7 @@ WT_STAMP := $(VENV)/.sarp-wiredtiger
 WT_SHIM  := $(VENV)/wt-build-bin
 DATA   ?= ./var
 
-.PHONY: setup setup-wt run test lint imports typecheck pytest clean
+.PHONY: setup setup-wt run test lint imports typecheck pytest sanitize fuzz clean
 
 setup: $(STAMP)
 
@@ -69,6 +69,21 @@ pytest: setup setup-wt
 	SARPD_NO_EXTENSIONS=1 $(BIN)/pytest -q tests/core/test_ids.py tests/core/test_chash.py
 
 test: lint imports typecheck pytest
+
+# The native tests (and the fuzz harnesses' replays) under ASan + UBSan: every C
+# extension of setup.py built with the sanitizers in a copy of the tree
+# (build/sanitize/src; the in-place build is left alone), run there with the
+# compiler's libasan/libubsan preloaded; fails on any sanitizer report
+# (tools/ci/sanitize.sh; ~3 min on 2 cores).
+sanitize: setup
+	tools/ci/sanitize.sh $(BIN)/python
+
+# Coverage-guided fuzzing (atheris) of every C extension against its reference, the
+# harnesses of tests/fuzz sharing FUZZ_SECONDS (tools/ci/fuzz.sh; findings are left
+# in build/fuzz/crashes).
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	tools/ci/fuzz.sh $(BIN)/python $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

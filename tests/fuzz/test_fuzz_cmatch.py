@@ -1,0 +1,356 @@
+"""Fuzz sarpd/core/_cmatch.c (the match kernel: `route`, `verify`, `assemble`,
+`merge_order`) against its references, with tests/core/test_kernel.py's helpers:
+
+- routing of random directories (base and unmerged delta, duplicate keys, tied
+  filters, hot posting lists) is the router's (`reference_plans`), and the first
+  verification round over candidates that are copies of the query, cut, holed, moved
+  to another window, missing, or hostile (ids of another dtype or shape, strided
+  views, presence past 64 bits or negative) is `reference_verify`'s;
+- `assemble` is `holders.match_holders` for one holder a block;
+- `merge_order` is numpy's stable argsort (keys that collide, uint64's extremes);
+- hostile arguments (arrays of another dtype, shape or memory order, rows, spans,
+  offsets and orders out of range, lengths that do not add up, sb/gap/cap out of
+  range or huge) are refused with a clean exception, or, where the kernel takes them,
+  answered within bounds (and, for verify, as the reference answers)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sarpd.config import IndexConfig
+from sarpd.core import holders, kernel
+from sarpd.core.routing import filter_at, fingerprints
+from sarpd.core.segment import Segment
+from sarpd.model import IdArray
+from tests.core.test_kernel import (
+    CONFIGS,
+    _router,
+    kernel_plans,
+    reference_plans,
+    reference_verify,
+)
+from tests.fuzz._common import (
+    I64,
+    U64,
+    Source,
+    clean,
+    extension,
+    outcome,
+    refused,
+    replay,
+    u64_form,
+)
+
+K = extension("match")
+R = kernel.ROW_FIELDS
+SEG_ERRORS = (AttributeError, KeyError)  # a segs entry that is no Segment, or missing
+
+
+def _world(src: Source) -> tuple[IndexConfig, Any, list[IdArray]]:
+    """A directory over a small pool of ids (base sorted by key, delta in insertion
+    order), with filters near the queries' so that agreements tie; queries walk the
+    pool. As tests/core/test_kernel.py's `worlds`, drawn from the fuzzer's bytes."""
+    cfg = CONFIGS[src.pick(sorted(CONFIGS))]
+    sb = cfg.segment_blocks
+    pool = src.u64s((src.integer(1, 12), 2))
+    qs = [pool[[src.integer(0, len(pool) - 1) for _ in range(src.integer(0, 3 * sb))]]
+          .reshape(-1, 2) for _ in range(src.integer(0, 6))]
+    qfilts = [filter_at(fingerprints(q[:sb], sb), o)
+              for q in qs if len(q) for o in range(min(len(q), sb))] or [0]
+    top = src.pick([3, 50, 1 << 40])
+
+    def entries(n: int) -> list[tuple[int, int, int]]:
+        out = []
+        for _ in range(n):
+            f = int(src.pick(qfilts))
+            if src.flag():  # differs from a query's at one nibble: a given agreement
+                f ^= 1 << src.integer(0, 63)
+            out.append((int(pool[src.integer(0, len(pool) - 1), 0]), src.integer(1, top), f))
+        return out
+
+    router = _router(cfg, entries(src.integer(0, 60)), entries(src.integer(0, 40)))
+    return cfg, router, qs
+
+
+def _check_route(src: Source) -> None:
+    _, router, qs = _world(src)
+    want = reference_plans(router, qs)
+    got = kernel_plans(router, qs)
+    assert got == want, "route: not the router's plans"
+
+
+def _candidate(src: Source, qw: IdArray, window: int, sb: int) -> tuple[object, bool]:
+    """A segment offered for a window: (segment, in the kernel's domain)."""
+    n = src.integer(1, sb)
+    cand = np.resize(qw, (n, 2)).copy() if len(qw) else src.u64s((n, 2))
+    if src.chance(40):
+        cand[src.integer(0, n - 1), src.integer(0, 1)] ^= np.uint64(1)
+    w = window + (1 if src.chance(10) else 0)
+    presence = ((1 << n) - 1) & ~src.u64() if src.chance(30) else (1 << n) - 1
+    seg = Segment(src.integer(1, 2**40), w, presence, 0, cand, np.zeros(n, np.uint64))
+    k = src.integer(0, 19)
+    if k == 0:
+        seg.ids = np.repeat(cand, 2, axis=0)[::2]  # a strided view: read as it is
+    elif k == 1:
+        seg.presence = src.pick([-1, 2**64 - 1, 2**64 + presence, 2**70 - 1])
+    elif k == 2:
+        seg.window = src.pick([-1, -(2**63), 2**63 - 1, 2**63, 2**64 - 1])  # a u64 field
+    elif k == 3:  # no id array of the kernel's: refused, or read as the reference
+        seg.ids = src.pick([cand.astype(np.int64), cand.reshape(-1), cand[:, :1].copy(),
+                            cand.tolist()])
+        return seg, False
+    elif k == 4:
+        return src.pick([object(), None, 5]), False
+    return seg, True
+
+
+def _check_verify(src: Source) -> None:
+    assert K is not None
+    cfg, router, qs = _world(src)
+    sb = cfg.segment_blocks
+    routed = router.route(qs, K)
+    segs: dict[int, Any] = {}
+    ok = True
+    for row in routed.rows.tolist():
+        start = int(routed.qstarts[row[kernel.Q]]) + row[kernel.W] * sb
+        qw = routed.qids[start : start + row[kernel.LEN]]
+        for s in routed.first[row[kernel.FSTART] : row[kernel.FSTART] + row[kernel.FCOUNT]]:
+            if int(s) in segs or src.chance(15):
+                continue  # missing (or corrupt): not offered
+            segs[int(s)], fits = _candidate(src, qw, row[kernel.W], sb)
+            ok = ok and fits
+    got, err = outcome(lambda: kernel.verify(K, routed, segs, sb))
+    want, ref_err = outcome(lambda: reference_verify(routed, segs, sb))
+    if isinstance(err, OverflowError) and ref_err is None and any(
+            isinstance(s, Segment) and isinstance(s.window, int) and s.window >= 2**63
+            for s in segs.values()):
+        return  # test_found.py: test_verify_skips_a_candidate_of_a_window_past_int64
+    if not ok:
+        clean(err, "verify", *SEG_ERRORS)
+        if err is not None or ref_err is not None:
+            return
+    assert err is None, f"verify: {err!r} (reference: {ref_err!r})"
+    assert got is not None
+    best, sid = got
+    got_v = list(zip(best.tolist(), sid.tolist(), strict=True))
+    assert got_v == want, "verify: not the reference's"
+
+
+def _check_assemble(src: Source) -> None:
+    """As test_kernel's test_assemble_is_match_holders_for_one_holder_a_block."""
+    assert K is not None
+    sb = 8
+    nq = src.integer(0, 5)
+    rows: list[list[int]] = []
+    best: list[int] = []
+    sids: list[int] = []
+    spans: list[tuple[int, int]] = []
+    segs: dict[int, Segment] = {}
+    for q in range(nq):
+        lo = len(rows)
+        for w in range(src.integer(0, 4)):
+            length = src.integer(1, sb)
+            run = src.integer(0, length)
+            row = [0] * R
+            row[kernel.Q], row[kernel.W], row[kernel.LEN] = q, w, length
+            sid = 0
+            if run:
+                sid = len(segs) + 1
+                meta = np.array([src.integer(1, 3) for _ in range(run)], np.uint64)
+                table = src.chance(25)
+                xm = np.array([9], np.uint64) if table else np.empty(0, np.uint64)
+                xk = np.array([1], np.uint64) if table else np.empty(0, np.uint64)
+                ids = src.u64s((run, 2))
+                if src.chance(10):  # strided metas: read as they are
+                    meta = np.repeat(meta, 2)[::2]
+                segs[sid] = Segment(sid, w, (1 << run) - 1, 0, ids, meta, xm, xk)
+            rows.append(row)
+            best.append(run)
+            sids.append(sid)
+        spans.append((lo, len(rows)))
+    span = np.array(spans, np.int64).reshape(-1, 2)
+    res_b, meta_b = K.assemble(np.array(rows, np.int64).reshape(-1, R), span,
+                               np.array(best, np.int64), np.array(sids, np.uint64), segs)
+    res = np.frombuffer(res_b, np.int64).reshape(-1, 4)
+    meta_out = np.frombuffer(meta_b, np.uint64)
+    for (lo, hi), (total, single, start, run) in zip(spans, res.tolist(), strict=True):
+        matched, want = [], 0
+        for r in range(lo, hi):
+            if sids[r]:
+                matched.append((segs[sids[r]], best[r]))
+            want += best[r]
+            if best[r] < rows[r][kernel.LEN]:
+                break
+        assert total == want, "assemble: blocks"
+        assert single == holders.single_holder(matched), "assemble: single"
+        if single:
+            m, top = holders.match_holders(matched, 1)
+            assert meta_out[start : start + total].tolist() == m.tolist(), "assemble: meta"
+            assert ([(int(m[0]), run)] if total else []) == top, "assemble: first run"
+
+
+def u64_form_k(src: Source, arr: U64) -> tuple[object, bool]:
+    """u64_form for the kernel's arrays: never unaligned while the kernel reads them
+    through typed pointers (undefined behaviour: test_found.py, the sanitized run)."""
+    return u64_form(src, arr, unaligned=False)
+
+
+def _i64_form(src: Source, arr: I64) -> tuple[object, bool]:
+    """u64_form_k for an int64 array: int64 is this one's right dtype, uint64 is not."""
+    obj, ok = u64_form_k(src, arr.view(np.uint64))
+    if (isinstance(obj, np.ndarray) and obj.dtype in (np.uint64, np.int64)
+            and obj.dtype.byteorder in "=|"):
+        signed = obj.view(np.int64) if obj.dtype == np.uint64 else obj
+        return signed, bool(signed.flags.c_contiguous) and (ok or obj.dtype == np.int64)
+    return obj, False
+
+
+def _check_merge(src: Source) -> None:
+    assert K is not None
+    n = src.integer(0, 60)
+    keys = src.u64s(n, pool=src.pick([0, 1, 3, 8]))
+    n0 = src.integer(0, n)
+    old = np.argsort(keys[:n0], kind="stable")
+    old_keys = keys[:n0][old]
+    garbage = src.chance(15)
+    if garbage:  # no stable order of keys[:n0]: any answer of n rows, no crash
+        old = src.u64s(n0).view(np.int64)
+        old_keys = src.u64s(n0)
+    (a, ok_a), (b, ok_b), (c, ok_c) = (u64_form_k(src, keys), _i64_form(src, old),
+                                       u64_form_k(src, old_keys))
+    got, err = outcome(lambda: K.merge_order(a, b, c))
+    if not (ok_a and ok_b and ok_c):
+        refused(err, "merge_order")
+        return
+    assert err is None, f"merge_order refused valid arguments: {err!r}"
+    assert got is not None
+    order, ordered = np.frombuffer(got[0], np.int64), np.frombuffer(got[1], np.uint64)
+    assert len(order) == len(ordered) == n, "merge_order: not one row per key"
+    if not garbage:
+        stable = np.argsort(keys, kind="stable")
+        assert order.tolist() == stable.tolist(), "merge_order: not the stable argsort"
+        assert ordered.tolist() == keys[stable].tolist(), "merge_order: keys"
+
+
+def _fits(row: list[int], starts: list[int], nid: int, nf: int, sb: int) -> bool:
+    q, w, length, fs, fc = (row[kernel.Q], row[kernel.W], row[kernel.LEN], row[kernel.FSTART],
+                            row[kernel.FCOUNT])
+    return (0 <= q < len(starts) and w >= 0 and 0 <= length <= sb and fs >= 0 and fc >= 0
+            and fs + fc <= nf and 0 <= starts[q] <= nid and starts[q] + w * sb + length <= nid)
+
+
+def _check_raw(src: Source) -> None:
+    """route, verify and assemble called with arguments no caller builds."""
+    assert K is not None
+    nid = src.integer(0, 40)
+    qids = src.u64s((nid, 2), pool=src.pick([1, 4]))
+    cuts = sorted(src.integer(0, nid) for _ in range(src.integer(0, 4)))
+    qlens = np.diff(np.array([0, *cuts, nid], np.int64))
+    nb, nd = src.integer(0, 12), src.integer(0, 12)
+    keys = qids[:, 0] if nid else np.zeros(1, np.uint64)
+    bkeys = np.sort(keys[[src.integer(0, len(keys) - 1) for _ in range(nb)]].astype(np.uint64))
+    dkeys = keys[[src.integer(0, len(keys) - 1) for _ in range(nd)]].astype(np.uint64)
+    args: list[object] = [qids, qlens, bkeys, src.u64s(nb), src.u64s(nb), dkeys, src.u64s(nd),
+                          src.u64s(nd), np.argsort(dkeys, kind="stable").astype(np.int64),
+                          src.pick([1, 2, 8, 64]), src.pick([1, 2, 4, 7]), src.pick([1, 2, 40])]
+    bad = src.integer(0, 14)
+    if bad == 1:
+        at = src.integer(0, 8)
+        arr = args[at]
+        assert isinstance(arr, np.ndarray)
+        args[at], ok = (u64_form_k(src, arr) if arr.dtype == np.uint64
+                        else _i64_form(src, arr))
+    elif bad == 2:
+        at = src.integer(9, 11)  # sb in 1..64, gap and cap >= 1 (any size)
+        args[at] = src.pick([0, -1, 2**63, 2**64, None, 1.5, *([65, 2**62] if at == 9 else [])])
+        ok = False
+    elif bad == 3:  # qlens that do not add up, are negative or huge
+        args[1] = src.pick([qlens + 1, -qlens - 1, np.array([2**62, 2**62], np.int64),
+                            np.array([2**63 - 1], np.int64), np.append(qlens, 1)])
+        ok = False
+    elif bad == 4 and nd:  # dorder out of range
+        d = np.argsort(dkeys, kind="stable").astype(np.int64)
+        d[src.integer(0, nd - 1)] = src.pick([-1, nd, 2**63 - 1])
+        args[8] = d
+        ok = False
+    elif bad == 5:  # base and delta lengths that differ
+        args[src.pick([3, 4, 6, 7, 8])] = np.zeros(13, np.uint64)
+        ok = False
+    elif bad == 6:  # an unsorted base, a delta order that is a permutation: no crash
+        args[2] = src.u64s(nb)
+        args[8] = np.array(np.random.default_rng(nd).permutation(nd), np.int64)
+        ok = True
+    elif bad == 7:  # huge gap and cap: fine
+        args[10], args[11] = src.pick([2**40, 2**62]), src.pick([2**40, 2**62])
+        ok = True
+    else:
+        ok = True
+    got, err = outcome(lambda: K.route(*args))
+    if not ok:
+        refused(err, "route")
+        return
+    assert err is None, f"route refused valid arguments: {err!r}"
+    assert got is not None
+    rows = np.frombuffer(got[0], np.int64).reshape(-1, R)
+    first = np.frombuffer(got[1], np.uint64)
+    sb = int(args[9])  # type: ignore[call-overload]
+    for row in rows.tolist():
+        assert 0 <= row[kernel.OFF] < row[kernel.LEN] <= sb, f"route: row {row}"
+        assert 0 <= row[kernel.FSTART] <= row[kernel.FSTART] + row[kernel.FCOUNT] <= len(first)
+        assert 0 <= row[kernel.BLO] <= row[kernel.BHI] <= nb, f"route: row {row}"
+        assert 0 <= row[kernel.DLO] <= row[kernel.DHI] <= nd, f"route: row {row}"
+    # verify and assemble on rows of garbage: refused by row, or answered as the reference
+    nr = src.integer(0, 4)
+    vrows = np.zeros((nr, R), np.int64)
+    for r in range(nr):
+        for f in (kernel.Q, kernel.W, kernel.LEN, kernel.FSTART, kernel.FCOUNT):
+            vrows[r, f] = src.pick([0, 1, 2, 3, 8, -1, 2**62, -(2**63)]) if src.chance(20) \
+                else src.integer(0, 4)
+    starts = np.cumsum(qlens) - qlens if src.chance(80) else src.u64s(len(qlens)).view(np.int64)
+    vfirst = src.u64s(src.integer(0, 6), pool=3)
+    vsb = src.pick([1, 2, 8, 64])
+    segs: dict[int, Any] = {int(s): Segment(int(s), src.integer(0, 2), src.u64(), 0,
+                                            src.u64s((src.integer(0, 9), 2), pool=2),
+                                            np.zeros(0, np.uint64)) for s in vfirst}
+    vgot, verr = outcome(lambda: K.verify(qids, starts, vrows, vfirst, segs, vsb))
+    fits = [_fits(row, starts.tolist(), nid, len(vfirst), vsb) for row in vrows.tolist()]
+    if all(fits):
+        assert verr is None, f"verify refused rows that fit: {verr!r}"
+        assert vgot is not None
+        routed = kernel.Routed(qids, starts, vrows, vfirst, None)  # type: ignore[arg-type]
+        want = reference_verify(routed, segs, vsb)
+        got_v = list(zip(np.frombuffer(vgot[0], np.int64).tolist(),
+                         np.frombuffer(vgot[1], np.uint64).tolist(), strict=True))
+        assert got_v == want, "verify: not the reference's on rows that fit"
+    else:
+        refused(verr, "verify(rows that do not fit)")
+        assert f"rows[{fits.index(False)}]" in str(verr), f"verify: {verr}"
+    spans = np.array([[src.integer(-1, nr + 1), src.integer(-1, nr + 1)]
+                      for _ in range(src.integer(0, 3))], np.int64).reshape(-1, 2)
+    best = np.array([src.integer(-1, 9) for _ in range(nr)], np.int64)
+    sids = vfirst[:nr] if len(vfirst) >= nr and src.flag() else np.zeros(nr, np.uint64)
+    _, aerr = outcome(lambda: K.assemble(vrows, spans, best, sids, segs))
+    clean(aerr, "assemble", *SEG_ERRORS)
+
+
+def one_input(data: bytes) -> None:
+    if K is None:
+        return
+    src = Source(data)
+    src.pick([_check_route, _check_verify, _check_verify, _check_assemble, _check_merge,
+              _check_raw, _check_raw])(src)
+
+
+@pytest.mark.skipif(K is None, reason="the match kernel is not built")
+def test_replay() -> None:
+    replay(one_input, seed=4, runs=300, max_len=3000)
+
+
+if __name__ == "__main__":
+    from tests.fuzz._common import fuzz
+
+    fuzz(one_input, sys.argv)
