@@ -18,6 +18,7 @@ def _native():  # sarpd/core/native.py (standard library only), without importin
     path = Path(__file__).resolve().parent / "sarpd" / "core" / "native.py"
     spec = importlib.util.spec_from_file_location("_sarp_native", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
