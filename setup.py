@@ -42,6 +42,14 @@ ext_modules = [
         extra_compile_args=["-O2"],
         optional=True,
     ),
+    Extension(
+        "sarpd.core._cmap",
+        ["sarpd/core/_cmap.c", "sarpd/core/csrc/blockmap.c"],
+        include_dirs=["sarpd/core/csrc"],
+        depends=["sarpd/core/csrc/blockmap.h"],
+        extra_compile_args=["-O2"],
+        optional=True,
+    ),
 ]
 if _native().xxhash_found():
     ext_modules.append(
