@@ -12,10 +12,10 @@ phases of batches:
     lookup   every block once, shuffled (hits young and frozen: a frozen hit moves)
     discard  every block once, shuffled again
 
-Budgets: `fits` holds every block (nothing evicted: the young generation at 65,536,
-frozen generations of it); `evicts` is a quarter of the blocks' frozen bytes
-(generation `block_map_generation(budget)`): adds evict generations and spill them,
-lookups miss three quarters. Figures: blocks/s of each phase (the fastest of `--runs`
+Budgets (generation `block_map_generation(budget)`: 65,536 for `fits` from ~260k
+blocks): `fits` holds every block, nothing evicted, lookups hit (young or frozen);
+`evicts` is a quarter of the blocks' frozen bytes: adds evict generations and spill
+them, lookups miss three quarters. Figures: blocks/s of each phase (the fastest of `--runs`
 fresh maps) and native/reference. Both maps' stats are compared after every phase:
 a difference is an error, not a figure. Needs the extension built (`make setup`).
 """
