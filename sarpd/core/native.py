@@ -20,6 +20,7 @@ broken install, not a slower one.
     hash      sarpd.core._chash (libxxhash)      sarpd.core.ids (Python + xxhash)
     write     sarpd.core._cwrite                 sarpd.core.segment (codecs, locators),
                                                  sarpd.core.router (segment_filters)
+    map       sarpd.core._cmap                   sarpd.core.blockmap (BlockMap)
 
 Every extension's functions are declared in its `.pyi` stub and, for the slots, in
 the protocols below (mypy checks that each module satisfies its protocol where `pick`
@@ -38,20 +39,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, MutableMapping, Sequence
+    from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
     import numpy as np
     import numpy.typing as npt
 
+    from sarpd.core.blockmap import MapArrays, Spill
     from sarpd.core.segment import Segment
     from sarpd.model import IdArray, U64Array
 
     I64Array = npt.NDArray[np.int64]
     BufferLike = bytes | bytearray | memoryview | npt.NDArray[Any]
 
-__all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "HashKernel", "Kernels", "MatchKernel",
-           "VerifyKernel", "WriteKernel", "compiler", "expected", "pick", "status",
-           "summary", "xxhash_found"]
+__all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "BlockMapLike", "HashKernel", "Kernels",
+           "MapKernel", "MatchKernel", "VerifyKernel", "WriteKernel", "compiler", "expected",
+           "pick", "status", "summary", "xxhash_found"]
 
 ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
 
@@ -61,6 +63,7 @@ EXTENSIONS: dict[str, str] = {
     "hash": "sarpd.core._chash",
     "match": "sarpd.core._cmatch",
     "write": "sarpd.core._cwrite",
+    "map": "sarpd.core._cmap",
 }
 
 
@@ -108,6 +111,30 @@ class WriteKernel(Protocol):
     def filters(self, ids: U64Array, offsets: Sequence[int], /) -> list[int]: ...
 
 
+class BlockMapLike(Protocol):
+    """What the store asks of a block map (sarpd/core/blockmap.py's `BlockMap`)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def stats(self) -> dict[str, int]: ...
+    def lookup(self, ids: IdArray, /) -> tuple[U64Array, npt.NDArray[Any]]: ...
+    def add(self, ids: IdArray, heads: U64Array, pos: npt.NDArray[Any], /) -> Spill | None: ...
+    def add_bulk(self, ids: IdArray, heads: U64Array, pos: npt.NDArray[Any],
+                 /) -> Spill | None: ...
+    def discard(self, ids: IdArray, /) -> None: ...
+    def clear(self) -> None: ...
+    def to_arrays(self) -> MapArrays: ...
+    def load_arrays(self, arrays: MapArrays, /) -> Spill | None: ...
+
+
+class MapKernel(Protocol):
+    """sarpd/core/_cmap.c (reference: sarpd.core.blockmap)."""
+
+    @property
+    def BlockMap(self) -> Callable[[int, int], BlockMapLike]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Kernels:
     """Which implementation runs each path, picked once (`pick`) and handed to an
@@ -117,6 +144,7 @@ class Kernels:
     hash: HashKernel | None
     match: MatchKernel | None
     write: WriteKernel | None
+    map: MapKernel | None
 
     def status(self) -> dict[str, bool]:
         """Per path: whether it runs natively."""
@@ -129,7 +157,7 @@ class Kernels:
         return "mixed" if len(got) > 1 else "native" if got == {True} else "reference"
 
 
-REFERENCE = Kernels(None, None, None, None)
+REFERENCE = Kernels(None, None, None, None, None)
 
 
 def _load(path: str) -> object | None:
@@ -150,11 +178,11 @@ def pick(reference: bool = False) -> Kernels:
     if reference:
         return REFERENCE
     if TYPE_CHECKING:  # what mypy checks: each module satisfies its protocol
-        from sarpd.core import _chash, _cmatch, _cwrite
+        from sarpd.core import _chash, _cmap, _cmatch, _cwrite
         from sarpd.core.verify import _cverify
 
-        return Kernels(_cverify, _chash, _cmatch, _cwrite)
-    return Kernels(_load("verify"), _load("hash"), _load("match"), _load("write"))
+        return Kernels(_cverify, _chash, _cmatch, _cwrite, _cmap)
+    return Kernels(_load("verify"), _load("hash"), _load("match"), _load("write"), _load("map"))
 
 
 def status() -> dict[str, bool]:

@@ -51,7 +51,7 @@ from sarpd.core.ids import (
     salt_ids_many,
 )
 from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifest
-from sarpd.core.native import Kernels
+from sarpd.core.native import BlockMapLike, Kernels
 from sarpd.core.segment import (
     APPLIED_KEY,
     COUNTERS_KEY,
@@ -150,7 +150,8 @@ class Store:
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self.copies = Copies(cfg.segment_blocks)  # hot windows' copies (the writer's)
         # where recently stored blocks live, by id (issue 24): None without locators
-        self.blockmap = BlockMap(cfg.block_map_bytes, block_map_generation(
+        impl = self.k.map.BlockMap if self.k.map is not None else BlockMap
+        self.blockmap: BlockMapLike | None = impl(cfg.block_map_bytes, block_map_generation(
             cfg.block_map_bytes)) if cfg.block_locators else None
         # segments with delta records on the backend (sarpd/core/delta.py), merged, and
         # how many records each has: read from here, never from their base (issue 24)

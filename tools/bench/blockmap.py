@@ -22,7 +22,6 @@ a difference is an error, not a figure. Needs the extension built (`make setup`)
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import time
@@ -33,7 +32,9 @@ import click
 import numpy as np
 import numpy.typing as npt
 
+from sarpd.core import native
 from sarpd.core.blockmap import YOUNG_ENTRY_BYTES, BlockMap, block_map_generation
+from sarpd.core.native import BlockMapLike
 from sarpd.model import IdArray, U64Array
 
 FROZEN_ENTRY_BYTES = 33  # blockmap.FROZEN_ENTRY_BYTES (not in its __all__)
@@ -47,15 +48,14 @@ class Map(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
-def native_map() -> Callable[[int, int], Map]:
-    """sarpd.core._cmap.BlockMap (imported by name: the dispatch seam, sarpd.core.native,
-    does not list the block map yet)."""
-    try:
-        mod = importlib.import_module("sarpd.core._cmap")
-    except ImportError as exc:
-        raise click.ClickException(f"sarpd.core._cmap is not built ({exc}): make setup") from exc
-    cls: Callable[[int, int], Map] = mod.BlockMap
-    return cls
+def native_map() -> Callable[[int, int], BlockMapLike]:
+    """The block map of the native kernels (sarpd.core.native's slot `map`:
+    sarpd.core._cmap.BlockMap)."""
+    kernel = native.pick().map
+    if kernel is None:
+        raise click.ClickException("sarpd.core._cmap is not loaded (not built, or "
+                                   "SARPD_NO_EXTENSIONS=1): make setup")
+    return kernel.BlockMap
 
 
 def phases(make: Callable[[int, int], Map], budget: int, batch: int, ids: IdArray,
