@@ -38,7 +38,9 @@ ext_modules = [
     ),
     Extension(
         "sarpd.core._cwrite",
-        ["sarpd/core/_cwrite.c"],
+        ["sarpd/core/_cwrite.c", "sarpd/core/csrc/segment.c"],
+        include_dirs=["sarpd/core/csrc"],
+        depends=["sarpd/core/csrc/segment.h", "sarpd/core/csrc/sarp.h"],
         extra_compile_args=["-O2"],
         optional=True,
     ),
@@ -56,6 +58,8 @@ if _native().xxhash_found():
         Extension(
             "sarpd.core._chash",
             ["sarpd/core/_chash.c"],
+            include_dirs=["sarpd/core/csrc"],
+            depends=["sarpd/core/csrc/sarp.h"],
             libraries=["xxhash"],
             extra_compile_args=["-O2"],
             optional=True,

@@ -15,65 +15,27 @@
  *     16 j + 16]; its ids are rows id_offsets[j] : id_offsets[j + 1] of the result.
  *
  * Argument errors are TypeError / ValueError naming the argument, with the same text
- * as the reference's (tests compare them). The GIL is released around the hashing
- * loop when it is long enough to pay for it. */
+ * as the reference's (tests compare them; the array checks are csrc/sarp.h's). The GIL
+ * is released around the hashing loop when it is long enough to pay for it. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 #include <xxhash.h>
 
+#include "sarp.h"
+
 #define MAX_BLOCK_TOKENS ((Py_ssize_t)1 << 30) /* 4 GiB of tokens per block */
 #define STACK_TOKENS 256                       /* blocks up to this size hash from the stack */
 #define NOGIL_BLOCKS 64                        /* release the GIL from this many blocks */
 
-/* Strip a native-order prefix from a buffer format ("<" only on little-endian). */
-static const char *native_format(const Py_buffer *view) {
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=' || (PY_LITTLE_ENDIAN && *f == '<')) f++;
-    return f;
-}
-
-/* Get `obj` as a buffer with strides (so that a non-contiguous one is reported by
- * this module, not by the exporter); -1 with TypeError naming `name` / `what`. */
-static int get_view(PyObject *obj, const char *name, const char *what, Py_buffer *view) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_STRIDES | PyBUF_FORMAT) == 0) return 0;
-    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be %s, got %.100s", name, what,
-                     Py_TYPE(obj)->tp_name);
-    }
-    return -1;
-}
-
-/* A 1-D C-contiguous integer array of `itemsize`-byte items with one of two formats. */
-static int get_array(PyObject *obj, const char *name, const char *dtype, Py_ssize_t itemsize,
-                     char f1, char f2, Py_buffer *view) {
-    char what[64];
-    PyOS_snprintf(what, sizeof what, "a 1-D %s array", dtype);
-    if (get_view(obj, name, what, view) < 0) return -1;
-    const char *f = native_format(view);
-    if (view->itemsize != itemsize || !((f[0] == f1 || f[0] == f2) && f[1] == '\0')) {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype %s, got buffer format '%s' (itemsize %zd)",
-                     name, dtype, view->format ? view->format : "B", view->itemsize);
-    } else if (view->ndim != 1) {
-        PyErr_Format(PyExc_ValueError, "%s must be 1-D, got ndim %d", name, view->ndim);
-    } else if (!PyBuffer_IsContiguous(view, 'C')) {
-        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous (np.ascontiguousarray)", name);
-    } else {
-        return 0;
-    }
-    PyBuffer_Release(view);
-    return -1;
-}
-
 static int get_tokens(PyObject *obj, Py_buffer *view) {
-    return get_array(obj, "tokens", "uint32", 4, 'I', 'L', view);
+    return sarp_get_array(obj, "tokens", "uint32", 4, 'I', 'L', view);
 }
 
 /* Contiguous bytes of any format (ids: 16 bytes each). */
 static int get_bytes(PyObject *obj, const char *name, const char *what, Py_buffer *view) {
-    if (get_view(obj, name, what, view) < 0) return -1;
+    if (sarp_get_view(obj, name, what, view) < 0) return -1;
     if (!PyBuffer_IsContiguous(view, 'C')) {
         PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", name);
         PyBuffer_Release(view);
@@ -147,7 +109,7 @@ static void scratch_free(scratch *s) {
     if (s->buf != s->small) PyMem_RawFree(s->buf);
 }
 
-static PyObject *chain_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *chain_ids(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_Format(PyExc_TypeError,
                      "chain_ids takes 3 arguments (parent, tokens, block_tokens), got %zd", nargs);
@@ -244,7 +206,8 @@ static PyObject *hash_batch(const Py_buffer *p, const Py_buffer *t, const Py_buf
     return out;
 }
 
-static PyObject *chain_ids_flat(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *chain_ids_flat(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_Format(PyExc_TypeError,
                      "chain_ids_flat takes 4 arguments (parents, tokens, offsets, block_tokens), "
@@ -255,7 +218,7 @@ static PyObject *chain_ids_flat(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *out = NULL;
     Py_ssize_t bt = get_block_tokens(args[3]);
     if (bt < 0) return NULL;
-    if (get_array(args[2], "offsets", "int64", 8, 'q', 'l', &o) < 0) return NULL;
+    if (sarp_get_i64_1d(args[2], "offsets", &o) < 0) return NULL;
     Py_ssize_t m = o.shape[0] - 1;
     if (m < 0) {
         PyErr_SetString(PyExc_ValueError,
@@ -292,7 +255,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sarpd.core._chash",
-                                    "Chained XXH3-128 block ids (libxxhash).", -1, methods};
+                                    "Chained XXH3-128 block ids (libxxhash).", -1, methods,
+                                    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__chash(void) {
     PyObject *mod = PyModule_Create(&module);

@@ -1,155 +1,57 @@
-/* The write path's records in C: the twin of the codecs in segment.py.
+/* The write path's records in C: the Python face of sarp's C segment codec
+ * (sarpd/core/csrc/segment.c, the twin of segment.py and delta.py).
  *
  * encode_segment packs a segment value byte for byte as segment.encode_segment does
  * (the layout is segment.py's module docstring: a 48-byte header, ids, first holders,
  * format 2's holder table; CRC-32 of bytes [0, 40) then [44, end), zlib's CRC).
  * parse_segment checks a value as segment.decode_segment does and returns its header
- * fields, or an int (the failed check) so that the caller raises the reference's own
- * error. block_keys and put_locators build the block locator records
+ * fields, or an int (the failed check, CHECKS names them) so that the caller raises the
+ * reference's own error. block_keys and put_locators build the block locator records
  * (b"B" + 16-byte id -> u64 head key + u32 position, little-endian); filters is
  * the twin of routing.filters_at(routing.fingerprints(ids), offsets) for register.
- * Arrays are C-contiguous uint64 buffers (ids of shape (n, 2)). */
+ * Arrays are C-contiguous uint64 buffers (ids of shape (n, 2)); the argument checks
+ * are csrc/sarp.h's.
+ *
+ * seg_ops, delta and apply_delta drive the segment library on values, so that
+ * tests/core/test_csegment.py can hold it to the reference: seg_ops decodes a value
+ * into a Seg, runs a list of holder operations on it and returns each one's result
+ * with the value after it; delta is delta.encode_delta of two values' segments;
+ * apply_delta is delta.apply_delta, encoded, or the int of the check a record fails. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#define HEADER 48
-#define MAX_BLOCKS 64
+#include "sarp.h"
+#include "segment.h"
+
 #define LOCATOR_KEY 17  /* b"B" + 16-byte id */
 #define LOCATOR_VALUE 12  /* u64 head key + u32 position */
 
-/* CRC-32 (zlib's polynomial), slicing by 8: crc_table[k][b] is the CRC of byte b
- * followed by k zero bytes, so eight table lookups consume eight input bytes. */
-static uint32_t crc_table[8][256];
-
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int k = 1; k < 8; k++)
-            crc_table[k][i] = (crc_table[k - 1][i] >> 8) ^ crc_table[0][crc_table[k - 1][i] & 0xFF];
-}
-
-/* zlib.crc32(buf, crc) */
-static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
-    crc = ~crc;
-    while (n >= 8) {
-        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16
-                             | (uint32_t)p[3] << 24);
-        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16
-                      | (uint32_t)p[7] << 24;
-        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF]
-              ^ crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24]
-              ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF]
-              ^ crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
-        p += 8;
-        n -= 8;
-    }
-    while (n--) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return ~crc;
-}
-
-static void put_u64(unsigned char *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put_u32(unsigned char *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const unsigned char *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
-static uint32_t get_u32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Get `obj` as a C-contiguous uint64 buffer; on error set an exception naming `name`
- * and return -1. The number of uint64 items is view->len / 8. */
-static int get_u64s(PyObject *obj, const char *name, Py_buffer *view) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyObject *type, *value, *tb;
-        int no_buffer = PyErr_ExceptionMatches(PyExc_TypeError);
-        PyErr_Fetch(&type, &value, &tb);
-        if (no_buffer)
-            PyErr_Format(PyExc_TypeError, "%s must be a uint64 array, got %.100s", name,
-                         Py_TYPE(obj)->tp_name);
-        else
-            PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous uint64 array (%S)", name,
-                         value ? value : Py_None);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        return -1;
-    }
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=' || (PY_LITTLE_ENDIAN && *f == '<')) f++;  /* native order */
-    if (view->itemsize != 8 || !((f[0] == 'Q' || f[0] == 'L') && f[1] == '\0')) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s must have dtype uint64, got buffer format '%s' (itemsize %zd)", name,
-                     view->format ? view->format : "B", view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
-/* An id array: uint64 of shape (n, 2). */
-static int get_ids(PyObject *obj, const char *name, Py_buffer *view) {
-    if (get_u64s(obj, name, view) < 0) return -1;
-    if (view->ndim != 2 || view->shape[1] != 2) {
-        PyErr_Format(PyExc_ValueError, "%s must have shape (n, 2), got ndim %d%s", name,
-                     view->ndim, view->ndim == 2 ? " with a second dimension other than 2" : "");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
-static int get_uint64_arg(PyObject *obj, const char *name, uint64_t *out) {
-    if (!PyLong_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.100s", name, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_OverflowError, "%s must be in [0, 2**64), got %R", name, obj);
-        return -1;
-    }
-    *out = (uint64_t)v;
-    return 0;
-}
-
 /* encode_segment(seg_id, window, presence, ns_tag, ids, meta, xmeta, xmask) -> bytes */
-static PyObject *encode_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *encode_segment(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_Format(PyExc_TypeError, "encode_segment takes 8 arguments (seg_id, window, "
                      "presence, ns_tag, ids, meta, xmeta, xmask), got %zd", nargs);
         return NULL;
     }
     uint64_t seg_id, window, presence, tag;
-    if (get_uint64_arg(args[0], "seg_id", &seg_id) < 0 ||
-        get_uint64_arg(args[1], "window", &window) < 0 ||
-        get_uint64_arg(args[2], "presence", &presence) < 0 ||
-        get_uint64_arg(args[3], "ns_tag", &tag) < 0)
+    if (sarp_get_uint64_arg(args[0], "seg_id", &seg_id) < 0 ||
+        sarp_get_uint64_arg(args[1], "window", &window) < 0 ||
+        sarp_get_uint64_arg(args[2], "presence", &presence) < 0 ||
+        sarp_get_uint64_arg(args[3], "ns_tag", &tag) < 0)
         return NULL;
     Py_buffer ids, meta, xmeta, xmask;
-    if (get_ids(args[4], "ids", &ids) < 0) return NULL;
+    if (sarp_get_ids(args[4], "ids", &ids) < 0) return NULL;
     PyObject *out = NULL;
-    if (get_u64s(args[5], "meta", &meta) < 0) goto free_ids;
-    if (get_u64s(args[6], "xmeta", &xmeta) < 0) goto free_meta;
-    if (get_u64s(args[7], "xmask", &xmask) < 0) goto free_xmeta;
+    if (sarp_get_u64s(args[5], "meta", &meta) < 0) goto free_ids;
+    if (sarp_get_u64s(args[6], "xmeta", &xmeta) < 0) goto free_meta;
+    if (sarp_get_u64s(args[7], "xmask", &xmask) < 0) goto free_xmeta;
     Py_ssize_t n = ids.shape[0], h = xmeta.len / 8;
-    if (n < 1 || n > MAX_BLOCKS) {
-        PyErr_Format(PyExc_ValueError, "ids: %zd blocks, a segment holds 1..%d", n, MAX_BLOCKS);
+    if (n < 1 || n > SEG_MAX_BLOCKS) {
+        PyErr_Format(PyExc_ValueError, "ids: %zd blocks, a segment holds 1..%d", n,
+                     SEG_MAX_BLOCKS);
         goto done;
     }
     if (meta.len / 8 != n) {
@@ -164,30 +66,13 @@ static PyObject *encode_segment(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_Format(PyExc_ValueError, "xmeta: %zd holder entries, at most 2**32 - 1", h);
         goto done;
     }
-    if (n < 64) presence &= ((uint64_t)1 << n) - 1;
-    Py_ssize_t size = HEADER + 24 * n + 16 * h;
-    out = PyBytes_FromStringAndSize(NULL, size);
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)seg_value_size((unsigned)n, (size_t)h));
     if (out == NULL) goto done;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    memcpy(p, "SRPS", 4);
-    p[4] = h ? 2 : 1;
-    p[5] = (unsigned char)n;
-    p[6] = p[7] = 0;
-    put_u64(p + 8, seg_id);
-    put_u64(p + 16, window);
-    put_u64(p + 24, presence);
-    put_u64(p + 32, tag);
-    put_u32(p + 44, (uint32_t)h);
     Py_BEGIN_ALLOW_THREADS
-    /* native little-endian uint64 is the value's byte order */
-    memcpy(p + HEADER, ids.buf, (size_t)(16 * n));
-    memcpy(p + HEADER + 16 * n, meta.buf, (size_t)(8 * n));
-    if (h) {
-        memcpy(p + HEADER + 24 * n, xmeta.buf, (size_t)(8 * h));
-        memcpy(p + HEADER + 24 * n + 8 * h, xmask.buf, (size_t)(8 * h));
-    }
-    uint32_t crc = crc32_update(crc32_update(0, p, 40), p + 44, (size_t)(size - 44));
-    put_u32(p + 40, crc);
+    /* n and h fit (checked above): it cannot fail */
+    seg_encode_parts(p, seg_id, window, presence, tag, (unsigned)n, ids.buf, meta.buf,
+                     (size_t)h, xmeta.buf, xmask.buf);
     Py_END_ALLOW_THREADS
 done:
     PyBuffer_Release(&xmask);
@@ -200,33 +85,9 @@ free_ids:
     return out;
 }
 
-/* The checks of segment.decode_segment, in its order; 0 when the value passes. */
-enum { OK = 0, SHORT, MAGIC, FORMAT, FORMAT1_TABLE, SIZE, CHECKSUM, TABLE };
-
-static int check_value(const unsigned char *p, Py_ssize_t len) {
-    if (len < HEADER) return SHORT;
-    if (memcmp(p, "SRPS", 4) != 0) return MAGIC;
-    unsigned fmt = p[4], n = p[5];
-    uint64_t h = get_u32(p + 44);
-    if (fmt != 1 && fmt != 2) return FORMAT;
-    if (fmt == 1 && h) return FORMAT1_TABLE;
-    if (n < 1 || n > MAX_BLOCKS || (uint64_t)len != HEADER + 24 * (uint64_t)n + 16 * h)
-        return SIZE;
-    if (crc32_update(crc32_update(0, p, 40), p + 44, (size_t)(len - 44)) != get_u32(p + 40))
-        return CHECKSUM;
-    uint64_t presence = get_u64(p + 24);
-    const unsigned char *xm = p + HEADER + 24 * n, *xk = xm + 8 * h;
-    for (uint64_t j = 0; j < h; j++) {
-        uint64_t mask = get_u64(xk + 8 * j);
-        if (mask == 0 || (mask & ~presence)) return TABLE;
-        if (j && get_u64(xm + 8 * j) <= get_u64(xm + 8 * (j - 1))) return TABLE;
-    }
-    return OK;
-}
-
 /* parse_segment(value) -> (fmt, n, seg_id, window, presence, ns_tag, h), or the int
  * of the first check the value fails (the caller raises the reference's error). */
-static PyObject *parse_segment(PyObject *self, PyObject *arg) {
+static PyObject *parse_segment(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer v;
     if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) {
         PyErr_Format(PyExc_TypeError, "value must be bytes, got %.100s", Py_TYPE(arg)->tp_name);
@@ -235,16 +96,18 @@ static PyObject *parse_segment(PyObject *self, PyObject *arg) {
     const unsigned char *p = (const unsigned char *)v.buf;
     int code;
     Py_BEGIN_ALLOW_THREADS
-    code = check_value(p, v.len);
+    code = seg_check(p, (size_t)v.len);
     Py_END_ALLOW_THREADS
     PyObject *out;
-    if (code != OK)
+    if (code != SEG_OK)
         out = PyLong_FromLong(code);
     else
         out = Py_BuildValue("(iiKKKKk)", (int)p[4], (int)p[5],
-                            (unsigned long long)get_u64(p + 8), (unsigned long long)get_u64(p + 16),
-                            (unsigned long long)get_u64(p + 24), (unsigned long long)get_u64(p + 32),
-                            (unsigned long)get_u32(p + 44));
+                            (unsigned long long)sarp_get_le64(p + 8),
+                            (unsigned long long)sarp_get_le64(p + 16),
+                            (unsigned long long)sarp_get_le64(p + 24),
+                            (unsigned long long)sarp_get_le64(p + 32),
+                            (unsigned long)sarp_get_le32(p + 44));
     PyBuffer_Release(&v);
     return out;
 }
@@ -259,9 +122,9 @@ static PyObject *block_key(const unsigned char *id16) {
 }
 
 /* block_keys(ids) -> list of b"B" + 16-byte id */
-static PyObject *block_keys(PyObject *self, PyObject *arg) {
+static PyObject *block_keys(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer ids;
-    if (get_ids(arg, "ids", &ids) < 0) return NULL;
+    if (sarp_get_ids(arg, "ids", &ids) < 0) return NULL;
     Py_ssize_t n = ids.shape[0];
     PyObject *out = PyList_New(n);
     if (out != NULL) {
@@ -278,7 +141,7 @@ static PyObject *block_keys(PyObject *self, PyObject *arg) {
 
 /* put_locators(d, ids, head_key, first_pos): d[block key of ids[i]] = locator of
  * (head_key, first_pos + i), in order (a later record of a block wins). */
-static PyObject *put_locators(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *put_locators(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_Format(PyExc_TypeError, "put_locators takes 4 arguments (d, ids, head_key, "
                      "first_pos), got %zd", nargs);
@@ -289,11 +152,11 @@ static PyObject *put_locators(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     uint64_t head, first;
-    if (get_uint64_arg(args[2], "head_key", &head) < 0 ||
-        get_uint64_arg(args[3], "first_pos", &first) < 0)
+    if (sarp_get_uint64_arg(args[2], "head_key", &head) < 0 ||
+        sarp_get_uint64_arg(args[3], "first_pos", &first) < 0)
         return NULL;
     Py_buffer ids;
-    if (get_ids(args[1], "ids", &ids) < 0) return NULL;
+    if (sarp_get_ids(args[1], "ids", &ids) < 0) return NULL;
     Py_ssize_t n = ids.shape[0];
     if (first + (uint64_t)n > 0xFFFFFFFFull + 1) {
         PyErr_Format(PyExc_OverflowError, "first_pos %llu + %zd blocks: a position is a u32",
@@ -309,8 +172,8 @@ static PyObject *put_locators(PyObject *self, PyObject *const *args, Py_ssize_t 
         int bad = k == NULL || v == NULL;
         if (!bad) {
             unsigned char *s = (unsigned char *)PyBytes_AS_STRING(v);
-            put_u64(s, head);
-            put_u32(s + 8, (uint32_t)(first + (uint64_t)i));
+            sarp_put_le64(s, head);
+            sarp_put_le32(s + 8, (uint32_t)(first + (uint64_t)i));
             bad = PyDict_SetItem(args[0], k, v) < 0;
         }
         Py_XDECREF(k);
@@ -325,16 +188,13 @@ static PyObject *put_locators(PyObject *self, PyObject *const *args, Py_ssize_t 
 /* A block's 4-bit fingerprint (routing.fingerprints): 1..15, 0 past the end. */
 static unsigned fingerprint(const unsigned char *ids, Py_ssize_t n, Py_ssize_t i) {
     if (i >= n) return 0;
-    uint64_t id[2];
-    memcpy(id, ids + 16 * i, sizeof id);
-    uint64_t mixed = (id[0] ^ id[1]) * 0x9E3779B97F4A7C15ull;
-    return (unsigned)((mixed >> 32) % 15) + 1;
+    return sarp_fingerprint_at(ids + 16 * i);
 }
 
 /* filters(ids, offsets) -> list of the 64-bit filters of points at `offsets` of a
  * segment with these ids (routing.filters_at of routing.fingerprints): byte j holds
  * the fingerprints of blocks offset + 2j + 1 (high nibble) and offset + 2j + 2. */
-static PyObject *filters(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *filters(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "filters takes 2 arguments (ids, offsets), got %zd", nargs);
         return NULL;
@@ -342,15 +202,16 @@ static PyObject *filters(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyObject *offs = PySequence_Fast(args[1], "offsets must be a sequence of ints");
     if (offs == NULL) return NULL;
     Py_buffer ids;
-    if (get_ids(args[0], "ids", &ids) < 0) { Py_DECREF(offs); return NULL; }
+    if (sarp_get_ids(args[0], "ids", &ids) < 0) { Py_DECREF(offs); return NULL; }
     Py_ssize_t m = PySequence_Fast_GET_SIZE(offs), n = ids.shape[0];
     const unsigned char *p = (const unsigned char *)ids.buf;
     PyObject *out = PyList_New(m);
     for (Py_ssize_t k = 0; out != NULL && k < m; k++) {
         Py_ssize_t o = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(offs, k));
         if (o == -1 && PyErr_Occurred()) { Py_CLEAR(out); break; }
-        if (o < 0 || o > MAX_BLOCKS) {
-            PyErr_Format(PyExc_ValueError, "offsets[%zd] is %zd, not in 0..%d", k, o, MAX_BLOCKS);
+        if (o < 0 || o > SEG_MAX_BLOCKS) {
+            PyErr_Format(PyExc_ValueError, "offsets[%zd] is %zd, not in 0..%d", k, o,
+                         SEG_MAX_BLOCKS);
             Py_CLEAR(out);
             break;
         }
@@ -368,6 +229,282 @@ static PyObject *filters(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return out;
 }
 
+/* -- the segment library driven from Python (tests/core/test_csegment.py) ----------- */
+
+/* Decode the segment value `obj` into s: 0, or -1 with an error naming `name` (a value
+ * that fails a check: ValueError naming the check). */
+static int decode_arg(PyObject *obj, const char *name, Seg *s) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be bytes, got %.100s", name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int code = seg_decode(s, (const unsigned char *)v.buf, (size_t)v.len);
+    PyBuffer_Release(&v);
+    if (code == SEG_NOMEM) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (code != SEG_OK) {
+        PyErr_Format(PyExc_ValueError, "%s: the segment value fails check %d", name, code);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *encode_seg(const Seg *s) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)seg_value_size(s->n, s->h));
+    if (out == NULL) return NULL;
+    int code = seg_encode(s, (unsigned char *)PyBytes_AS_STRING(out));
+    if (code != SEG_OK) {
+        Py_DECREF(out);
+        PyErr_Format(PyExc_ValueError, "segment %llu cannot be encoded (code %d)",
+                     (unsigned long long)s->seg_id, code);
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *u64_list(const uint64_t *a, size_t n) {
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t j = 0; out != NULL && j < n; j++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(a[j]);
+        if (v == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, (Py_ssize_t)j, v);
+    }
+    return out;
+}
+
+/* The operations of seg_ops: name, arguments after the name, the largest block
+ * argument (BLOCK: n - 1, RUN: n, HEAD: 64, ANY: any block number). */
+enum { OP_ADD, OP_DROP, OP_PRESENT_RUN, OP_IS_PRESENT, OP_HAS_AT, OP_HOLDERS_OF, OP_HOLDS,
+       OP_KEEP_HEAD, OP_HOLDINGS, OP_COPY, N_OPS };
+enum { BLOCK, RUN, HEAD, ANY };
+static const struct { const char *name; int nargs, limit; } OPS[N_OPS] = {
+    [OP_ADD] = {"add", 2, BLOCK},          [OP_DROP] = {"drop", 2, BLOCK},
+    [OP_PRESENT_RUN] = {"present_run", 1, RUN}, [OP_IS_PRESENT] = {"is_present", 1, ANY},
+    [OP_HAS_AT] = {"has_at", 3, ANY},      [OP_HOLDERS_OF] = {"holders_of", 1, BLOCK},
+    [OP_HOLDS] = {"holds", 2, BLOCK},      [OP_KEEP_HEAD] = {"keep_head", 1, HEAD},
+    [OP_HOLDINGS] = {"holdings", 0, ANY},  [OP_COPY] = {"copy", 0, ANY},
+};
+
+/* Run ops[k] = op on s: its result (a new reference), or NULL with an error. */
+static PyObject *run_op(Seg *s, PyObject *op, Py_ssize_t k) {
+    const char *name = NULL;
+    if (PyTuple_Check(op) && PyTuple_GET_SIZE(op) >= 1 && PyUnicode_Check(PyTuple_GET_ITEM(op, 0)))
+        name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(op, 0));
+    else
+        PyErr_Format(PyExc_TypeError, "ops[%zd] must be a tuple (name, *args), got %R", k, op);
+    if (name == NULL) return NULL;
+    int which = 0;
+    while (which < N_OPS && strcmp(OPS[which].name, name) != 0) which++;
+    if (which == N_OPS || PyTuple_GET_SIZE(op) != 1 + OPS[which].nargs) {
+        PyErr_Format(PyExc_ValueError, "ops[%zd]: %R is not an operation (add, drop, "
+                     "present_run, is_present, has_at, holders_of, holds, keep_head, "
+                     "holdings, copy) with its arguments", k, op);
+        return NULL;
+    }
+    unsigned i = 0;
+    if (OPS[which].nargs) {
+        Py_ssize_t got = PyLong_AsSsize_t(PyTuple_GET_ITEM(op, 1));
+        if (got == -1 && PyErr_Occurred()) return NULL;
+        int lim = OPS[which].limit;
+        Py_ssize_t top = lim == BLOCK ? (Py_ssize_t)s->n - 1 : lim == RUN ? (Py_ssize_t)s->n
+                         : lim == HEAD ? SEG_MAX_BLOCKS : 0x7FFFFFFF;
+        if (got < 0 || got > top) {
+            PyErr_Format(PyExc_ValueError, "ops[%zd]: block %zd not in 0..%zd", k, got, top);
+            return NULL;
+        }
+        i = (unsigned)got;
+    }
+    uint64_t x = 0, y = 0;  /* the holder; has_at's id */
+    int every = which == OP_DROP && PyTuple_GET_ITEM(op, 2) == Py_None;
+    if (OPS[which].nargs >= 2 && !every &&
+        sarp_get_uint64_arg(PyTuple_GET_ITEM(op, 2), which == OP_HAS_AT ? "lo" : "holder",
+                            &x) < 0)
+        return NULL;
+    if (which == OP_HAS_AT && sarp_get_uint64_arg(PyTuple_GET_ITEM(op, 3), "hi", &y) < 0)
+        return NULL;
+    PyObject *out = NULL;
+    uint64_t *buf = NULL;
+    switch (which) {
+    case OP_ADD: {
+        int r = seg_add_holder(s, i, x);
+        if (r == SEG_NOMEM) return PyErr_NoMemory();
+        return PyBool_FromLong(r);
+    }
+    case OP_DROP:
+        return PyBool_FromLong(every ? seg_drop_all(s, i) : seg_drop_holder(s, i, x));
+    case OP_PRESENT_RUN:
+        return PyLong_FromUnsignedLong(seg_present_run(s, i));
+    case OP_IS_PRESENT:
+        return PyBool_FromLong(seg_is_present(s, i));
+    case OP_HAS_AT:
+        return PyBool_FromLong(seg_has_at(s, i, x, y));
+    case OP_HOLDS:
+        return PyBool_FromLong(seg_holds(s, i, x));
+    case OP_HOLDINGS:
+        return PyLong_FromUnsignedLongLong(seg_holdings(s));
+    case OP_HOLDERS_OF:
+        buf = PyMem_Malloc((1 + s->h) * sizeof(uint64_t));
+        if (buf == NULL) return PyErr_NoMemory();
+        out = u64_list(buf, seg_holders_of(s, i, buf));
+        PyMem_Free(buf);
+        return out;
+    case OP_KEEP_HEAD: {
+        buf = PyMem_Malloc((2 * s->h + 1) * sizeof(uint64_t));
+        if (buf == NULL) return PyErr_NoMemory();
+        size_t kept = seg_keep_head(s, i, buf, buf + s->h);
+        PyObject *xm = u64_list(buf, kept), *xk = u64_list(buf + s->h, kept);
+        if (xm != NULL && xk != NULL) out = PyTuple_Pack(2, xm, xk);
+        Py_XDECREF(xm);
+        Py_XDECREF(xk);
+        PyMem_Free(buf);
+        return out;
+    }
+    default: {  /* OP_COPY: carry on with a deep copy (Segment.writable), the old one freed */
+        Seg c;
+        seg_init(&c);
+        if (seg_copy(&c, s) != SEG_OK) return PyErr_NoMemory();
+        seg_free(s);
+        *s = c;
+        Py_RETURN_NONE;
+    }
+    }
+}
+
+/* seg_ops(value, ops) -> [(result, value after it), ...], or the int of the first check
+ * the value fails: decode value, run the holder operations ops in turn (tuples: ("add",
+ * i, holder), ("drop", i, holder or None), ("present_run", start), ("is_present", i),
+ * ("has_at", i, lo, hi), ("holders_of", i), ("holds", i, holder), ("keep_head", run) ->
+ * (xmeta, xmask) lists, ("holdings",), ("copy",)) and encode the segment after each. */
+static PyObject *seg_ops(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "seg_ops takes 2 arguments (value, ops), got %zd", nargs);
+        return NULL;
+    }
+    PyObject *ops = PySequence_Fast(args[1], "ops must be a sequence of tuples");
+    if (ops == NULL) return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "value must be bytes, got %.100s",
+                     Py_TYPE(args[0])->tp_name);
+        Py_DECREF(ops);
+        return NULL;
+    }
+    Seg s;
+    seg_init(&s);
+    int code = seg_decode(&s, (const unsigned char *)v.buf, (size_t)v.len);
+    PyBuffer_Release(&v);
+    PyObject *out = NULL;
+    if (code == SEG_NOMEM) {
+        PyErr_NoMemory();
+    } else if (code != SEG_OK) {
+        out = PyLong_FromLong(code);
+    } else {
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(ops);
+        out = PyList_New(m);
+        for (Py_ssize_t k = 0; out != NULL && k < m; k++) {
+            PyObject *r = run_op(&s, PySequence_Fast_GET_ITEM(ops, k), k);
+            PyObject *val = r == NULL ? NULL : encode_seg(&s);
+            PyObject *pair = val == NULL ? NULL : PyTuple_Pack(2, r, val);
+            Py_XDECREF(r);
+            Py_XDECREF(val);
+            if (pair == NULL) Py_CLEAR(out);
+            else PyList_SET_ITEM(out, k, pair);
+        }
+    }
+    seg_free(&s);
+    Py_DECREF(ops);
+    return out;
+}
+
+/* delta(before, after) -> bytes: delta.encode_delta of two segment values' segments
+ * (ValueError: the reference's, when after is shorter or moved). */
+static PyObject *delta(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "delta takes 2 arguments (before, after), got %zd", nargs);
+        return NULL;
+    }
+    Seg b, a;
+    seg_init(&b);
+    seg_init(&a);
+    PyObject *out = NULL;
+    size_t size = 0;
+    if (decode_arg(args[0], "before", &b) < 0 || decode_arg(args[1], "after", &a) < 0)
+        goto done;
+    int code = seg_encode_delta(&b, &a, NULL, &size);
+    if (code == SEG_DELTA_MOVED) {
+        PyErr_Format(PyExc_ValueError, "segment %llu: a delta cannot shrink it or move it",
+                     (unsigned long long)a.seg_id);
+    } else if (code != SEG_OK) {
+        PyErr_Format(PyExc_OverflowError, "segment %llu: its delta does not fit a record",
+                     (unsigned long long)a.seg_id);
+    } else if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size)) != NULL) {
+        seg_encode_delta(&b, &a, (unsigned char *)PyBytes_AS_STRING(out), &size);
+    }
+done:
+    seg_free(&b);
+    seg_free(&a);
+    return out;
+}
+
+/* apply_delta(value, record) -> bytes: the value of the segment of `value` with the delta
+ * record applied (delta.apply_delta), or the int of the first check the record fails. */
+static PyObject *apply_delta(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "apply_delta takes 2 arguments (value, record), got %zd",
+                     nargs);
+        return NULL;
+    }
+    Seg s;
+    seg_init(&s);
+    PyObject *out = NULL;
+    Py_buffer r;
+    if (decode_arg(args[0], "value", &s) < 0) goto done;
+    if (PyObject_GetBuffer(args[1], &r, PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "record must be bytes, got %.100s",
+                     Py_TYPE(args[1])->tp_name);
+        goto done;
+    }
+    int code = seg_apply_delta(&s, (const unsigned char *)r.buf, (size_t)r.len);
+    PyBuffer_Release(&r);
+    if (code == SEG_NOMEM) PyErr_NoMemory();
+    else out = code == SEG_OK ? encode_seg(&s) : PyLong_FromLong(code);
+done:
+    seg_free(&s);
+    return out;
+}
+
+/* CHECKS: the failure codes of segment.h by name (what parse_segment, seg_ops and
+ * apply_delta return). */
+static int add_checks(PyObject *mod) {
+    static const struct { const char *name; int code; } checks[] = {
+        {"short", SEG_SHORT}, {"magic", SEG_MAGIC}, {"format", SEG_FORMAT},
+        {"format1_table", SEG_FORMAT1_TABLE}, {"size", SEG_SIZE}, {"checksum", SEG_CHECKSUM},
+        {"table", SEG_TABLE}, {"delta_short", SEG_DELTA_SHORT}, {"delta_magic", SEG_DELTA_MAGIC},
+        {"delta_checksum", SEG_DELTA_CHECKSUM}, {"delta_fit", SEG_DELTA_FIT},
+        {"delta_blocks", SEG_DELTA_BLOCKS}, {"delta_moved", SEG_DELTA_MOVED},
+        {"blocks", SEG_BLOCKS}, {"holders", SEG_HOLDERS}, {"nomem", SEG_NOMEM},
+    };
+    PyObject *d = PyDict_New();
+    if (d == NULL) return -1;
+    for (size_t j = 0; j < sizeof checks / sizeof checks[0]; j++) {
+        PyObject *v = PyLong_FromLong(checks[j].code);
+        int bad = v == NULL || PyDict_SetItemString(d, checks[j].name, v) < 0;
+        Py_XDECREF(v);
+        if (bad) {
+            Py_DECREF(d);
+            return -1;
+        }
+    }
+    if (PyModule_AddObject(mod, "CHECKS", d) < 0) {
+        Py_DECREF(d);
+        return -1;
+    }
+    return 0;
+}
+
 static PyMethodDef methods[] = {
     {"filters", (PyCFunction)(void (*)(void))filters, METH_FASTCALL,
      "The routing filters of points at offsets of a segment with these ids."},
@@ -378,11 +515,18 @@ static PyMethodDef methods[] = {
     {"block_keys", block_keys, METH_O, "The locator keys of ids ((n, 2) uint64)."},
     {"put_locators", (PyCFunction)(void (*)(void))put_locators, METH_FASTCALL,
      "Set the locator records of ids (head key, first position on) into a dict."},
+    {"seg_ops", (PyCFunction)(void (*)(void))seg_ops, METH_FASTCALL,
+     "Run holder operations on a decoded segment value (the C segment library)."},
+    {"delta", (PyCFunction)(void (*)(void))delta, METH_FASTCALL,
+     "The delta record that turns one segment value's segment into another's."},
+    {"apply_delta", (PyCFunction)(void (*)(void))apply_delta, METH_FASTCALL,
+     "A segment value with a delta record applied, or the int of the failed check."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sarpd.core._cwrite",
-                                    "C codecs of the write path's records.", -1, methods};
+                                    "C codecs of the write path's records.", -1, methods,
+                                    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__cwrite(void) {
 #if !PY_LITTLE_ENDIAN
@@ -390,6 +534,7 @@ PyMODINIT_FUNC PyInit__cwrite(void) {
     PyErr_SetString(PyExc_ImportError, "sarpd.core._cwrite needs a little-endian host");
     return NULL;
 #endif
-    crc_init();
-    return PyModule_Create(&module);
+    PyObject *mod = PyModule_Create(&module);
+    if (mod != NULL && add_checks(mod) < 0) Py_CLEAR(mod);
+    return mod;
 }
