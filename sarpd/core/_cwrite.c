@@ -158,7 +158,7 @@ static PyObject *put_locators(PyObject *Py_UNUSED(self), PyObject *const *args, 
     Py_buffer ids;
     if (sarp_get_ids(args[1], "ids", &ids) < 0) return NULL;
     Py_ssize_t n = ids.shape[0];
-    if (first + (uint64_t)n > 0xFFFFFFFFull + 1) {
+    if (first > 0xFFFFFFFFull + 1 || (uint64_t)n > 0xFFFFFFFFull + 1 - first) {  /* no wrap */
         PyErr_Format(PyExc_OverflowError, "first_pos %llu + %zd blocks: a position is a u32",
                      (unsigned long long)first, n);
         PyBuffer_Release(&ids);

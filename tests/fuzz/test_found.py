@@ -41,11 +41,8 @@ def _child(code: str) -> subprocess.CompletedProcess[str]:
 
 
 @needs_write
-@pytest.mark.xfail(strict=True, reason=(
-    "_cwrite.c put_locators checks `first + n > 2**32` in uint64: for first_pos near "
-    "2**64 the sum wraps, the call is taken and writes position (uint32)first_pos "
-    "(0xFFFFFFFF) instead of raising OverflowError (harness: test_fuzz_cwrite.known_wrap)"))
 def test_put_locators_refuses_a_first_pos_that_wraps() -> None:
+    """Was: the check `first + n > 2**32` in uint64 wrapped for a first_pos near 2**64."""
     assert W is not None
     d: dict[bytes, bytes] = {}
     with pytest.raises(OverflowError):

@@ -214,8 +214,6 @@ def _check_keys(src: Source) -> None:
     _, err = outcome(lambda: C.put_locators(d, obj, head, first))
     fits = (isinstance(head, int) and 0 <= head < 2**64 and isinstance(first, int)
             and first >= 0 and first + len(arr) <= 2**32)
-    if ok and not fits and known_wrap(head, first, len(arr)) and err is None:
-        return  # test_found.py: test_put_locators_refuses_a_first_pos_that_wraps (xfail)
     if not (ok and fits):
         refused(err, f"put_locators(head {head!r}, first {first!r}, {len(arr)} ids)")
         assert d == old, "put_locators changed the dict, then refused"
@@ -229,13 +227,6 @@ def _check_keys(src: Source) -> None:
     recs = segment.locator_records(arr, np.full(len(arr), head, np.uint64),
                                    first + np.arange(len(arr), dtype=np.int64))
     assert d == {**old, **recs}, "put_locators: not locator_records' records"
-
-
-def known_wrap(head: object, first: object, n: int) -> bool:
-    """A known bug (tests/fuzz/test_found.py): put_locators checks first_pos + n > 2**32
-    in uint64, which wraps for a first_pos near 2**64, and takes the call."""
-    return (isinstance(head, int) and 0 <= head < 2**64 and isinstance(first, int)
-            and first < 2**64 and 2**64 <= first + n <= 2**64 + 2**32)
 
 
 def _check_filters(src: Source) -> None:
