@@ -476,6 +476,229 @@ done:
     return out;
 }
 
+/* -- drop: WriteTxn.drop over one window's segments --------------------------------- */
+
+static PyObject *S_PRESENCE, *S_IDS, *S_META, *S_XMETA, *S_XMASK;
+
+/* A 1-D or (n, 2) array attribute of 8-byte words (uint64, or int64 as the tests'
+ * segments may have), any strides; -1 with an exception. */
+static int get_words_attr(PyObject *obj, PyObject *attr, const char *name, int ndim,
+                          Py_buffer *view) {
+    PyObject *a = PyObject_GetAttr(obj, attr);
+    if (a == NULL) return -1;
+    int bad = sarp_get_words(a, name, 0, ndim, 2, 1, view);
+    if (bad) {
+        PyErr_Clear();
+        bad = sarp_get_words(a, name, 1, ndim, 2, 1, view);
+    }
+    Py_DECREF(a);
+    return bad;
+}
+
+/* Segment object `obj` (sarpd.core.segment.Segment) into s (initialised): its presence,
+ * blocks and holder table; -1 with an exception. */
+static int seg_from_object(PyObject *obj, Seg *s) {
+    PyObject *pres = PyObject_GetAttr(obj, S_PRESENCE);
+    if (pres == NULL) return -1;
+    uint64_t presence;
+    int bad = sarp_get_uint64_arg(pres, "segment presence", &presence);
+    Py_DECREF(pres);
+    if (bad) return -1;
+    Py_buffer v[4];
+    static const char *const names[4] = {"segment ids", "segment meta", "segment xmeta",
+                                         "segment xmask"};
+    PyObject *attrs[4] = {S_IDS, S_META, S_XMETA, S_XMASK};
+    int got = 0, rc = -1;
+    for (; got < 4; got++)
+        if (get_words_attr(obj, attrs[got], names[got], got ? 1 : 2, &v[got]) < 0) goto done;
+    Py_ssize_t n = v[0].shape[0], h = v[2].shape[0];
+    if (n < 1 || n > SEG_MAX_BLOCKS || v[1].shape[0] != n || v[3].shape[0] != h) {
+        PyErr_Format(PyExc_ValueError, "segment: %zd ids, %zd metas, %zd + %zd holder "
+                     "entries (1..64 blocks, a meta each, xmeta and xmask alike)", n,
+                     v[1].shape[0], h, v[3].shape[0]);
+        goto done;
+    }
+    if (seg_reserve(s, (size_t)h) != SEG_OK) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    s->presence = presence;
+    s->n = (unsigned)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        s->ids[i][0] = sarp_word_at(&v[0], i, 0);
+        s->ids[i][1] = sarp_word_at(&v[0], i, 1);
+        s->meta[i] = sarp_word_at(&v[1], i, 0);
+    }
+    for (Py_ssize_t j = 0; j < h; j++) {
+        s->xmeta[j] = sarp_word_at(&v[2], j, 0);
+        s->xmask[j] = sarp_word_at(&v[3], j, 0);
+    }
+    s->h = (size_t)h;
+    rc = 0;
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return rc;
+}
+
+static PyObject *words(const uint64_t *p, size_t n) {  /* a bytearray of n native words */
+    return PyByteArray_FromStringAndSize((const char *)p, (Py_ssize_t)(n * sizeof *p));
+}
+
+/* (index, presence, meta, xmeta, xmask) of a changed segment */
+static PyObject *change_of(Py_ssize_t index, const Seg *s) {
+    PyObject *m = words(s->meta, s->n), *x = words(s->xmeta, s->h), *k = words(s->xmask, s->h);
+    PyObject *out = NULL;
+    if (m != NULL && x != NULL && k != NULL)
+        out = Py_BuildValue("(nKOOO)", index, (unsigned long long)s->presence, m, x, k);
+    Py_XDECREF(m);
+    Py_XDECREF(x);
+    Py_XDECREF(k);
+    return out;
+}
+
+/* Per target: the first earlier target naming the same block (offset and id), or itself. */
+static int first_of_each(const Py_buffer *offs, const Py_buffer *ids, Py_ssize_t m,
+                         Py_ssize_t *first) {
+    for (Py_ssize_t t = 0; t < m; t++) {
+        first[t] = t;
+        int64_t o = (int64_t)sarp_word_at(offs, t, 0);
+        if (o < 0 || o >= SEG_MAX_BLOCKS) {
+            PyErr_Format(PyExc_ValueError, "offs[%zd] is %lld, not in 0..63", t, (long long)o);
+            return -1;
+        }
+        for (Py_ssize_t u = 0; u < t; u++) {
+            if (first[u] == u && (int64_t)sarp_word_at(offs, u, 0) == o &&
+                    sarp_word_at(ids, u, 0) == sarp_word_at(ids, t, 0) &&
+                    sarp_word_at(ids, u, 1) == sarp_word_at(ids, t, 1)) {
+                first[t] = u;
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+/* How many holders present block o has: its first holder and the table's. */
+static int64_t holders_count(const Seg *s, unsigned o) {
+    int64_t n = 1;
+    for (size_t j = 0; j < s->h; j++) n += (int64_t)(s->xmask[j] >> o & 1);
+    return n;
+}
+
+/* Drop `holder` (every holder when `every`) off the distinct targets in one segment,
+ * in target order (WriteTxn.drop's inner loop): taken[t] (-1: not yet) is set where a
+ * target is first dropped (its holders then, or 1), gone[t] where it became absent.
+ * 1 when s changed, 0 when not, -1 (memory) with an exception. */
+static int drop_in(Seg *s, const Py_buffer *offs, const Py_buffer *ids, const Py_ssize_t *first,
+                   Py_ssize_t m, int every, uint64_t holder, int64_t *taken, char *gone) {
+    int changed = 0;
+    for (Py_ssize_t t = 0; t < m; t++) {
+        if (first[t] != t) continue;
+        unsigned o = (unsigned)sarp_word_at(offs, t, 0);
+        if (!seg_is_present(s, o) ||
+                !seg_has_at(s, o, sarp_word_at(ids, t, 0), sarp_word_at(ids, t, 1)))
+            continue;
+        if (!every && !seg_holds(s, o, holder)) continue;
+        if (taken[t] < 0) taken[t] = every ? holders_count(s, o) : 1;
+        int absent = every ? seg_drop_all(s, o) : seg_drop_holder(s, o, holder);
+        if (absent == SEG_NOMEM) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (absent) gone[t] = 1;
+        changed = 1;
+    }
+    return changed;
+}
+
+/* drop_blocks(segs, offs, ids, holder) -> (changed, taken, gone): WriteTxn.drop over
+ * the segments of one window (a list of Segment, in the walk's order). Targets are
+ * blocks by offset in the window (offs, int64) and id (ids, (m, 2) uint64); a block
+ * named twice counts once. holder: a meta word, or None for every holder. changed:
+ * (index in segs, presence, meta, xmeta, xmask) of each segment that changed (new
+ * arrays as bytearrays of uint64: the caller installs them on its writable copy);
+ * taken: int64 bytes, per target the holdings taken off (0: none, or a repeat); gone:
+ * per target 1 when the block is absent where it was dropped. */
+static PyObject *drop_blocks(PyObject *Py_UNUSED(self), PyObject *const *args,
+                             Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "drop_blocks takes 4 arguments (segs, offs, ids, "
+                     "holder), got %zd", nargs);
+        return NULL;
+    }
+    int every = args[3] == Py_None;
+    uint64_t holder = 0;
+    if (!every && sarp_get_uint64_arg(args[3], "holder", &holder) < 0) return NULL;
+    PyObject *segs = PySequence_Fast(args[0], "segs must be a sequence of segments");
+    if (segs == NULL) return NULL;
+    Py_buffer offs, ids;
+    if (sarp_get_words(args[1], "offs", 1, 1, 0, 1, &offs) < 0) {
+        Py_DECREF(segs);
+        return NULL;
+    }
+    if (sarp_get_words(args[2], "ids", 0, 2, 2, 1, &ids) < 0) {
+        PyBuffer_Release(&offs);
+        Py_DECREF(segs);
+        return NULL;
+    }
+    Py_ssize_t m = offs.shape[0];
+    PyObject *changed = NULL, *taken_b = NULL, *gone_b = NULL, *out = NULL;
+    Py_ssize_t *first = PyMem_Malloc(sizeof *first * (size_t)(m ? m : 1));
+    Seg s;
+    seg_init(&s);
+    if (first == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (ids.shape[0] != m) {
+        PyErr_Format(PyExc_ValueError, "ids must have one row per offset (%zd), got %zd", m,
+                     ids.shape[0]);
+        goto done;
+    }
+    if (first_of_each(&offs, &ids, m, first) < 0) goto done;
+    changed = PyList_New(0);
+    taken_b = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t));
+    gone_b = PyBytes_FromStringAndSize(NULL, m);
+    if (changed == NULL || taken_b == NULL || gone_b == NULL) goto done;
+    int64_t *taken = (int64_t *)PyBytes_AS_STRING(taken_b);
+    char *gone = PyBytes_AS_STRING(gone_b);
+    for (Py_ssize_t t = 0; t < m; t++) {
+        taken[t] = -1;
+        gone[t] = 0;
+    }
+    Py_ssize_t ns = PySequence_Fast_GET_SIZE(segs);
+    for (Py_ssize_t k = 0; k < ns; k++) {
+        PyObject *obj = PySequence_Fast_GET_ITEM(segs, k);
+        Py_INCREF(obj);  /* its attribute reads may run Python code */
+        int bad = seg_from_object(obj, &s);
+        Py_DECREF(obj);
+        if (bad) goto done;
+        int got = drop_in(&s, &offs, &ids, first, m, every, holder, taken, gone);
+        if (got < 0) goto done;
+        if (got) {
+            PyObject *c = change_of(k, &s);
+            if (c == NULL || PyList_Append(changed, c) < 0) {
+                Py_XDECREF(c);
+                goto done;
+            }
+            Py_DECREF(c);
+        }
+    }
+    for (Py_ssize_t t = 0; t < m; t++)
+        if (taken[t] < 0) taken[t] = 0;
+    out = PyTuple_Pack(3, changed, taken_b, gone_b);
+done:
+    seg_free(&s);
+    PyMem_Free(first);
+    Py_XDECREF(changed);
+    Py_XDECREF(taken_b);
+    Py_XDECREF(gone_b);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&offs);
+    Py_DECREF(segs);
+    return out;
+}
+
 /* CHECKS: the failure codes of segment.h by name (what parse_segment, seg_ops and
  * apply_delta return). */
 static int add_checks(PyObject *mod) {
@@ -521,6 +744,8 @@ static PyMethodDef methods[] = {
      "The delta record that turns one segment value's segment into another's."},
     {"apply_delta", (PyCFunction)(void (*)(void))apply_delta, METH_FASTCALL,
      "A segment value with a delta record applied, or the int of the failed check."},
+    {"drop_blocks", (PyCFunction)(void (*)(void))drop_blocks, METH_FASTCALL,
+     "WriteTxn.drop over one window's segments: the changed ones, holdings, blocks gone."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -534,6 +759,12 @@ PyMODINIT_FUNC PyInit__cwrite(void) {
     PyErr_SetString(PyExc_ImportError, "sarpd.core._cwrite needs a little-endian host");
     return NULL;
 #endif
+    S_PRESENCE = PyUnicode_InternFromString("presence");
+    S_IDS = PyUnicode_InternFromString("ids");
+    S_META = PyUnicode_InternFromString("meta");
+    S_XMETA = PyUnicode_InternFromString("xmeta");
+    S_XMASK = PyUnicode_InternFromString("xmask");
+    if (!S_PRESENCE || !S_IDS || !S_META || !S_XMETA || !S_XMASK) return NULL;
     PyObject *mod = PyModule_Create(&module);
     if (mod != NULL && add_checks(mod) < 0) Py_CLEAR(mod);
     return mod;

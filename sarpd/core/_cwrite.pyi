@@ -3,7 +3,11 @@ sarpd.core.router's `segment_filters`)."""
 
 from collections.abc import MutableMapping, Sequence
 
-from sarpd.model import U64Array
+import numpy as np
+import numpy.typing as npt
+
+from sarpd.core.segment import Segment
+from sarpd.model import IdArray, U64Array
 
 def encode_segment(seg_id: int, window: int, presence: int, ns_tag: int, ids: U64Array,
                    meta: U64Array, xmeta: U64Array, xmask: U64Array, /) -> bytes: ...
@@ -12,6 +16,10 @@ def block_keys(ids: U64Array, /) -> list[bytes]: ...
 def put_locators(d: MutableMapping[bytes, bytes], ids: U64Array, head_key: int,
                  first_pos: int, /) -> None: ...
 def filters(ids: U64Array, offsets: Sequence[int], /) -> list[int]: ...
+def drop_blocks(segs: Sequence[Segment], offs: npt.NDArray[np.int64], ids: IdArray,
+                holder: int | None,
+                /) -> tuple[list[tuple[int, int, bytearray, bytearray, bytearray]], bytes,
+                            bytes]: ...
 
 # The C segment library (sarpd/core/csrc/segment.c) driven on values, for
 # tests/core/test_csegment.py: the failure codes by name (segment.h's SEG_* codes), the

@@ -109,6 +109,9 @@ class WriteKernel(Protocol):
     def put_locators(self, d: MutableMapping[bytes, bytes], ids: U64Array, head_key: int,
                      first_pos: int, /) -> None: ...
     def filters(self, ids: U64Array, offsets: Sequence[int], /) -> list[int]: ...
+    def drop_blocks(self, segs: Sequence[Segment], offs: I64Array, ids: IdArray,
+                    holder: int | None, /) -> tuple[list[tuple[int, int, bytearray, bytearray,
+                                                               bytearray]], bytes, bytes]: ...
 
 
 class BlockMapLike(Protocol):

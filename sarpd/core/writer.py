@@ -24,6 +24,7 @@ import numpy.typing as npt
 from backends.base import WriteBatch
 from sarpd.core.delta import delta_key, encode_delta
 from sarpd.core.ids import id_bytes, ns_tag, salt_ids
+from sarpd.core.native import WriteKernel
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
@@ -586,6 +587,9 @@ class WriteTxn:
         """Take `holder` (None: every holder) off the target blocks in EVERY segment of
         window w that holds them. Returns (blocks left with no holder, holdings taken
         off), each block counted once however many copies hold it."""
+        kernel = self.store.k.write
+        if kernel is not None:
+            return self._drop_native(kernel, w, head_key, targets, holder)
         # a block is its (offset, id): siblings of a branch share an offset, not an id
         gone: set[tuple[int, int, int]] = set()
         taken: dict[tuple[int, int, int], int] = {}
@@ -610,6 +614,28 @@ class WriteTxn:
         if gone:  # present in no copy now: the block map forgets them
             self._gone.append(np.array([[b[1], b[2]] for b in gone], dtype=np.uint64))
         return len(gone), sum(taken.values())
+
+    def _drop_native(self, c: WriteKernel, w: int, head_key: int, targets: Sequence[Target],
+                     holder: int | None) -> tuple[int, int]:
+        """`drop` by the write kernel (_cwrite.drop_blocks: the same loop over the
+        window's segments, in C): the segments it changed are installed on their
+        writable copies."""
+        sids = self._window_segments(w, head_key, targets)
+        offs = np.fromiter((o for o, _, _ in targets), np.int64, len(targets))
+        ids = np.stack([idv for _, idv, _ in targets]) if targets else np.empty((0, 2), np.uint64)
+        segs = [seg for sid in sids if (seg := self.cache[sid]) is not None]
+        assert len(segs) == len(sids)  # _window_segments gives read segments only
+        changed, taken, gone = c.drop_blocks(segs, offs, ids, holder)
+        for k, presence, meta, xmeta, xmask in changed:
+            seg = self.mutable(sids[k])
+            seg.presence = presence
+            seg.meta = np.frombuffer(meta, np.uint64)
+            seg.xmeta, seg.xmask = np.frombuffer(xmeta, np.uint64), np.frombuffer(xmask, np.uint64)
+        lost = np.frombuffer(gone, np.bool_)
+        if lost.any():  # present in no copy now: the block map forgets them
+            self.stamp((w, head_key))
+            self._gone.append(ids[lost])
+        return int(lost.sum()), int(np.frombuffer(taken, np.int64).sum())
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
         """Where blocks (internal ids) are: (head key, position), None when present in

@@ -272,3 +272,75 @@ def test_bad_arguments_are_refused_with_their_names() -> None:
         CW.filters(ids, 5)
     with pytest.raises(TypeError, match="2 arguments"):
         CW.filters(ids)
+
+
+# -- drop_blocks: WriteTxn.drop's loop over a window's segments ---------------------------
+def reference_drop(segs: list[Segment], targets: list[tuple[int, int, int]], holder: int | None
+                   ) -> tuple[list[Segment], set[int], set[tuple[int, int, int]], int]:
+    """WriteTxn.drop's loop (sarpd/core/writer.py), on writable copies: the segments
+    after it, which changed, the blocks left absent, the holdings taken off."""
+    segs = [s.writable() for s in segs]
+    gone: set[tuple[int, int, int]] = set()
+    taken: dict[tuple[int, int, int], int] = {}
+    changed: set[int] = set()
+    wanted = {t: [t[1], t[2]] for t in targets}
+    for k, c in enumerate(segs):
+        for block, want in wanted.items():
+            o = block[0]
+            if not (c.is_present(o) and c.has_at(o, want)):
+                continue
+            hs = c.holders_of(o)
+            if holder is not None and holder not in hs:
+                continue
+            taken.setdefault(block, len(hs) if holder is None else 1)
+            if c.drop_holder(o, holder):
+                gone.add(block)
+            changed.add(k)
+    return segs, changed, gone, sum(taken.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(segments(max_holders=6), min_size=1, max_size=4), st.data())
+def test_drop_blocks_is_the_writers_drop(segs: list[Segment], data: st.DataObject) -> None:
+    """Random window segments (holder tables, holes), targets mostly naming their blocks
+    (repeats, wrong ids, absent blocks), a holder they hold, another, or every holder."""
+    assert CW is not None
+    targets: list[tuple[int, int, int]] = []
+    for _ in range(data.draw(st.integers(0, 12))):
+        seg = data.draw(st.sampled_from(segs))
+        o = data.draw(st.integers(0, seg.nblocks - 1))
+        lo, hi = (int(x) for x in seg.ids[o])
+        if data.draw(st.integers(0, 4)) == 0:
+            hi ^= 1  # a sibling's id at the same offset
+        targets.append((o, lo, hi))
+    held = sorted({h for s in segs for o in range(s.nblocks) for h in s.holders_of(o)})
+    holder = data.draw(st.one_of(st.none(), st.sampled_from(held or [7]), U64))
+    want_segs, want_changed, want_gone, want_taken = reference_drop(segs, targets, holder)
+    offs = np.array([t[0] for t in targets], np.int64)
+    ids = np.array([[t[1], t[2]] for t in targets], np.uint64).reshape(-1, 2)
+    changed, taken, gone = CW.drop_blocks(segs, offs, ids, holder)
+    assert {k for k, *_ in changed} == want_changed
+    for k, presence, meta, xmeta, xmask in changed:
+        w = want_segs[k]
+        assert presence == w.presence
+        assert np.frombuffer(meta, np.uint64).tolist() == w.meta.tolist()
+        assert np.frombuffer(xmeta, np.uint64).tolist() == w.xmeta.tolist()
+        assert np.frombuffer(xmask, np.uint64).tolist() == w.xmask.tolist()
+    lost = np.frombuffer(gone, np.bool_)
+    assert {targets[t] for t in np.flatnonzero(lost).tolist()} == want_gone
+    assert len(np.flatnonzero(lost)) == len(want_gone)  # a repeated block counts once
+    assert int(np.frombuffer(taken, np.int64).sum()) == want_taken
+
+
+def test_drop_blocks_refuses_bad_arguments_by_name() -> None:
+    assert CW is not None
+    seg = Segment(1, 0, 1, 2, np.ones((1, 2), np.uint64), np.ones(1, np.uint64))
+    one = np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match=r"offs\[0\] is 64, not in 0..63"):
+        CW.drop_blocks([seg], np.array([64]), np.ones((1, 2), np.uint64), None)
+    with pytest.raises(ValueError, match="ids must have one row per offset"):
+        CW.drop_blocks([seg], one, np.ones((2, 2), np.uint64), None)
+    with pytest.raises(OverflowError, match="holder"):
+        CW.drop_blocks([seg], one, np.ones((1, 2), np.uint64), -1)
+    with pytest.raises(TypeError, match="segs must be a sequence"):
+        CW.drop_blocks(3, one, np.ones((1, 2), np.uint64), None)
