@@ -6,9 +6,9 @@
  * format 2's holder table; CRC-32 of bytes [0, 40) then [44, end), zlib's CRC).
  * parse_segment checks a value as segment.decode_segment does and returns its header
  * fields, or an int (the failed check, CHECKS names them) so that the caller raises the
- * reference's own error. block_keys and put_locators build the block locator records
- * (b"B" + 16-byte id -> u64 head key + u32 position, little-endian); filters is
- * the twin of routing.filters_at(routing.fingerprints(ids), offsets) for register.
+ * reference's own error. block_keys builds the block locator keys (b"B" + 16-byte
+ * id); filters is the twin of routing.filters_at(routing.fingerprints(ids), offsets)
+ * for register. drop_blocks is WriteTxn.drop's loop over a window's segments.
  * Arrays are C-contiguous uint64 buffers (ids of shape (n, 2)); the argument checks
  * are csrc/sarp.h's.
  *
@@ -26,7 +26,6 @@
 #include "segment.h"
 
 #define LOCATOR_KEY 17  /* b"B" + 16-byte id */
-#define LOCATOR_VALUE 12  /* u64 head key + u32 position */
 
 /* encode_segment(seg_id, window, presence, ns_tag, ids, meta, xmeta, xmask) -> bytes */
 static PyObject *encode_segment(PyObject *Py_UNUSED(self), PyObject *const *args,
@@ -137,52 +136,6 @@ static PyObject *block_keys(PyObject *Py_UNUSED(self), PyObject *arg) {
     }
     PyBuffer_Release(&ids);
     return out;
-}
-
-/* put_locators(d, ids, head_key, first_pos): d[block key of ids[i]] = locator of
- * (head_key, first_pos + i), in order (a later record of a block wins). */
-static PyObject *put_locators(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "put_locators takes 4 arguments (d, ids, head_key, "
-                     "first_pos), got %zd", nargs);
-        return NULL;
-    }
-    if (!PyDict_Check(args[0])) {
-        PyErr_Format(PyExc_TypeError, "d must be a dict, got %.100s", Py_TYPE(args[0])->tp_name);
-        return NULL;
-    }
-    uint64_t head, first;
-    if (sarp_get_uint64_arg(args[2], "head_key", &head) < 0 ||
-        sarp_get_uint64_arg(args[3], "first_pos", &first) < 0)
-        return NULL;
-    Py_buffer ids;
-    if (sarp_get_ids(args[1], "ids", &ids) < 0) return NULL;
-    Py_ssize_t n = ids.shape[0];
-    if (first > 0xFFFFFFFFull + 1 || (uint64_t)n > 0xFFFFFFFFull + 1 - first) {  /* no wrap */
-        PyErr_Format(PyExc_OverflowError, "first_pos %llu + %zd blocks: a position is a u32",
-                     (unsigned long long)first, n);
-        PyBuffer_Release(&ids);
-        return NULL;
-    }
-    const unsigned char *p = (const unsigned char *)ids.buf;
-    PyObject *ret = Py_None;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *k = block_key(p + 16 * i);
-        PyObject *v = PyBytes_FromStringAndSize(NULL, LOCATOR_VALUE);
-        int bad = k == NULL || v == NULL;
-        if (!bad) {
-            unsigned char *s = (unsigned char *)PyBytes_AS_STRING(v);
-            sarp_put_le64(s, head);
-            sarp_put_le32(s + 8, (uint32_t)(first + (uint64_t)i));
-            bad = PyDict_SetItem(args[0], k, v) < 0;
-        }
-        Py_XDECREF(k);
-        Py_XDECREF(v);
-        if (bad) { ret = NULL; break; }
-    }
-    PyBuffer_Release(&ids);
-    Py_XINCREF(ret);
-    return ret;
 }
 
 /* A block's 4-bit fingerprint (routing.fingerprints): 1..15, 0 past the end. */
@@ -736,8 +689,6 @@ static PyMethodDef methods[] = {
     {"parse_segment", parse_segment, METH_O,
      "A checked value's header fields, or the int of the first check it fails."},
     {"block_keys", block_keys, METH_O, "The locator keys of ids ((n, 2) uint64)."},
-    {"put_locators", (PyCFunction)(void (*)(void))put_locators, METH_FASTCALL,
-     "Set the locator records of ids (head key, first position on) into a dict."},
     {"seg_ops", (PyCFunction)(void (*)(void))seg_ops, METH_FASTCALL,
      "Run holder operations on a decoded segment value (the C segment library)."},
     {"delta", (PyCFunction)(void (*)(void))delta, METH_FASTCALL,

@@ -1,7 +1,7 @@
 """sarpd/core/_cwrite.c: the write path's codecs (references: sarpd.core.segment, and
 sarpd.core.router's `segment_filters`)."""
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -13,8 +13,6 @@ def encode_segment(seg_id: int, window: int, presence: int, ns_tag: int, ids: U6
                    meta: U64Array, xmeta: U64Array, xmask: U64Array, /) -> bytes: ...
 def parse_segment(value: bytes, /) -> tuple[int, int, int, int, int, int, int] | int: ...
 def block_keys(ids: U64Array, /) -> list[bytes]: ...
-def put_locators(d: MutableMapping[bytes, bytes], ids: U64Array, head_key: int,
-                 first_pos: int, /) -> None: ...
 def filters(ids: U64Array, offsets: Sequence[int], /) -> list[int]: ...
 def drop_blocks(segs: Sequence[Segment], offs: npt.NDArray[np.int64], ids: IdArray,
                 holder: int | None,

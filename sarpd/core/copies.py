@@ -119,18 +119,15 @@ class Copies:
         self.rows = 0
 
     # -- reading -----------------------------------------------------------------------
-    def lookup(self, w: int, head_key: int,
-               targets: Sequence[tuple[int, U64Array, int]]) -> list[int] | None:
+    def lookup(self, w: int, head_key: int, offs: I64Array, lows: U64Array) -> list[int] | None:
         """The segments of window w under `head_key` that can hold any target block
-        (offset, id (2,), _), in the walk's order; None when the window is not indexed
-        (walk it)."""
+        (offsets `offs`, ids whose low words are `lows`), in the walk's order; None
+        when the window is not indexed (walk it)."""
         win = self._windows.get((w, head_key))
         if win is None:
             return None
         self._windows.move_to_end((w, head_key))
         self.answered += 1
-        offs = np.fromiter((t[0] for t in targets), np.int64, len(targets))
-        lows = np.fromiter((t[1][0] for t in targets), np.uint64, len(targets))
         return win.candidates(offs, lows)
 
     # -- keeping it ----------------------------------------------------------------------

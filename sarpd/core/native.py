@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, MutableMapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     import numpy as np
     import numpy.typing as npt
@@ -106,8 +106,6 @@ class WriteKernel(Protocol):
                        /) -> bytes: ...
     def parse_segment(self, value: bytes, /) -> tuple[int, int, int, int, int, int, int] | int: ...
     def block_keys(self, ids: U64Array, /) -> list[bytes]: ...
-    def put_locators(self, d: MutableMapping[bytes, bytes], ids: U64Array, head_key: int,
-                     first_pos: int, /) -> None: ...
     def filters(self, ids: U64Array, offsets: Sequence[int], /) -> list[int]: ...
     def drop_blocks(self, segs: Sequence[Segment], offs: I64Array, ids: IdArray,
                     holder: int | None, /) -> tuple[list[tuple[int, int, bytearray, bytearray,
@@ -152,6 +150,15 @@ class Kernels:
     def status(self) -> dict[str, bool]:
         """Per path: whether it runs natively."""
         return {path: getattr(self, path) is not None for path in EXTENSIONS}
+
+    def block_map(self, budget_bytes: int, generation: int) -> BlockMapLike:
+        """A new block map: the native one, else the reference (imported here:
+        setup.py loads this module alone)."""
+        if self.map is not None:
+            return self.map.BlockMap(budget_bytes, generation)
+        from sarpd.core.blockmap import BlockMap
+
+        return BlockMap(budget_bytes, generation)
 
     @property
     def name(self) -> str:

@@ -39,7 +39,7 @@ from backends.errors import (
 )
 from sarpd.config import IndexConfig
 from sarpd.core import native
-from sarpd.core.blockmap import BlockMap, MapArrays, Spill, block_map_generation
+from sarpd.core.blockmap import MapArrays, Spill, block_map_generation
 from sarpd.core.copies import Copies
 from sarpd.core.delta import DELTA_PREFIX, by_segment, delta_key, merge
 from sarpd.core.ids import (
@@ -150,9 +150,9 @@ class Store:
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self.copies = Copies(cfg.segment_blocks)  # hot windows' copies (the writer's)
         # where recently stored blocks live, by id (issue 24): None without locators
-        impl = self.k.map.BlockMap if self.k.map is not None else BlockMap
-        self.blockmap: BlockMapLike | None = impl(cfg.block_map_bytes, block_map_generation(
-            cfg.block_map_bytes)) if cfg.block_locators else None
+        self.blockmap: BlockMapLike | None = self.k.block_map(
+            cfg.block_map_bytes, block_map_generation(cfg.block_map_bytes)
+        ) if cfg.block_locators else None
         # segments with delta records on the backend (sarpd/core/delta.py), merged, and
         # how many records each has: read from here, never from their base (issue 24)
         self.pending: dict[int, Segment | None] = {}  # None: a record failed its checks
@@ -182,19 +182,34 @@ class Store:
         return [loc is not None for loc in self.locate(ids)]
 
     def locate(self, ids: IdArray) -> list[tuple[int, int] | None]:
-        """(head key, position) of each block (internal ids): the block map's, else its
-        locator record's (what the map spilled or the importer wrote; one multi-get for
-        the batch's misses); None: present in no segment."""
+        """(head key, position) of each block (internal ids): `locate_arrays`, as
+        tuples; None: present in no segment."""
+        heads, pos = self.locate_arrays(ids)
+        return [(h, p) if p >= 0 else None
+                for h, p in zip(heads.tolist(), pos.tolist(), strict=True)]
+
+    def locate_arrays(self, ids: IdArray, memo: dict[bytes, tuple[int, int]] | None = None
+                      ) -> tuple[U64Array, npt.NDArray[np.int64]]:
+        """(head keys, positions) of blocks (internal ids), position -1 where present in
+        no segment: the block map's, else the locator record's (what the map spilled or
+        the importer wrote; one multi-get for the batch's misses). `memo`: records read
+        before (a write transaction's: the backend does not change within it), by key;
+        the ones read now are added (-1: none)."""
         assert self.blockmap is not None
         heads, pos = self.blockmap.lookup(ids)
-        out: list[tuple[int, int] | None] = [
-            (h, p) if p >= 0 else None for h, p in zip(heads.tolist(), pos.tolist(), strict=True)]
-        miss = [i for i, loc in enumerate(out) if loc is None]
-        if miss:
-            self.activity.locator_reads += len(miss)
-            for i, v in zip(miss, self.get_many(block_keys(ids[miss], self.k)), strict=True):
-                out[i] = None if v is None else LOCATOR.unpack(v)
-        return out
+        miss = np.flatnonzero(pos < 0)
+        if not len(miss):
+            return heads, pos
+        keys = block_keys(ids[miss], self.k)
+        memo = {} if memo is None else memo
+        ask = [k for k in dict.fromkeys(keys) if k not in memo]
+        if ask:
+            self.activity.locator_reads += len(ask)
+            for k, v in zip(ask, self.get_many(ask), strict=True):
+                memo[k] = (0, -1) if v is None else LOCATOR.unpack(v)
+        for i, k in zip(miss.tolist(), keys, strict=True):
+            heads[i], pos[i] = memo[k]
+        return heads, pos
 
     def hold(self, gone: IdArray | None, ids: IdArray | None, heads: U64Array | None,
              pos: npt.NDArray[Any] | None, batch: WriteBatch) -> None:

@@ -29,14 +29,10 @@ from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
     COUNTERS_KEY,
-    LOCATOR,
     SEG_PREFIX,
     Counters,
     Segment,
-    as_u64,
-    block_keys,
     decode_segment,
-    locator_records,
     log_key,
     ns_count_key,
     seg_id_of_key,
@@ -85,9 +81,11 @@ class WriteTxn:
         self.load = store.loader(self.cache)  # the router reads segments through it
         self.dirty: set[int] = set()
         self.before: dict[int, Segment] = {}  # dirty segments as committed (not created here)
-        self._locators: dict[bytes, bytes] = {}  # the txn's new locations, as records
-        self._added: list[tuple[IdArray, int, int]] = []  # (ids, head key, first position)
-        self._in_dict = 0  # how many of `_added` are in `_locators`
+        # the txn's new locations, by block id (a map of the kernels' kind, unbounded:
+        # a later location of a block wins), for `locate`
+        self._own = store.k.block_map(1 << 62, 65_536)
+        # the txn's new locations in order: (ids, head keys, positions)
+        self._added: list[tuple[IdArray, U64Array, npt.NDArray[np.int64]]] = []
         self._gone: list[IdArray] = []  # blocks left present in no segment
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
@@ -105,7 +103,7 @@ class WriteTxn:
         # block's presence changed, a segment grew); `clear` moves every window's
         self.stamps: dict[tuple[int, int], int] = {}
         self.cleared = 0
-        self._read: dict[bytes, tuple[int, int] | None] = {}  # locations read (map, records)
+        self._read: dict[bytes, tuple[int, int]] = {}  # locator records read (pos -1: none)
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -160,39 +158,25 @@ class WriteTxn:
 
     def add_locators(self, ids: IdArray, head_key: int, first_pos: int) -> None:
         """Blocks ids[0..] are present at positions first_pos.. of the window whose head
-        key is `head_key`: the block map holds them once committed (`commit`), and
-        `locate` finds them in this txn (`locators`, built when first read)."""
+        key is `head_key` (`add_located`)."""
+        n = len(ids)
+        self.add_located(ids, np.full(n, head_key, np.uint64),
+                         np.arange(first_pos, first_pos + n, dtype=np.int64))
+
+    def add_located(self, ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64]) -> None:
+        """Blocks `ids` are present at positions `pos` of the windows whose head keys are
+        `heads`: the block map holds them once committed (`commit`), and `locate` finds
+        them in this txn (`_own`)."""
         if len(ids) and self.cfg.block_locators:
-            self._added.append((ids, head_key, first_pos))
+            self._added.append((ids, heads, pos))
+            self._own.add(ids, heads, pos)
 
-    def _held(self, start: int = 0) -> tuple[IdArray, U64Array, npt.NDArray[np.int64]] | None:
-        """The txn's new locations from the `start`-th on as arrays (ids, head keys,
-        positions), in order."""
-        added = self._added[start:]
-        if not added:
+    def _held(self) -> tuple[IdArray, U64Array, npt.NDArray[np.int64]] | None:
+        """The txn's new locations as arrays (ids, head keys, positions), in order."""
+        if not self._added:
             return None
-        lens = np.array([len(ids) for ids, _, _ in added])
-        starts = np.repeat(np.cumsum(lens) - lens, lens)
-        heads = np.repeat(np.array([h for _, h, _ in added], np.uint64), lens)
-        first = np.repeat(np.array([p for _, _, p in added], np.int64), lens)
-        pos = np.arange(int(lens.sum())) - starts + first
-        return np.concatenate([ids for ids, _, _ in added]), heads, pos
-
-    @property
-    def locators(self) -> dict[bytes, bytes]:
-        """The txn's new locations as locator records (a later one for the same block
-        wins), for `locate`: natively, or as packed numpy records in one pass."""
-        if self._in_dict < len(self._added):
-            c = self.store.k.write
-            if c is not None:
-                for ids, head_key, first_pos in self._added[self._in_dict :]:
-                    c.put_locators(self._locators, as_u64(ids), head_key, first_pos)
-            else:
-                held = self._held(self._in_dict)
-                assert held is not None
-                self._locators.update(locator_records(*held, self.store.k))
-            self._in_dict = len(self._added)
-        return self._locators
+        ids, heads, pos = zip(*self._added, strict=True)
+        return np.concatenate(ids), np.concatenate(heads), np.concatenate(pos)
 
     # -- commit --------------------------------------------------------------------
     def commit(self, sync: bool, applied_seq: int | None = None) -> None:
@@ -539,10 +523,18 @@ class WriteTxn:
         return len(added)
 
     def _window_segments(self, w: int, head_key: int, targets: Sequence[Target]) -> list[int]:
+        """`_window_segments_at` of target blocks (offset, id, _)."""
+        offs = np.fromiter((t[0] for t in targets), np.int64, len(targets))
+        lows = np.fromiter((t[1][0] for t in targets), np.uint64, len(targets))
+        return self._window_segments_at(w, head_key, offs, lows)
+
+    def _window_segments_at(self, w: int, head_key: int, offs: npt.NDArray[np.int64],
+                            lows: U64Array) -> list[int]:
         """The segments of window w under routing key `head_key` that can hold a
-        target block, read, in the walk's order: a hot window's from the copies map
-        (sarpd/core/copies.py), the others by the walk (which indexes a hot window)."""
-        got = self.copies.lookup(w, head_key, targets)
+        target block (offsets `offs`, ids whose low words are `lows`), read, in the
+        walk's order: a hot window's from the copies map (sarpd/core/copies.py), the
+        others by the walk (which indexes a hot window)."""
+        got = self.copies.lookup(w, head_key, offs, lows)
         if got is None:
             segs = self._walk(w, head_key)
             if len(segs) > self.copies.min_copies:  # a hot window: index it
@@ -576,26 +568,30 @@ class WriteTxn:
                     changed.add(o)
                     self.stamp((w, head_key))
                     self.logged.append(sid)  # recovery adds its blocks to the map again
-        sb = self.geo.sb
-        for o, idv, _ in targets:
-            if o in changed:
-                self.add_locators(idv.reshape(1, 2), head_key, w * sb + o)
+        back = [(o, idv) for o, idv, _ in targets if o in changed]
+        if back:
+            n, sb = len(back), self.geo.sb
+            self.add_located(np.stack([idv for _, idv in back]),
+                             np.full(n, head_key, np.uint64),
+                             np.fromiter((w * sb + o for o, _ in back), np.int64, n))
         return len(changed)
 
-    def drop(self, w: int, head_key: int, targets: Sequence[Target],
+    def drop(self, w: int, head_key: int, offs: npt.NDArray[np.int64], ids: IdArray,
              holder: int | None) -> tuple[int, int]:
-        """Take `holder` (None: every holder) off the target blocks in EVERY segment of
-        window w that holds them. Returns (blocks left with no holder, holdings taken
-        off), each block counted once however many copies hold it."""
+        """Take `holder` (None: every holder) off the target blocks (offsets `offs` in
+        window w, ids `ids`) in EVERY segment of the window that holds them. Returns
+        (blocks left with no holder, holdings taken off), each block counted once
+        however many copies hold it. With the write kernel: `_cwrite.drop_blocks`."""
+        sids = self._window_segments_at(w, head_key, offs, ids[:, 0])
         kernel = self.store.k.write
         if kernel is not None:
-            return self._drop_native(kernel, w, head_key, targets, holder)
+            return self._drop_native(kernel, w, head_key, sids, offs, ids, holder)
         # a block is its (offset, id): siblings of a branch share an offset, not an id
         gone: set[tuple[int, int, int]] = set()
         taken: dict[tuple[int, int, int], int] = {}
-        wanted = {(o, int(idv[0]), int(idv[1])): [int(idv[0]), int(idv[1])]
-                  for o, idv, _ in targets}
-        for sid in self._window_segments(w, head_key, targets):
+        wanted = {(o, a, b): [a, b] for o, (a, b) in zip(offs.tolist(), ids.tolist(),
+                                                         strict=True)}
+        for sid in sids:
             c = self.cache[sid]
             assert c is not None
             for block, want in wanted.items():
@@ -615,14 +611,11 @@ class WriteTxn:
             self._gone.append(np.array([[b[1], b[2]] for b in gone], dtype=np.uint64))
         return len(gone), sum(taken.values())
 
-    def _drop_native(self, c: WriteKernel, w: int, head_key: int, targets: Sequence[Target],
+    def _drop_native(self, c: WriteKernel, w: int, head_key: int, sids: list[int],
+                     offs: npt.NDArray[np.int64], ids: IdArray,
                      holder: int | None) -> tuple[int, int]:
-        """`drop` by the write kernel (_cwrite.drop_blocks: the same loop over the
-        window's segments, in C): the segments it changed are installed on their
-        writable copies."""
-        sids = self._window_segments(w, head_key, targets)
-        offs = np.fromiter((o for o, _, _ in targets), np.int64, len(targets))
-        ids = np.stack([idv for _, idv, _ in targets]) if targets else np.empty((0, 2), np.uint64)
+        """`drop` by the write kernel (the same loop over the window's segments, in C):
+        the segments it changed are installed on their writable copies."""
         segs = [seg for sid in sids if (seg := self.cache[sid]) is not None]
         assert len(segs) == len(sids)  # _window_segments gives read segments only
         changed, taken, gone = c.drop_blocks(segs, offs, ids, holder)
@@ -638,23 +631,24 @@ class WriteTxn:
         return int(lost.sum()), int(np.frombuffer(taken, np.int64).sum())
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
-        """Where blocks (internal ids) are: (head key, position), None when present in
-        no segment. The txn's own new locations, then what it looked up before, the
-        rest from the store (the block map, then locator records in one multi-get)."""
+        """`locate_arrays` as tuples (head key, position); None: present in no segment."""
+        heads, pos = self.locate_arrays(ids, what)
+        return [(h, p) if p >= 0 else None
+                for h, p in zip(heads.tolist(), pos.tolist(), strict=True)]
+
+    def locate_arrays(self, ids: IdArray, what: str) -> tuple[U64Array, npt.NDArray[np.int64]]:
+        """Where blocks (internal ids) are: head keys and positions (-1: present in no
+        segment). The txn's own new locations first, the rest from the store (the block
+        map, then locator records in one multi-get, each read once per txn)."""
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
-        keys = block_keys(ids, self.store.k)
-        locs, read = self.locators, self._read  # the map and backend do not change in a txn
-        missing = [i for i, k in enumerate(keys) if k not in locs and k not in read]
-        if missing:
-            read.update(zip([keys[i] for i in missing], self.store.locate(ids[missing]),
-                            strict=True))
-        out: list[tuple[int, int] | None] = []
-        for k in keys:
-            v = locs.get(k)
-            out.append(LOCATOR.unpack(v) if v is not None else read[k])
-        return out
+        heads, pos = self._own.lookup(ids)
+        heads, pos = np.array(heads, np.uint64), np.array(pos, np.int64)
+        miss = pos < 0
+        if miss.any():  # the map and backend do not change in a txn
+            heads[miss], pos[miss] = self.store.locate_arrays(ids[miss], self._read)
+        return heads, pos
 
     def find_present(self, idv: IdArray) -> tuple[Segment, int] | None:
         """A segment in which block `idv` is present, and the block's position."""
@@ -684,21 +678,19 @@ class WriteTxn:
     def remove(self, op: Remove) -> RemoveResult:
         sb = self.geo.sb
         removed = taken = 0
-        groups: dict[tuple[int, int], list[Target]] = {}
+        groups: list[tuple[int, int, npt.NDArray[np.int64], IdArray]] = []
         if op.seq is not None:
             q = self._seq_ids(op.seq)
             for w in range(op.start // sb, -(-len(q) // sb)):
                 ws = w * sb
                 lo, hi = max(op.start, ws), min(len(q), ws + sb)
-                groups[(w, int(q[ws, 0]))] = [(p - ws, q[p], 0) for p in range(lo, hi)]
+                groups.append((w, int(q[ws, 0]), np.arange(lo - ws, hi - ws), q[lo:hi]))
         elif op.ids is not None and len(op.ids):
             ids = salt_ids(op.ns, op.ids)
-            for i, loc in enumerate(self.locate(ids, "ids")):
-                if loc is not None:
-                    w, o = divmod(loc[1], sb)
-                    groups.setdefault((w, loc[0]), []).append((o, ids[i], 0))
-        for (w, head_key), targets in groups.items():
-            gone, off = self.drop(w, head_key, targets, op.meta)
+            heads, pos = self.locate_arrays(ids, "ids")
+            groups = _by_window(ids, heads, pos, sb)
+        for w, head_key, offs, gids in groups:
+            gone, off = self.drop(w, head_key, offs, gids, op.meta)
             removed, taken = removed + gone, taken + off
         self.blocks -= removed
         self.holdings -= taken
@@ -765,3 +757,27 @@ class WriteTxn:
         for sid, cached in list(self.cache.items()):
             if sid not in seen and cached is not None:
                 yield sid, cached
+
+
+def _by_window(ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64], sb: int
+               ) -> list[tuple[int, int, npt.NDArray[np.int64], IdArray]]:
+    """Located blocks (position -1: nowhere, left out) grouped by (window, head key), in
+    the order each group first appears, a group's blocks in their order: (window, head
+    key, offsets in the window, ids)."""
+    at = np.flatnonzero(pos >= 0)
+    if not len(at):
+        return []
+    w, o = np.divmod(pos[at], sb)
+    keys = np.stack([w.astype(np.uint64), heads[at]], axis=1)
+    _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    g = rank[inv.reshape(-1)]
+    order = np.argsort(g, kind="stable")
+    bounds = np.searchsorted(g[order], np.arange(len(first) + 1))
+    out = []
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        rows = order[lo:hi]
+        k = at[rows[0]]
+        out.append((int(pos[k]) // sb, int(heads[k]), o[rows], ids[at[rows]]))
+    return out

@@ -27,6 +27,7 @@ from sarpd.core.segment import (
     block_keys,
     decode_segment,
     encode_segment,
+    locator_records,
 )
 from sarpd.errors import CorruptData, FormatVersionError
 
@@ -190,8 +191,8 @@ def test_locator_records_match_the_reference(rows: list[tuple[int, int]], head: 
     assert CW is not None
     ids = np.array(rows, dtype=np.uint64).reshape(len(rows), 2)
     assert CW.block_keys(ids) == _block_keys(ids)
-    got: dict[bytes, bytes] = {}
-    CW.put_locators(got, ids, head, first)
+    got = locator_records(ids, np.full(len(ids), head, np.uint64),
+                          np.arange(first, first + len(ids), dtype=np.int64), native.pick())
     want: dict[bytes, bytes] = {}
     for i, row in enumerate(ids):  # a later record of a duplicate id wins
         want[block_key(row.astype("<u8").tobytes())] = LOCATOR.pack(head, first + i)
@@ -256,12 +257,6 @@ def test_bad_arguments_are_refused_with_their_names() -> None:
         CW.encode_segment(1, 0, 3, 0, ids, [0, 0], none, none)
     with pytest.raises(TypeError, match="value must be bytes"):
         CW.parse_segment(5)
-    with pytest.raises(TypeError, match="d must be a dict"):
-        CW.put_locators([], ids, 0, 0)
-    with pytest.raises(OverflowError, match="position is a u32"):
-        CW.put_locators({}, ids, 0, 2**32 - 1)
-    with pytest.raises(OverflowError, match="head_key"):
-        CW.put_locators({}, ids, -1, 0)
     with pytest.raises(ValueError, match="ids must have shape"):
         CW.block_keys(meta)
     with pytest.raises(ValueError, match=r"offsets\[1\] is -1"):

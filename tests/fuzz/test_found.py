@@ -40,16 +40,6 @@ def _child(code: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
-@needs_write
-def test_put_locators_refuses_a_first_pos_that_wraps() -> None:
-    """Was: the check `first + n > 2**32` in uint64 wrapped for a first_pos near 2**64."""
-    assert W is not None
-    d: dict[bytes, bytes] = {}
-    with pytest.raises(OverflowError):
-        W.put_locators(d, np.zeros((1, 2), np.uint64), 0, 2**64 - 1)
-    assert d == {}
-
-
 @needs_match
 @pytest.mark.xfail(strict=True, reason=(
     "_cmatch.c verify reads a candidate's window with PyLong_AsLongLong: a segment whose "
