@@ -307,11 +307,19 @@ class ServerConfig:
     # and filter partitions, backends/rocksdb.py; wiredtiger: its cache, >= 32 MiB)
     cache_bytes: int = 128 * 1024 * 1024
     log_level: LogLevel = "INFO"
+    # threads that answer a batch's matches at once (writes keep one ordered thread);
+    # 0: one per core of the machine (os.cpu_count())
+    worker_threads: int = 0
     index: IndexConfig = field(default_factory=IndexConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
         check("server", self, SERVER_RULES)
+
+    @property
+    def match_threads(self) -> int:
+        """`worker_threads`, with 0 resolved to the machine's cores."""
+        return self.worker_threads or os.cpu_count() or 1
 
 
 SERVER_RULES: dict[str, Rule] = {
@@ -323,6 +331,7 @@ SERVER_RULES: dict[str, Rule] = {
     "allow_uids": id_list, "allow_gids": id_list, "admin_uids": id_list, "bind_namespaces": boolean,
     "metrics_port": integer(0, 65535), "metrics_host": nonempty,
     "log_format": one_of(LogFormat), "cache_bytes": integer(0), "log_level": one_of(LogLevel),
+    "worker_threads": integer(0, 1024),
 }
 
 

@@ -125,6 +125,8 @@ class Daemon:
                 await self._metrics_http.cleanup()  # /readyz said 503 until here
             self.server.remove_socket()
             self.server.executor.shutdown(wait=True)
+            if self.server.match_pool is not None:
+                self.server.match_pool.shutdown(wait=True)
 
     async def _start_metrics(self) -> None:
         """/metrics, /healthz, /readyz on metrics_host:metrics_port, on this loop
@@ -177,6 +179,7 @@ class Daemon:
         service = Service(
             index, cfg, backend_name, group_commit=group,
             recovered_in_s=report.seconds, extra_stats=self.server.extra_stats,
+            match_pool=self.server.match_pool,
         )
         self.server.syncer = Syncer(index.sync_now) if group else None
         joined = None
@@ -423,6 +426,9 @@ def option(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..
         help="Gather requests this long per batch (default 0.5; >= 0).")
 @option("--batch-max", type=int,
         help="Run a batch once this many requests are queued (default 256; >= 1).")
+@option("--worker-threads", type=int,
+        help="Threads that answer a batch's matches at once (default 0: one per core; "
+        "writes keep one ordered thread).")
 @option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
@@ -469,6 +475,7 @@ def main(
     sync: str | None,
     batch_window_ms: float | None,
     batch_max: int | None,
+    worker_threads: int | None,
     log_level: str | None,
     log_format: str | None,
     metrics_port: int | None,
@@ -490,6 +497,7 @@ def main(
             sync=sync,
             batch_window_ms=batch_window_ms,
             batch_max=batch_max,
+            worker_threads=worker_threads,
             log_level=log_level.upper() if log_level else None,
             log_format=log_format,
             metrics_port=metrics_port,

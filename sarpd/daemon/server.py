@@ -253,6 +253,10 @@ class Server:
         self.queue_bytes = 0  # decoded array bytes of the queued requests
         self.buffered = 0  # bytes of unfinished messages over all connections
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="sarpd-worker")
+        # the worker's helpers for a batch's matches (`worker_threads`; Service._match)
+        threads = config.match_threads
+        self.match_pool = (ThreadPoolExecutor(threads - 1, thread_name_prefix="sarpd-match")
+                           if threads > 1 else None)
         self._conn_number = 0
         self._first_at = 0.0
         self._busy = False

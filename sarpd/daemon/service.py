@@ -23,6 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal, Protocol
@@ -169,6 +170,9 @@ def contain(what: str, n: int, fn: Callable[[], Sequence[object]]) -> list[objec
     ]
 
 
+MATCH_SPLIT = 8  # matches a thread takes at least: fewer are answered on one thread
+
+
 class Service:
     """Answers batches of (connection key, request). Not thread-safe: the server runs
     one batch at a time in its single worker thread.
@@ -188,8 +192,12 @@ class Service:
         extra_stats: Callable[[], Mapping[str, object]] = dict,
         clock: Callable[[], float] = time.monotonic,
         group_commit: bool = False,
+        match_pool: Executor | None = None,
     ) -> None:
         self.index = index
+        # a read phase's matches are split over this pool and the calling thread
+        # (`worker_threads`; the server owns it); None: all on the calling thread
+        self.match_pool = match_pool
         self.config = config
         self.backend_name = backend_name
         self.recovered_in_s = recovered_in_s
@@ -253,10 +261,7 @@ class Service:
         matches = [(i, r) for i, r in enumerate(reqs) if isinstance(r, Match)]
         if matches:
             self.counters["matches"] += len(matches)
-            self.counters["match_calls"] += 1
-            call = partial(self.index.match_many, [r for _, r in matches])
-            for (i, _), res in zip(matches, contain("match_many", len(matches), call),
-                                   strict=True):
+            for (i, _), res in zip(matches, self._match([r for _, r in matches]), strict=True):
                 out[i] = res
         for i, req in enumerate(reqs):
             if isinstance(req, Hello):
@@ -266,6 +271,27 @@ class Service:
             elif isinstance(req, Report):
                 out[i] = contain("report", 1, partial(self._record_report, req))[0]
             # Ping: None
+        return out
+
+    def _match(self, reqs: list[Match]) -> list[object]:
+        """The matches of a read phase: split in parts of at least MATCH_SPLIT over the
+        match pool and this thread (no write runs meanwhile: the index answers
+        matches from several threads at once), each part contained alone."""
+        pool = self.match_pool
+        parts = 1 if pool is None else min(len(reqs) // MATCH_SPLIT,
+                                            self.config.match_threads)
+        if parts <= 1:
+            self.counters["match_calls"] += 1
+            return contain("match_many", len(reqs), partial(self.index.match_many, reqs))
+        assert pool is not None
+        step = -(-len(reqs) // parts)
+        chunks = [reqs[i : i + step] for i in range(0, len(reqs), step)]
+        self.counters["match_calls"] += len(chunks)
+        later = [pool.submit(contain, "match_many", len(c), partial(self.index.match_many, c))
+                 for c in chunks[1:]]
+        out = contain("match_many", len(chunks[0]), partial(self.index.match_many, chunks[0]))
+        for fut in later:
+            out.extend(fut.result())  # contain never raises
         return out
 
     def _record_report(self, req: Report) -> list[object]:
