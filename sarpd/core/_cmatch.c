@@ -51,7 +51,9 @@
  * Bit-for-bit the reference's answers: fingerprint (((lo ^ hi) * golden) >> 32) %
  * 15 + 1, 0 past the window's end; a filter's byte j holds the fingerprints of blocks
  * point + 2j + 1 (high nibble) and + 2j + 2; the ranking orders (agreement << 56 | seg)
- * descending. The GIL is released around route's loop. */
+ * descending. The GIL is released around route's loop and merge_order's, and around the
+ * computing part of verify and assemble (their segments read first, once each): for
+ * route, verify and assemble only past `gil_free_min` of work. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -62,6 +64,13 @@
 enum { R_Q, R_W, R_OFF, R_LEN, R_FSTART, R_FCOUNT, R_WEAK, R_FBOUND, R_BLO, R_BHI, R_DLO, R_DHI };
 
 static const uint64_t GOLDEN = 0x9E3779B97F4A7C15ull;
+
+/* Work below which a call keeps the GIL: block ids compared (verify), metas copied
+ * (assemble), blocks of the windows routed (route). Releasing the GIL hands it to a
+ * waiting thread, and getting it back waits for that thread's next release (or its
+ * switch interval), far longer than a few microseconds of work: short releases make
+ * threads slower, not faster. The tests set it (_set_gil_free_min: 0 always releases). */
+static Py_ssize_t gil_free_min = 4096;
 
 /* -- buffers -------------------------------------------------------------------- */
 
@@ -415,10 +424,12 @@ static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_ssize_t nrows = 0;
     PyObject *out = NULL;
     int rc = -1;
-    if (rows != NULL) {
+    if (rows != NULL && maxrows * b.sb >= gil_free_min) {
         Py_BEGIN_ALLOW_THREADS
         rc = route_all(&d, &b, rows, &nrows, &first);
         Py_END_ALLOW_THREADS
+    } else if (rows != NULL) {
+        rc = route_all(&d, &b, rows, &nrows, &first);
     }
     if (rc < 0) {
         PyErr_NoMemory();
@@ -434,17 +445,133 @@ static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return out;
 }
 
+/* -- the batch's segments, read once a call ----------------------------------------------- */
+
+/* verify and assemble read each segment's Python object once a call, the GIL held
+ * (a batch names a hot segment in many rows), into a SegView; then they compute every
+ * row from the views and their own copies of the checked rows, the GIL released
+ * (when there is enough of it to be worth a hand-over: gil_free_min), and build their
+ * Python results after. A view holds the segment and a buffer of each array it read,
+ * so the arrays outlive the call whatever Python does meanwhile. */
+
+
+static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS, *S_META, *S_XMETA;
+
+typedef struct {
+    uint64_t sid;
+    PyObject *seg;        /* a reference; NULL: not in segs */
+    long long window;
+    int far;              /* its window is past int64: no row's (the reference skips it) */
+    uint64_t presence;
+    Py_ssize_t present;   /* its run of present blocks from 0 (Segment.present_run) */
+    int have_ids, have_meta, table;
+    Py_buffer ids, meta;  /* held while have_ids / have_meta */
+} SegView;
+
+#define VIEW_CHUNK 64  /* views live in chunks: a view never moves (its buffers) */
+
+typedef struct {
+    SegView **chunks;
+    Py_ssize_t n, nchunks;
+    int32_t *slots;       /* open addressing by sid: 1 + the view's index, 0 empty */
+    size_t mask;
+} SegTable;
+
+static inline SegView *view_at(const SegTable *t, Py_ssize_t i) {
+    return &t->chunks[i / VIEW_CHUNK][i % VIEW_CHUNK];
+}
+
+static inline size_t slot_of(uint64_t sid, size_t mask) {
+    return (size_t)((sid * GOLDEN) >> 32) & mask;
+}
+
+static void table_free(SegTable *t) {
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        SegView *e = view_at(t, i);
+        if (e->have_ids) PyBuffer_Release(&e->ids);
+        if (e->have_meta) PyBuffer_Release(&e->meta);
+        Py_XDECREF(e->seg);
+    }
+    for (Py_ssize_t c = 0; c < t->nchunks; c++) free(t->chunks[c]);
+    free(t->chunks);
+    free(t->slots);
+    memset(t, 0, sizeof *t);
+}
+
+/* The view of `sid`, made (and looked up in segs) the first time; its index, or -1
+ * with an exception. */
+static Py_ssize_t table_get(SegTable *t, PyObject *segs, uint64_t sid) {
+    if (t->slots != NULL) {
+        for (size_t s = slot_of(sid, t->mask); t->slots[s]; s = (s + 1) & t->mask)
+            if (view_at(t, t->slots[s] - 1)->sid == sid) return t->slots[s] - 1;
+    }
+    if (t->n >= INT32_MAX - 1) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if ((size_t)(t->n + 1) * 2 > t->mask + 1 || t->slots == NULL) {  /* grow: half full */
+        size_t size = t->slots == NULL ? 64 : (t->mask + 1) * 2;
+        int32_t *slots = calloc(size, sizeof *slots);
+        if (slots == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < t->n; i++) {
+            size_t s = slot_of(view_at(t, i)->sid, size - 1);
+            while (slots[s]) s = (s + 1) & (size - 1);
+            slots[s] = (int32_t)(i + 1);
+        }
+        free(t->slots);
+        t->slots = slots;
+        t->mask = size - 1;
+    }
+    if (t->n == t->nchunks * VIEW_CHUNK) {
+        SegView **chunks = realloc(t->chunks, (size_t)(t->nchunks + 1) * sizeof *chunks);
+        if (chunks == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->chunks = chunks;
+        if ((chunks[t->nchunks] = malloc(VIEW_CHUNK * sizeof(SegView))) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->nchunks++;
+    }
+    PyObject *key = PyLong_FromUnsignedLongLong(sid);
+    if (key == NULL) return -1;
+    PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
+    Py_DECREF(key);
+    if (seg == NULL && PyErr_Occurred()) return -1;
+    Py_ssize_t i = t->n++;
+    SegView *e = view_at(t, i);
+    memset(e, 0, sizeof *e);
+    e->sid = sid;
+    e->seg = seg;
+    Py_XINCREF(seg);
+    size_t s = slot_of(sid, t->mask);
+    while (t->slots[s]) s = (s + 1) & t->mask;
+    t->slots[s] = (int32_t)(i + 1);
+    return i;
+}
+
 /* -- verify --------------------------------------------------------------------------- */
 
-static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS;
-
-/* A segment's window and presence, or -1 with an exception naming the segment. */
-static int seg_ints(PyObject *seg, uint64_t sid, long long *window, uint64_t *presence) {
+/* A segment's window and presence, or -1 with an exception naming the segment. A
+ * window past int64 (a u64 field) is no row's: `far` set, its presence not read (the
+ * reference compares the window first and skips the candidate). */
+static int seg_ints(PyObject *seg, uint64_t sid, long long *window, int *far,
+                    uint64_t *presence) {
     PyObject *w = PyObject_GetAttr(seg, S_WINDOW);
     if (w == NULL) return -1;
     *window = PyLong_AsLongLong(w);
     Py_DECREF(w);
-    if (*window == -1 && PyErr_Occurred()) return -1;
+    if (*window == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        *far = 1;
+        return 0;
+    }
     PyObject *p = PyObject_GetAttr(seg, S_PRESENCE);
     if (p == NULL) return -1;
     *presence = PyLong_AsUnsignedLongLongMask(p);
@@ -457,34 +584,51 @@ static int seg_ints(PyObject *seg, uint64_t sid, long long *window, uint64_t *pr
     return 0;
 }
 
-/* The verified run of one candidate against a window (`qw`, `len` blocks), or -1
- * with an exception; -2 when the candidate does not count (missing, other window). */
-static Py_ssize_t candidate_run(PyObject *segs, uint64_t sid, long long w, const uint64_t *qw,
-                                Py_ssize_t len) {
-    PyObject *key = PyLong_FromUnsignedLongLong(sid);
-    if (key == NULL) return -1;
-    PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
-    Py_DECREF(key);
-    if (seg == NULL) return PyErr_Occurred() ? -1 : -2;
-    long long window;
-    uint64_t presence;
-    if (seg_ints(seg, sid, &window, &presence) < 0) return -1;
-    if (window != w) return -2;
-    PyObject *ids = PyObject_GetAttr(seg, S_IDS);
-    if (ids == NULL) return -1;
-    Py_buffer v;
-    int bad = get_strided(ids, "segment ids", 2, 2, &v);
-    Py_DECREF(ids);
-    if (bad < 0) return -1;
-    Py_ssize_t n = v.shape[0] < len ? v.shape[0] : len, m = 0;
-    while (m < n && at(&v, m, 0) == load_u64(qw + 2 * m) && at(&v, m, 1) == load_u64(qw + 2 * m + 1))
+/* One candidate of a window `w` (the GIL held): the index of its view with its ids
+ * read, -2 when it does not count (missing, another window), -1 with an exception.
+ * Read in the order the reference reads them: window and presence once, ids once
+ * a window of its own asks. */
+static Py_ssize_t candidate(SegTable *t, PyObject *segs, uint64_t sid, long long w) {
+    Py_ssize_t known = t->n;
+    Py_ssize_t i = table_get(t, segs, sid);
+    if (i < 0) return -1;
+    SegView *e = view_at(t, i);
+    if (e->seg == NULL) return -2;
+    if (i == known && seg_ints(e->seg, sid, &e->window, &e->far, &e->presence) < 0) {
+        Py_CLEAR(e->seg);  /* the view stays, as missing; the call fails anyway */
+        return -1;
+    }
+    if (e->far || e->window != w) return -2;
+    if (!e->have_ids) {
+        PyObject *ids = PyObject_GetAttr(e->seg, S_IDS);
+        if (ids == NULL) return -1;
+        int bad = get_strided(ids, "segment ids", 2, 2, &e->ids);
+        Py_DECREF(ids);
+        if (bad < 0) return -1;
+        e->have_ids = 1;
+        Py_ssize_t nblocks = e->ids.shape[0], present = 0;
+        while (present < nblocks && present < 64 && ((e->presence >> present) & 1u)) present++;
+        e->present = present;
+    }
+    return i;
+}
+
+/* The verified run of a candidate's view against a window (`qw`, `len` blocks): ids
+ * equal AND present, from the window start. No Python object is touched. */
+static Py_ssize_t view_run(const SegView *e, const uint64_t *qw, Py_ssize_t len) {
+    Py_ssize_t n = e->ids.shape[0] < len ? e->ids.shape[0] : len, m = 0;
+    if (n > e->present) n = e->present;  /* past it the run ends anyway */
+    if (e->ids.strides[0] == 16 && e->ids.strides[1] == 8) {  /* contiguous: as it is decoded */
+        const uint64_t *s = e->ids.buf;
+        while (m < n && load_u64(s + 2 * m) == load_u64(qw + 2 * m)
+               && load_u64(s + 2 * m + 1) == load_u64(qw + 2 * m + 1))
+            m++;
+        return m;
+    }
+    while (m < n && at(&e->ids, m, 0) == load_u64(qw + 2 * m)
+           && at(&e->ids, m, 1) == load_u64(qw + 2 * m + 1))
         m++;
-    Py_ssize_t nblocks = v.shape[0];
-    PyBuffer_Release(&v);
-    /* the run of present blocks from 0 (Segment.present_run) */
-    Py_ssize_t present = 0;
-    while (present < nblocks && present < 64 && ((presence >> present) & 1u)) present++;
-    return m < present ? m : present;
+    return m;
 }
 
 /* Checks a row of verify against the batch; 0 when it fits. */
@@ -506,6 +650,24 @@ static PyObject *segs_arg(PyObject *segs) {
         return NULL;
     }
     return segs;
+}
+
+/* A growable array of int64 (the calls' own copies of what they checked). */
+typedef struct { int64_t *v; Py_ssize_t n, cap; } IVec;
+
+static int ivec_push(IVec *a, int64_t x) {
+    if (a->n == a->cap) {
+        Py_ssize_t cap = a->cap ? 2 * a->cap : 256;
+        int64_t *v = realloc(a->v, (size_t)cap * sizeof *v);
+        if (v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
 }
 
 static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -538,9 +700,12 @@ static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *best = PyBytes_FromStringAndSize(NULL, nr * (Py_ssize_t)sizeof(int64_t));
     PyObject *sids = PyBytes_FromStringAndSize(NULL, nr * (Py_ssize_t)sizeof(uint64_t));
     PyObject *out = NULL;
+    SegTable t = {0};
+    IVec plan = {0};  /* per row: its first candidate in cands, its window in qids, length */
+    IVec cands = {0};  /* every row's counting candidates in order: their views */
+    Py_ssize_t work = 0;
     if (best == NULL || sids == NULL) goto done;
-    int64_t *b = (int64_t *)PyBytes_AS_STRING(best);
-    uint64_t *bs = (uint64_t *)PyBytes_AS_STRING(sids);
+    /* the GIL held: every row checked, every candidate's segment read once */
     for (Py_ssize_t r = 0; r < nr; r++) {
         const int64_t *row = rows + ROW_FIELDS * r;
         if (row_fits(row, starts, nq, nid, nf, sb) < 0) {
@@ -548,96 +713,73 @@ static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                          "queries) and first (%zd ids) with sb %zd", r, nid, nq, nf, sb);
             goto done;
         }
-        const uint64_t *qw = qids + 2 * (starts[row[R_Q]] + row[R_W] * sb);
-        b[r] = 0;
-        bs[r] = 0;
+        int64_t len = row[R_LEN];
+        if (ivec_push(&plan, cands.n) < 0 || ivec_push(&plan, starts[row[R_Q]] + row[R_W] * sb) < 0
+                || ivec_push(&plan, len) < 0)
+            goto done;
         for (int64_t k = row[R_FSTART]; k < row[R_FSTART] + row[R_FCOUNT]; k++) {
-            Py_ssize_t run = candidate_run(segs, first[k], row[R_W], qw, row[R_LEN]);
-            if (run == -1) goto done;
-            if (run > b[r]) { b[r] = run; bs[r] = first[k]; }  /* the first of equal runs */
+            Py_ssize_t i = candidate(&t, segs, first[k], row[R_W]);
+            if (i == -1) goto done;
+            if (i >= 0) {
+                if (ivec_push(&cands, i) < 0) goto done;
+                work += len;
+            }
         }
     }
+    if (ivec_push(&plan, cands.n) < 0) goto done;  /* the last row's end */
+    int64_t *b = (int64_t *)PyBytes_AS_STRING(best);
+    uint64_t *bs = (uint64_t *)PyBytes_AS_STRING(sids);
+    PyThreadState *ts = work >= gil_free_min ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t r = 0; r < nr; r++) {  /* no Python object from here */
+        const int64_t *p = plan.v + 3 * r;  /* p[3]: the next row's first candidate */
+        const uint64_t *qw = qids + 2 * p[1];
+        b[r] = 0;
+        bs[r] = 0;
+        for (int64_t c = p[0]; c < p[3]; c++) {
+            const SegView *e = view_at(&t, cands.v[c]);
+            Py_ssize_t run = view_run(e, qw, p[2]);
+            if (run > b[r]) { b[r] = run; bs[r] = e->sid; }  /* the first of equal runs */
+        }
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
     out = PyTuple_Pack(2, best, sids);
 done:
     Py_XDECREF(best);
     Py_XDECREF(sids);
+    table_free(&t);
+    free(plan.v);
+    free(cands.v);
     release_all(v, 4);
     return out;
 }
 
 /* -- assemble ------------------------------------------------------------------------ */
 
-static PyObject *S_META, *S_XMETA;
-
-/* A segment's first-holder metas (a view) and whether it has a holder table; -1 with
- * an exception. */
-static int seg_meta(PyObject *segs, uint64_t sid, Py_buffer *meta, int *table) {
-    PyObject *key = PyLong_FromUnsignedLongLong(sid);
-    if (key == NULL) return -1;
-    PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
-    Py_DECREF(key);
-    if (seg == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_KeyError, "segment %llu was matched but is not in segs",
-                         (unsigned long long)sid);
+/* A matched segment's view with its first-holder metas and whether it has a holder
+ * table (the GIL held): its index, or -1 with an exception. */
+static Py_ssize_t matched(SegTable *t, PyObject *segs, uint64_t sid) {
+    Py_ssize_t i = table_get(t, segs, sid);
+    if (i < 0) return -1;
+    SegView *e = view_at(t, i);
+    if (e->seg == NULL) {
+        PyErr_Format(PyExc_KeyError, "segment %llu was matched but is not in segs",
+                     (unsigned long long)sid);
         return -1;
     }
-    PyObject *x = PyObject_GetAttr(seg, S_XMETA);
+    if (e->have_meta) return i;
+    PyObject *x = PyObject_GetAttr(e->seg, S_XMETA);
     if (x == NULL) return -1;
     Py_ssize_t h = PyObject_Length(x);
     Py_DECREF(x);
     if (h < 0) return -1;
-    *table = h > 0;
-    PyObject *m = PyObject_GetAttr(seg, S_META);
+    PyObject *m = PyObject_GetAttr(e->seg, S_META);
     if (m == NULL) return -1;
-    int bad = get_strided(m, "segment meta", 1, 0, meta);
+    int bad = get_strided(m, "segment meta", 1, 0, &e->meta);
     Py_DECREF(m);
-    return bad;
-}
-
-/* One query's answer from its rows [lo, hi): blocks, and, when no matched segment has
- * a holder table, its metas appended to `out` and the first holder's run; -1 with an
- * exception. */
-static int assemble_one(PyObject *segs, const int64_t *rows, const int64_t *best,
-                        const uint64_t *sids, Py_ssize_t lo, Py_ssize_t hi, Vec *out,
-                        int64_t *res) {
-    int64_t total = 0, single = 1, start = out->n;
-    for (Py_ssize_t r = lo; r < hi; r++) {
-        int64_t b = best[r], len = rows[ROW_FIELDS * r + R_LEN];
-        if (sids[r] && single) {
-            Py_buffer meta;
-            int table;
-            if (seg_meta(segs, sids[r], &meta, &table) < 0) return -1;
-            if (b < 0 || b > meta.shape[0]) {
-                PyErr_Format(PyExc_ValueError, "run %lld of segment %llu is past its %zd "
-                             "blocks", (long long)b, (unsigned long long)sids[r], meta.shape[0]);
-                PyBuffer_Release(&meta);
-                return -1;
-            }
-            single = !table;
-            if (single && vec_reserve(out, b) == 0) {
-                for (int64_t i = 0; i < b; i++) out->v[out->n++] = at(&meta, i, 0);
-            } else if (single) {
-                PyBuffer_Release(&meta);
-                PyErr_NoMemory();
-                return -1;
-            }
-            PyBuffer_Release(&meta);
-        }
-        total += b;
-        if (b < len) break;
-    }
-    int64_t run = 0;  /* the first holder's run (single holder only) */
-    if (single) {
-        while (start + run < out->n && out->v[start + run] == out->v[start]) run++;
-    } else {
-        out->n = start;  /* the caller computes holders from the segments */
-    }
-    res[0] = total;
-    res[1] = single;
-    res[2] = start;
-    res[3] = run;
-    return 0;
+    if (bad < 0) return -1;
+    e->table = h > 0;
+    e->have_meta = 1;
+    return i;
 }
 
 static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -661,8 +803,10 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_ssize_t nr = v[0].shape[0], nq = v[1].shape[0];
     const int64_t *rows = v[0].buf, *spans = v[1].buf, *best = v[2].buf;
     const uint64_t *sids = v[3].buf;
-    PyObject *res = NULL, *out = NULL;
-    Vec meta = {NULL, 0, 0};
+    PyObject *res = NULL, *meta = NULL, *out = NULL;
+    SegTable t = {0};
+    IVec copies = {0};  /* (view, blocks) of each single query's matched windows, in order */
+    IVec ends = {0};    /* per query: where its copies end */
     if (v[2].shape[0] != nr || v[3].shape[0] != nr) {
         PyErr_Format(PyExc_ValueError, "best and sids must have one entry per row (%zd), got "
                      "%zd and %zd", nr, v[2].shape[0], v[3].shape[0]);
@@ -671,6 +815,9 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
     res = PyBytes_FromStringAndSize(NULL, nq * 4 * (Py_ssize_t)sizeof(int64_t));
     if (res == NULL) goto done;
     int64_t *rs = (int64_t *)PyBytes_AS_STRING(res);
+    /* the GIL held: each query's windows from 0 through the first short one, the
+     * segments they matched read once; the metas to copy noted, their total counted */
+    Py_ssize_t count = 0;
     for (Py_ssize_t q = 0; q < nq; q++) {
         Py_ssize_t lo = spans[2 * q], hi = spans[2 * q + 1];
         if (lo < 0 || hi < lo || hi > nr) {
@@ -678,19 +825,61 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
                          "rows", q, lo, hi, nr);
             goto done;
         }
-        if (assemble_one(segs, rows, best, sids, lo, hi, &meta, rs + 4 * q) < 0) goto done;
-    }
-    {
-        PyObject *buf = PyByteArray_FromStringAndSize((const char *)meta.v,
-                                                      meta.n * (Py_ssize_t)sizeof *meta.v);
-        if (buf != NULL) {
-            out = PyTuple_Pack(2, res, buf);
-            Py_DECREF(buf);
+        int64_t total = 0, single = 1, mine = 0;
+        Py_ssize_t from = copies.n;
+        for (Py_ssize_t r = lo; r < hi; r++) {
+            int64_t b = best[r], len = rows[ROW_FIELDS * r + R_LEN];
+            if (sids[r] && single) {
+                Py_ssize_t i = matched(&t, segs, sids[r]);
+                if (i < 0) goto done;
+                const SegView *e = view_at(&t, i);
+                if (b < 0 || b > e->meta.shape[0]) {
+                    PyErr_Format(PyExc_ValueError, "run %lld of segment %llu is past its %zd "
+                                 "blocks", (long long)b, (unsigned long long)sids[r],
+                                 e->meta.shape[0]);
+                    goto done;
+                }
+                single = !e->table;
+                if (single) {
+                    if (ivec_push(&copies, i) < 0 || ivec_push(&copies, b) < 0) goto done;
+                    mine += b;
+                }
+            }
+            total += b;
+            if (b < len) break;
         }
+        if (!single) copies.n = from;  /* the caller computes holders from the segments */
+        if (ivec_push(&ends, copies.n) < 0) goto done;
+        rs[4 * q] = total;
+        rs[4 * q + 1] = single;
+        rs[4 * q + 2] = count;
+        count += single ? mine : 0;
     }
+    meta = PyByteArray_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(uint64_t));
+    if (meta == NULL) goto done;
+    uint64_t *m = (uint64_t *)PyByteArray_AS_STRING(meta);
+    PyThreadState *ts = count >= gil_free_min ? PyEval_SaveThread() : NULL;
+    Py_ssize_t c = 0;
+    for (Py_ssize_t q = 0; q < nq; q++) {  /* no Python object from here */
+        int64_t start = rs[4 * q + 2], n = start;
+        for (; c < ends.v[q]; c += 2) {
+            const SegView *e = view_at(&t, copies.v[c]);
+            for (int64_t i = 0; i < copies.v[c + 1]; i++) m[n++] = at(&e->meta, i, 0);
+        }
+        int64_t run = 0;  /* the first holder's run (single holder only) */
+        if (rs[4 * q + 1]) {
+            while (start + run < n && m[start + run] == m[start]) run++;
+        }
+        rs[4 * q + 3] = run;
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    out = PyTuple_Pack(2, res, meta);
 done:
     Py_XDECREF(res);
-    free(meta.v);
+    Py_XDECREF(meta);
+    table_free(&t);
+    free(copies.v);
+    free(ends.v);
     release_all(v, 4);
     return out;
 }
@@ -763,6 +952,16 @@ done:
     return out;
 }
 
+/* Test hook: the work below which route, verify and assemble keep the GIL; returns the
+ * previous setting. */
+static PyObject *set_gil_free_min(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t was = gil_free_min;
+    gil_free_min = n;
+    return PyLong_FromSsize_t(was);
+}
+
 static PyMethodDef methods[] = {
     {"route", (PyCFunction)(void (*)(void))route, METH_FASTCALL,
      "Every routed window of a batch and its first round (module docstring)."},
@@ -772,6 +971,9 @@ static PyMethodDef methods[] = {
      "Every query's blocks and metas from its windows' runs (module docstring)."},
     {"merge_order", (PyCFunction)(void (*)(void))merge_order, METH_FASTCALL,
      "The delta's stable key order with its appended rows merged in (module docstring)."},
+    {"_set_gil_free_min", set_gil_free_min, METH_O,
+     "Work below which route, verify and assemble keep the GIL (0: always release); the "
+     "old value."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,7 @@ directory; entries of segments changed after a snapshot are added again at recov
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,6 +116,9 @@ class BlockMap:
         self.gens: list[_Gen] = []  # oldest first
         self.counts = MapCounts()
         self._frozen_live = 0
+        # a lookup moves what it finds (LRU): lookups of matches running on several
+        # threads at once (issue 25) take turns; changes (add, discard) are a write's
+        self._lock = threading.Lock()
 
     # -- what others read --------------------------------------------------------------
     def __len__(self) -> int:
@@ -134,7 +138,12 @@ class BlockMap:
     def lookup(self, ids: IdArray) -> tuple[U64Array, np.ndarray]:
         """(head keys, positions) of `ids` ((n, 2) internal ids); position -1: not held
         here. A hit in a frozen generation moves to the young one (LRU): until the next
-        `add`, the map may hold that many entries' bytes over its budget."""
+        `add`, the map may hold that many entries' bytes over its budget. Safe from
+        several threads at once (one at a time), not beside a change."""
+        with self._lock:
+            return self._lookup(ids)
+
+    def _lookup(self, ids: IdArray) -> tuple[U64Array, np.ndarray]:
         n = len(ids)
         heads = np.zeros(n, dtype=np.uint64)
         pos = np.full(n, -1, dtype=np.int64)
@@ -169,6 +178,7 @@ class BlockMap:
             heads[rest[got]], pos[rest[got]] = g.head[r], g.pos[r]
             moved += zip(lo[got].tolist(), hi[got].tolist(), g.head[r].tolist(),
                          g.pos[r].tolist(), strict=True)
+            r = np.unique(r)  # a block asked twice in one lookup leaves once
             g.alive[r] = False
             g.live -= len(r)
             self._frozen_live -= len(r)

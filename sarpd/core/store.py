@@ -18,6 +18,7 @@ with the same mapping, for the daemon and the tools.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -146,6 +147,9 @@ class Store:
         self.k = kernels or native.pick()  # the index's kernels (sarpd.core.native)
         self.activity = Activity()
         self._cache: OrderedDict[int, Segment] = OrderedDict()
+        # matches may run on several threads at once (no write meanwhile, issue 25):
+        # held while the cache's LRU order changes and while `activity` counts reads
+        self.lock = threading.Lock()
         self.cache_segments = SEGMENT_CACHE  # the cache's size (the bench sizes it)
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self.copies = Copies(cfg.segment_blocks)  # hot windows' copies (the writer's)
@@ -204,7 +208,8 @@ class Store:
         memo = {} if memo is None else memo
         ask = [k for k in dict.fromkeys(keys) if k not in memo]
         if ask:
-            self.activity.locator_reads += len(ask)
+            with self.lock:
+                self.activity.locator_reads += len(ask)
             for k, v in zip(ask, self.get_many(ask), strict=True):
                 memo[k] = (0, -1) if v is None else LOCATOR.unpack(v)
         for i, k in zip(miss.tolist(), keys, strict=True):
@@ -393,7 +398,8 @@ class Store:
 
     def cached_segments(self) -> list[tuple[int, Segment]]:
         """The segments the cache holds, least recently used first (read-only)."""
-        return list(self._cache.items())
+        with self.lock:
+            return list(self._cache.items())
 
     def ns_blocks(self, tag: int) -> int:
         """Blocks indexed in the namespace with this tag, as committed (kept per
@@ -461,28 +467,32 @@ class Store:
         out: dict[int, Segment | None] = {}
         missing = []
         cache, pending = self._cache, self.pending
-        for sid in sids:
-            seg = cache.get(sid)
-            if seg is None and sid in pending:  # base + delta records, merged
-                out[sid] = pending[sid]
-            elif seg is None:
-                missing.append(sid)
-            else:
-                cache.move_to_end(sid)
-                out[sid] = seg
+        with self.lock:  # a hit moves to the recent end: not while another thread trims
+            for sid in sids:
+                seg = cache.get(sid)
+                if seg is None and sid in pending:  # base + delta records, merged
+                    out[sid] = pending[sid]
+                elif seg is None:
+                    missing.append(sid)
+                else:
+                    cache.move_to_end(sid)
+                    out[sid] = seg
         if missing:
             try:
                 values = self.get_many([seg_key(s) for s in missing])
             except CorruptData:  # an engine page failed its checksum: find its segments
                 values = [self._get_or_none(s) for s in missing]
-            self.activity.segment_reads += len(missing)
             decode = self.decode_or_none
             for sid, value in zip(missing, values, strict=True):
-                seg = out[sid] = decode(sid, value)
-                if seg is not None:  # not cached: it goes in at the recent end
-                    cache[sid] = seg
-            while len(cache) > self.cache_segments:  # `remember`'s trim, once a call
-                cache.popitem(last=False)
+                out[sid] = decode(sid, value)
+            with self.lock:
+                self.activity.segment_reads += len(missing)
+                for sid in missing:
+                    seg = out[sid]
+                    if seg is not None:  # not cached: it goes in at the recent end
+                        cache[sid] = seg
+                while len(cache) > self.cache_segments:  # `remember`'s trim, once a call
+                    cache.popitem(last=False)
         return out
 
     def read(self, sids: list[int]) -> dict[int, Segment]:
@@ -512,10 +522,11 @@ class Store:
 
     def remember(self, sid: int, seg: Segment) -> None:
         cache = self._cache
-        cache[sid] = seg
-        cache.move_to_end(sid)
-        while len(cache) > self.cache_segments:
-            cache.popitem(last=False)
+        with self.lock:
+            cache[sid] = seg
+            cache.move_to_end(sid)
+            while len(cache) > self.cache_segments:
+                cache.popitem(last=False)
 
 
 def seg_bytes(seg: Segment | None) -> int:

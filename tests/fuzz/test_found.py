@@ -41,12 +41,9 @@ def _child(code: str) -> subprocess.CompletedProcess[str]:
 
 
 @needs_match
-@pytest.mark.xfail(strict=True, reason=(
-    "_cmatch.c verify reads a candidate's window with PyLong_AsLongLong: a segment whose "
-    "(u64) window is >= 2**63 fails the whole batch with OverflowError, where the "
-    "reference (index._verify_round) skips the candidate: another window "
-    "(harness: test_fuzz_cmatch._check_verify)"))
 def test_verify_skips_a_candidate_of_a_window_past_int64() -> None:
+    """A segment whose (u64) window is >= 2**63 is another window's candidate, as the
+    reference (index._verify_round) has it, not an OverflowError for the batch."""
     assert K is not None
     qids = np.arange(16, dtype=np.uint64).reshape(8, 2)
     rows = np.zeros((1, kernel.ROW_FIELDS), np.int64)
@@ -87,13 +84,11 @@ EVIL = """
     ("window", "K.verify(np.zeros((8, 2), np.uint64), np.zeros(1, np.int64), rows, one, segs, 8)"),
     ("xmeta", "K.assemble(rows, np.array([[0, 1]], np.int64), np.array([8], np.int64), one, segs)"),
 ])
-@pytest.mark.xfail(strict=True, reason=(
-    "_cmatch.c verify (candidate_run) and assemble (seg_meta) hold the segment they took "
-    "from segs as a borrowed reference (PyDict_GetItemWithError) across attribute reads "
-    "that run Python code: a segment whose attribute read removes it from segs is freed, "
-    "then read (use after free: a crash, or reads of a dead object); Py_INCREF it"))
 def test_a_segment_dropped_from_segs_while_read_is_not_used_after_free(
         first: str, call: str) -> None:
+    """verify and assemble hold a reference to each segment they read (its SegView) while
+    its attributes run Python code: one whose attribute read drops it from segs lives
+    on until the call is done."""
     done = _child(f"{textwrap.dedent(EVIL)}\nFIRST = {first!r}\nprint({call})\n")
     assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr[-2000:]}"
     assert "after free" not in done.stdout, done.stdout

@@ -4,7 +4,8 @@
  * high). first_mismatch returns the first row where two arrays differ, or
  * min(n_cand, n_query) when every compared row agrees. The AVX2 path (picked at
  * import when the CPU has it) compares 2 ids per 256-bit op with unaligned loads;
- * the plain C path does one id at a time. */
+ * the plain C path does one id at a time. first_mismatch_many takes every pair's
+ * buffers first, then compares them without the GIL (past gil_free_min ids). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -109,6 +110,11 @@ static PyObject *first_mismatch(PyObject *self, PyObject *const *args, Py_ssize_
     return r < 0 ? NULL : PyLong_FromSsize_t(r);
 }
 
+/* Ids compared below which first_mismatch_many keeps the GIL: releasing it hands it
+ * to a waiting thread, and getting it back waits for that thread's next release
+ * (_set_gil_free_min, a test hook: 0 releases it always). */
+static Py_ssize_t gil_free_min = 4096;
+
 static PyObject *first_mismatch_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError,
@@ -120,21 +126,48 @@ static PyObject *first_mismatch_many(PyObject *self, PyObject *const *args, Py_s
     PyObject *qs = PySequence_Fast(args[1], "queries must be a sequence of id arrays");
     if (qs == NULL) { Py_DECREF(cs); return NULL; }
     PyObject *out = NULL;
+    Py_buffer *views = NULL;  /* cands[i] at 2i, queries[i] at 2i + 1 */
+    Py_ssize_t *found = NULL, held = 0, work = 0;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(cs);
     if (PySequence_Fast_GET_SIZE(qs) != m) {
         PyErr_Format(PyExc_ValueError, "cands and queries must have the same length, got %zd and %zd",
                      m, PySequence_Fast_GET_SIZE(qs));
         goto done;
     }
+    views = PyMem_Malloc((size_t)(m ? 2 * m : 1) * sizeof *views);
+    found = PyMem_Malloc((size_t)(m ? m : 1) * sizeof *found);
+    if (views == NULL || found == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* the GIL held: every pair's buffers, checked in order */
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (get_ids(PySequence_Fast_GET_ITEM(cs, i), "cand", &views[held]) < 0) goto done;
+        held++;
+        if (get_ids(PySequence_Fast_GET_ITEM(qs, i), "query", &views[held]) < 0) goto done;
+        held++;
+        work += views[held - 2].shape[0] < views[held - 1].shape[0]
+                ? views[held - 2].shape[0] : views[held - 1].shape[0];
+    }
+    mismatch_fn fn = mismatch;  /* read once: the test hook may switch it meanwhile */
+    PyThreadState *ts = work >= gil_free_min ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < m; i++) {  /* no Python object from here */
+        const Py_buffer *a = &views[2 * i], *b = &views[2 * i + 1];
+        Py_ssize_t n = a->shape[0] < b->shape[0] ? a->shape[0] : b->shape[0];
+        found[i] = fn((const uint64_t *)a->buf, (const uint64_t *)b->buf, n);
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
     out = PyList_New(m);
     if (out == NULL) goto done;
     for (Py_ssize_t i = 0; i < m; i++) {
-        Py_ssize_t r = pair(PySequence_Fast_GET_ITEM(cs, i), PySequence_Fast_GET_ITEM(qs, i));
-        PyObject *v = r < 0 ? NULL : PyLong_FromSsize_t(r);
+        PyObject *v = PyLong_FromSsize_t(found[i]);
         if (v == NULL) { Py_CLEAR(out); goto done; }
         PyList_SET_ITEM(out, i, v);
     }
 done:
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(found);
     Py_DECREF(cs);
     Py_DECREF(qs);
     return out;
@@ -152,12 +185,24 @@ static PyObject *set_simd(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(was);
 }
 
+/* Test hook: the ids compared below which first_mismatch_many keeps the GIL; returns
+ * the previous setting. */
+static PyObject *set_gil_free_min(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t was = gil_free_min;
+    gil_free_min = n;
+    return PyLong_FromSsize_t(was);
+}
+
 static PyMethodDef methods[] = {
     {"first_mismatch", (PyCFunction)(void (*)(void))first_mismatch, METH_FASTCALL,
      "Index of the first row where cand and query differ; min(len) if none."},
     {"first_mismatch_many", (PyCFunction)(void (*)(void))first_mismatch_many, METH_FASTCALL,
      "first_mismatch of each (candidate, query) pair, in one call."},
     {"_set_simd", set_simd, METH_O, "Use AVX2 if available (True) or plain C (False)."},
+    {"_set_gil_free_min", set_gil_free_min, METH_O,
+     "Ids below which first_mismatch_many keeps the GIL (0: always release); the old value."},
     {NULL, NULL, 0, NULL},
 };
 
