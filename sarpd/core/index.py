@@ -1,7 +1,9 @@
 """SarpIndex: match / insert / remove / clear over a Backend.
 
 Synchronous and pure: no I/O but the backend interface and the snapshot directory.
-Not thread-safe: the daemon runs every batch (and snapshots) on one worker thread.
+`match_many` may run on several threads at once while nothing else runs (no write,
+snapshot, check or reload: the daemon's `worker_threads` split a read phase's
+matches); everything else runs on one thread at a time.
 
 The index is a `Store` (sarpd/core/store.py: the backend, the segment cache, the
 counters, the sequence -> ids rule) and a `Router` (sarpd/core/router.py: the
@@ -332,7 +334,8 @@ class SarpIndex:
             todo = [(qi, p, more) for qi, p in open_ if (more := p.more(p.best))]
             if not todo:  # `more` settles a plan it has nothing for: no plan is open
                 return
-            self.store.activity.extra_rounds += 1
+            with self.store.lock:  # matches may run on several threads (issue 25)
+                self.store.activity.extra_rounds += 1
             self._verify_round(qs, todo, segs)
 
     def _verify_round(self, qs: Sequence[IdArray], todo: list[tuple[int, WindowPlan, list[int]]],
@@ -376,9 +379,10 @@ class SarpIndex:
 
     def _count(self, matched: int, queried: int) -> None:
         act = self.store.activity
-        act.matches += 1
-        act.matched_blocks += matched
-        act.queried_blocks += queried
+        with self.store.lock:  # matches may run on several threads (issue 25)
+            act.matches += 1
+            act.matched_blocks += matched
+            act.queried_blocks += queried
 
     def _reload_or_raise(self, resume: bool) -> None:
         try:

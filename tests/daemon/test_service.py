@@ -10,7 +10,7 @@ import pytest
 
 from sarpd.config import ServerConfig
 from sarpd.core.store import Activity
-from sarpd.daemon.service import Service, contain, kind_of, schedule
+from sarpd.daemon.service import MATCH_SPLIT, Service, contain, kind_of, schedule
 from sarpd.errors import BadRequest, Busy, Internal, SarpError, StorageError
 from sarpd.model import (
     Check,
@@ -333,7 +333,7 @@ def test_every_request_type_has_its_phase_kind() -> None:
 
 
 def test_a_read_phases_matches_are_split_over_the_match_pool_in_order() -> None:
-    """worker_threads = 3: 24 matches in 3 parts of 8 (this thread and two of the pool),
+    """worker_threads = 3: 3 * MATCH_SPLIT matches in 3 parts (this thread and two of the pool),
     answered in request order; a part whose match_many raises answers only its own."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
@@ -345,23 +345,24 @@ def test_a_read_phases_matches_are_split_over_the_match_pool_in_order() -> None:
 
         def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:
             self.threads.append(threading.current_thread().name)
-            if any(int(r.seq.tokens[0]) == 13 for r in reqs if r.seq.tokens is not None):
+            if any(int(r.seq.tokens[0]) == MATCH_SPLIT + 5 for r in reqs
+                   if r.seq.tokens is not None):
                 raise StorageError("read failed")
             return super().match_many(reqs)
 
     idx = Threaded()
-    idx.present.update(range(0, 24, 2))
+    idx.present.update(range(0, 3 * MATCH_SPLIT, 2))
     with ThreadPoolExecutor(2, thread_name_prefix="pool") as pool:
         svc = Service(idx, ServerConfig(worker_threads=3), "memory", match_pool=pool)
-        out = svc.run_batch([(0, Match(i, seq(i))) for i in range(24)])
+        out = svc.run_batch([(0, Match(i, seq(i))) for i in range(3 * MATCH_SPLIT)])
     assert len(idx.threads) == 3 and sum(t.startswith("pool") for t in idx.threads) == 2
     for i, res in enumerate(out):
-        if 8 <= i < 16:  # the part holding token 13
+        if MATCH_SPLIT <= i < 2 * MATCH_SPLIT:  # the part holding token MATCH_SPLIT + 5
             assert isinstance(res, StorageError)
         else:
             assert isinstance(res, MatchResult) and res.blocks == int(i % 2 == 0), (i, res)
     assert svc.counters["match_calls"] == 3
     few = Service(idx, ServerConfig(worker_threads=3), "memory", match_pool=pool)
     idx.threads.clear()
-    few.run_batch([(0, Match(i, seq(2 * i))) for i in range(15)])  # < 2 parts of 8: one call
+    few.run_batch([(0, Match(i, seq(2 * i))) for i in range(2 * MATCH_SPLIT - 1)])  # one call
     assert idx.threads == [threading.current_thread().name]
