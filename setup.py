@@ -32,7 +32,9 @@ ext_modules = [
     ),
     Extension(
         "sarpd.core._cmatch",
-        ["sarpd/core/_cmatch.c"],
+        ["sarpd/core/_cmatch.c", "sarpd/core/csrc/holders.c"],
+        include_dirs=["sarpd/core/csrc"],
+        depends=["sarpd/core/csrc/holders.h"],
         extra_compile_args=["-O2"],
         optional=True,
     ),

@@ -30,15 +30,16 @@
  *   run (ids equal AND present, from the window start) of the window's first round
  *   and the first candidate that has it (0: none).
  *
- * assemble(rows, spans, best, sids, segs)
+ * assemble(rows, spans, best, sids, segs, ks)
  *   rows (R, ROW_FIELDS) int64; spans (Q, 2) int64: each query's rows [lo, hi);
- *   best/sids per row (after any bound-and-verify rounds); segs as for verify.
- *   -> (res: bytes, meta: bytearray): per query 4 int64: blocks matched (its windows
- *   from 0 through the first short one), single (1: no matched segment has a holder
- *   table), meta_start, first_run; for single queries their metas (each window's
- *   best segment's first holders, concatenated) are meta[meta_start : + blocks] and
- *   first_run the run of the first block's holder (holders.match_holders' answer for
- *   one holder a block); other queries' holders are left to the caller.
+ *   best/sids per row (after any bound-and-verify rounds); segs as for verify; ks
+ *   (Q,) int64: the holders each query asks for (0: none).
+ *   -> (res: bytes, meta: bytearray, tops: bytearray): per query 4 int64: blocks
+ *   matched (its windows from 0 through the first short one), meta_start, top_start,
+ *   ntop; its metas (one per matched block: the holder with the longest run from
+ *   block 0, csrc/holders.c, holders.match_holders' answer) are meta[meta_start :
+ *   + blocks] and its top holders tops[top_start : + ntop], (uint64 holder, int64
+ *   run) pairs, longest first.
  *
  * merge_order(keys, old_order, old_keys)
  *   keys (n,) uint64: the delta's keys in insertion order; old_order (n0,) int64 a
@@ -59,6 +60,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "holders.h"
 
 #define ROW_FIELDS 12
 enum { R_Q, R_W, R_OFF, R_LEN, R_FSTART, R_FCOUNT, R_WEAK, R_FBOUND, R_BLO, R_BHI, R_DLO, R_DHI };
@@ -455,7 +458,7 @@ static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
  * so the arrays outlive the call whatever Python does meanwhile. */
 
 
-static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS, *S_META, *S_XMETA;
+static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS, *S_META, *S_XMETA, *S_XMASK;
 
 typedef struct {
     uint64_t sid;
@@ -755,9 +758,18 @@ done:
 
 /* -- assemble ------------------------------------------------------------------------ */
 
-/* A matched segment's view with its first-holder metas and whether it has a holder
- * table (the GIL held): its index, or -1 with an exception. */
-static Py_ssize_t matched(SegTable *t, PyObject *segs, uint64_t sid) {
+/* A matched window, copied out of its segment's arrays while the GIL is held: offsets
+ * into the call's arena (meta: `length` words; the holder table: h words each). */
+typedef struct {
+    Py_ssize_t meta, xmeta, xmask, h;
+    uint64_t presence;
+    int length;
+} Copied;
+
+/* Copy the first `length` metas and the holder table of a matched segment into the
+ * arena (the GIL held); -1 with an exception. */
+static int copy_window(SegTable *t, PyObject *segs, uint64_t sid, int64_t length, IVec *arena,
+                       Copied *out) {
     Py_ssize_t i = table_get(t, segs, sid);
     if (i < 0) return -1;
     SegView *e = view_at(t, i);
@@ -766,58 +778,90 @@ static Py_ssize_t matched(SegTable *t, PyObject *segs, uint64_t sid) {
                      (unsigned long long)sid);
         return -1;
     }
-    if (e->have_meta) return i;
-    PyObject *x = PyObject_GetAttr(e->seg, S_XMETA);
-    if (x == NULL) return -1;
-    Py_ssize_t h = PyObject_Length(x);
-    Py_DECREF(x);
-    if (h < 0) return -1;
-    PyObject *m = PyObject_GetAttr(e->seg, S_META);
-    if (m == NULL) return -1;
-    int bad = get_strided(m, "segment meta", 1, 0, &e->meta);
-    Py_DECREF(m);
-    if (bad < 0) return -1;
-    e->table = h > 0;
-    e->have_meta = 1;
-    return i;
+    PyObject *p = PyObject_GetAttr(e->seg, S_PRESENCE);
+    if (p == NULL) return -1;
+    out->presence = PyLong_AsUnsignedLongLongMask(p);
+    Py_DECREF(p);
+    if (PyErr_Occurred()) return -1;
+    Py_buffer b[3];
+    PyObject *names[3] = {S_META, S_XMETA, S_XMASK};
+    static const char *const what[3] = {"segment meta", "segment xmeta", "segment xmask"};
+    int got = 0, rc = -1;
+    for (; got < 3; got++) {
+        PyObject *a = PyObject_GetAttr(e->seg, names[got]);
+        if (a == NULL) goto done;
+        int bad = get_strided(a, what[got], 1, 0, &b[got]);
+        Py_DECREF(a);
+        if (bad < 0) goto done;
+    }
+    if (length < 0 || length > b[0].shape[0] || length > 64 || b[1].shape[0] != b[2].shape[0]) {
+        PyErr_Format(PyExc_ValueError, "run %lld of segment %llu is past its %zd blocks (or "
+                     "its holder table is uneven)", (long long)length, (unsigned long long)sid,
+                     b[0].shape[0]);
+        goto done;
+    }
+    out->length = (int)length;
+    out->h = b[1].shape[0];
+    out->meta = arena->n;
+    for (Py_ssize_t k = 0; k < length; k++)
+        if (ivec_push(arena, (int64_t)at(&b[0], k, 0)) < 0) goto done;
+    out->xmeta = arena->n;
+    for (Py_ssize_t k = 0; k < out->h; k++)
+        if (ivec_push(arena, (int64_t)at(&b[1], k, 0)) < 0) goto done;
+    out->xmask = arena->n;
+    for (Py_ssize_t k = 0; k < out->h; k++)
+        if (ivec_push(arena, (int64_t)at(&b[2], k, 0)) < 0) goto done;
+    rc = 0;
+done:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return rc;
 }
 
 static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "assemble takes 5 arguments (rows, spans, best, sids, "
-                     "segs), got %zd", nargs);
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "assemble takes 6 arguments (rows, spans, best, sids, "
+                     "segs, ks), got %zd", nargs);
         return NULL;
     }
     PyObject *segs = segs_arg(args[4]);
     if (segs == NULL) return NULL;
-    Py_buffer v[4];
-    static const char *const names[4] = {"rows", "spans", "best", "sids"};
-    static const int sign[4] = {1, 1, 1, 0}, ndim[4] = {2, 2, 1, 1};
-    static const Py_ssize_t width[4] = {ROW_FIELDS, 2, 0, 0};
-    for (int i = 0; i < 4; i++) {
-        if (get_buf(args[i], names[i], sign[i], ndim[i], width[i], &v[i]) < 0) {
+    Py_buffer v[5];
+    static const char *const names[5] = {"rows", "spans", "best", "sids", "ks"};
+    static const int sign[5] = {1, 1, 1, 0, 1}, ndim[5] = {2, 2, 1, 1, 1};
+    static const Py_ssize_t width[5] = {ROW_FIELDS, 2, 0, 0, 0};
+    PyObject *in[5] = {args[0], args[1], args[2], args[3], args[5]};
+    for (int i = 0; i < 5; i++) {
+        if (get_buf(in[i], names[i], sign[i], ndim[i], width[i], &v[i]) < 0) {
             release_all(v, i);
             return NULL;
         }
     }
     Py_ssize_t nr = v[0].shape[0], nq = v[1].shape[0];
-    const int64_t *rows = v[0].buf, *spans = v[1].buf, *best = v[2].buf;
+    const int64_t *rows = v[0].buf, *spans = v[1].buf, *best = v[2].buf, *ks = v[4].buf;
     const uint64_t *sids = v[3].buf;
-    PyObject *res = NULL, *meta = NULL, *out = NULL;
+    PyObject *res = NULL, *meta = NULL, *tops = NULL, *out = NULL;
     SegTable t = {0};
-    IVec copies = {0};  /* (view, blocks) of each single query's matched windows, in order */
-    IVec ends = {0};    /* per query: where its copies end */
-    if (v[2].shape[0] != nr || v[3].shape[0] != nr) {
-        PyErr_Format(PyExc_ValueError, "best and sids must have one entry per row (%zd), got "
-                     "%zd and %zd", nr, v[2].shape[0], v[3].shape[0]);
+    IVec arena = {0};   /* every matched window's metas and holder table, copied */
+    Copied *wins = NULL;
+    Py_ssize_t nwins = 0, capwins = 0;
+    Py_ssize_t *ends = NULL;  /* per query: where its windows end in wins */
+    HWindow *hw = NULL;
+    if (v[2].shape[0] != nr || v[3].shape[0] != nr || v[4].shape[0] != nq) {
+        PyErr_Format(PyExc_ValueError, "best and sids must have one entry per row (%zd), ks "
+                     "one per query (%zd); got %zd, %zd and %zd", nr, nq, v[2].shape[0],
+                     v[3].shape[0], v[4].shape[0]);
         goto done;
     }
     res = PyBytes_FromStringAndSize(NULL, nq * 4 * (Py_ssize_t)sizeof(int64_t));
-    if (res == NULL) goto done;
+    ends = malloc((size_t)(nq + 1) * sizeof *ends);
+    if (res == NULL || ends == NULL) {
+        if (ends == NULL) PyErr_NoMemory();
+        goto done;
+    }
     int64_t *rs = (int64_t *)PyBytes_AS_STRING(res);
     /* the GIL held: each query's windows from 0 through the first short one, the
-     * segments they matched read once; the metas to copy noted, their total counted */
-    Py_ssize_t count = 0;
+     * matched segments' metas and tables copied; the answers' sizes counted */
+    Py_ssize_t nmeta = 0, ntops = 0, widest = 0;
     for (Py_ssize_t q = 0; q < nq; q++) {
         Py_ssize_t lo = spans[2 * q], hi = spans[2 * q + 1];
         if (lo < 0 || hi < lo || hi > nr) {
@@ -825,62 +869,78 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
                          "rows", q, lo, hi, nr);
             goto done;
         }
-        int64_t total = 0, single = 1, mine = 0;
-        Py_ssize_t from = copies.n;
+        int64_t total = 0;
+        Py_ssize_t from = nwins;
         for (Py_ssize_t r = lo; r < hi; r++) {
             int64_t b = best[r], len = rows[ROW_FIELDS * r + R_LEN];
-            if (sids[r] && single) {
-                Py_ssize_t i = matched(&t, segs, sids[r]);
-                if (i < 0) goto done;
-                const SegView *e = view_at(&t, i);
-                if (b < 0 || b > e->meta.shape[0]) {
-                    PyErr_Format(PyExc_ValueError, "run %lld of segment %llu is past its %zd "
-                                 "blocks", (long long)b, (unsigned long long)sids[r],
-                                 e->meta.shape[0]);
-                    goto done;
+            if (sids[r]) {
+                if (nwins == capwins) {
+                    capwins = capwins ? 2 * capwins : 64;
+                    Copied *more = realloc(wins, (size_t)capwins * sizeof *wins);
+                    if (more == NULL) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                    wins = more;
                 }
-                single = !e->table;
-                if (single) {
-                    if (ivec_push(&copies, i) < 0 || ivec_push(&copies, b) < 0) goto done;
-                    mine += b;
-                }
+                if (copy_window(&t, segs, sids[r], b, &arena, &wins[nwins]) < 0) goto done;
+                nwins++;
             }
             total += b;
             if (b < len) break;
         }
-        if (!single) copies.n = from;  /* the caller computes holders from the segments */
-        if (ivec_push(&ends, copies.n) < 0) goto done;
+        ends[q] = nwins;
+        if (nwins - from > widest) widest = nwins - from;
         rs[4 * q] = total;
-        rs[4 * q + 1] = single;
-        rs[4 * q + 2] = count;
-        count += single ? mine : 0;
+        rs[4 * q + 1] = nmeta;
+        rs[4 * q + 2] = ntops;
+        nmeta += total;
+        int64_t k = ks[q] > 0 ? ks[q] : 0, most = 0;
+        for (Py_ssize_t w = from; w < nwins && !most; w++)
+            if (wins[w].length > 0) most = wins[w].length + wins[w].h;
+        ntops += k < most ? k : most;
     }
-    meta = PyByteArray_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(uint64_t));
-    if (meta == NULL) goto done;
+    meta = PyByteArray_FromStringAndSize(NULL, nmeta * (Py_ssize_t)sizeof(uint64_t));
+    tops = PyByteArray_FromStringAndSize(NULL, ntops * (Py_ssize_t)sizeof(HRun));
+    hw = malloc((size_t)(widest ? widest : 1) * sizeof *hw);
+    if (meta == NULL || tops == NULL || hw == NULL) {
+        if (hw == NULL) PyErr_NoMemory();
+        goto done;
+    }
     uint64_t *m = (uint64_t *)PyByteArray_AS_STRING(meta);
-    PyThreadState *ts = count >= gil_free_min ? PyEval_SaveThread() : NULL;
-    Py_ssize_t c = 0;
-    for (Py_ssize_t q = 0; q < nq; q++) {  /* no Python object from here */
-        int64_t start = rs[4 * q + 2], n = start;
-        for (; c < ends.v[q]; c += 2) {
-            const SegView *e = view_at(&t, copies.v[c]);
-            for (int64_t i = 0; i < copies.v[c + 1]; i++) m[n++] = at(&e->meta, i, 0);
+    HRun *tp = (HRun *)PyByteArray_AS_STRING(tops);
+    const uint64_t *ar = (const uint64_t *)arena.v;
+    int nomem = 0;
+    PyThreadState *ts = nmeta + (Py_ssize_t)arena.n >= gil_free_min ? PyEval_SaveThread() : NULL;
+    Py_ssize_t w0 = 0;
+    for (Py_ssize_t q = 0; q < nq && !nomem; q++) {  /* no Python object from here */
+        int nw = 0;
+        for (; w0 < ends[q]; w0++, nw++) {
+            const Copied *c = &wins[w0];
+            hw[nw] = (HWindow){ar + c->meta, 1, c->presence, ar + c->xmeta, ar + c->xmask,
+                               c->h, c->length};
         }
-        int64_t run = 0;  /* the first holder's run (single holder only) */
-        if (rs[4 * q + 1]) {
-            while (start + run < n && m[start + run] == m[start]) run++;
-        }
-        rs[4 * q + 3] = run;
+        int64_t ntop = 0;
+        nomem = holders_match(hw, nw, ks[q] > 0 ? ks[q] : 0, m + rs[4 * q + 1],
+                              tp + rs[4 * q + 2], &ntop) < 0;
+        rs[4 * q + 3] = ntop;
     }
     if (ts != NULL) PyEval_RestoreThread(ts);
-    out = PyTuple_Pack(2, res, meta);
+    if (nomem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out = PyTuple_Pack(3, res, meta, tops);
 done:
     Py_XDECREF(res);
     Py_XDECREF(meta);
+    Py_XDECREF(tops);
     table_free(&t);
-    free(copies.v);
-    free(ends.v);
-    release_all(v, 4);
+    free(arena.v);
+    free(wins);
+    free(ends);
+    free(hw);
+    release_all(v, 5);
     return out;
 }
 
@@ -987,8 +1047,9 @@ PyMODINIT_FUNC PyInit__cmatch(void) {
     S_IDS = PyUnicode_InternFromString("ids");
     S_META = PyUnicode_InternFromString("meta");
     S_XMETA = PyUnicode_InternFromString("xmeta");
+    S_XMASK = PyUnicode_InternFromString("xmask");
     if (S_WINDOW == NULL || S_PRESENCE == NULL || S_IDS == NULL || S_META == NULL
-            || S_XMETA == NULL)
+            || S_XMETA == NULL || S_XMASK == NULL)
         return NULL;
     PyObject *mod = PyModule_Create(&module);
     if (mod == NULL) return NULL;

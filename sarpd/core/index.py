@@ -257,7 +257,7 @@ class SarpIndex:
         """`match_many` with the match kernel (module `kernel`): one call routes the
         batch, one multi-get reads every first round, one call verifies them; only the
         queries whose window may still be beaten get plans and further rounds; one call
-        assembles the answers (holders of segments with holder tables: `_result`)."""
+        assembles the answers, holders included (csrc/holders.c)."""
         routed = self.router.route(qs, k)
         segs = self.store.read(list(dict.fromkeys(routed.first.tolist())))
         best, sid = kernel.verify(k, routed, segs, self.router.geo.sb)
@@ -266,24 +266,19 @@ class SarpIndex:
         need = kernel.open_queries(routed, best) if self.cfg.exact_match else []
         if need:
             best, sid = self._rounds_native(routed, spans, need, qs, best, sid, segs)
-        res, meta = kernel.assemble(k, routed, bounds, best, sid, segs)
+        ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
+        res, meta, tops = kernel.assemble(k, routed, bounds, best, sid, segs, ks)
         out: list[MatchResult | SarpError] = []
-        lens = routed.rows[:, kernel.LEN]
-        for i, (r, q, (total, single, start, run)) in enumerate(
+        for i, (r, q, (total, start, tstart, ntop)) in enumerate(
                 zip(reqs, qs, res.tolist(), strict=True)):
             if i in errors:
                 out.append(errors[i])
-            elif not single:
-                lo, hi = spans[i]
-                out.append(self._result(r, q, list(zip(
-                    sid[lo:hi].tolist(), best[lo:hi].tolist(), lens[lo:hi].tolist(),
-                    strict=True)), segs))
-            else:
-                self._count(total, len(q))
-                m = meta[start : start + total]
-                top = ([(int(m[0]), run)] if total else []) if r.holders else None
-                ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
-                out.append(MatchResult(total, m, ids, top))
+                continue
+            self._count(total, len(q))
+            top = ([(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
+                   if r.holders else None)
+            ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
+            out.append(MatchResult(total, meta[start : start + total], ids, top))
         return out
 
     def _rounds_native(self, routed: kernel.Routed, spans: list[tuple[int, int]],

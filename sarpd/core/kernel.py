@@ -21,8 +21,8 @@ every candidate in posting order when there are at most `window_cap`). `verify`,
 after the batch's one multi-get, gives every row the longest verified run of its
 first round (ids equal AND present, from the window start) and the first candidate
 that has it (0: none). `assemble`, after any further rounds, gives every query its
-blocks and, when no segment it matched has a holder table (one holder a block), its
-metas and its first holder's run (`holders.match_holders`' answer in that case).
+blocks, its metas and its top holders (`holders.match_holders`' answer, in C:
+csrc/holders.c).
 """
 
 from __future__ import annotations
@@ -102,15 +102,19 @@ def verify(kernel: MatchKernel, routed: Routed, segs: Mapping[int, Segment],
 
 
 def assemble(kernel: MatchKernel, routed: Routed, bounds: I64Array, best: I64Array,
-             sids: U64Array, segs: Mapping[int, Segment]) -> tuple[I64Array, U64Array]:
-    """Every query's answer in one call: (res, meta), res (Q, 4) = blocks matched,
-    single (no matched segment has a holder table), meta_start, first_run; a single
-    query's metas are meta[meta_start : meta_start + blocks] (writable, its own slice).
+             sids: U64Array, segs: Mapping[int, Segment], ks: I64Array
+             ) -> tuple[I64Array, U64Array, U64Array]:
+    """Every query's answer in one call: (res, meta, tops), res (Q, 4) = blocks
+    matched, meta_start, top_start, ntop; a query's metas are meta[meta_start :
+    meta_start + blocks] (writable, its own slice: each block's holder with the
+    longest run, holders.match_holders' answer) and its top holders (ks[q] asked)
+    tops[top_start : top_start + ntop], rows (holder, run), longest first.
     `bounds`: the queries' row boundaries (`Routed.bounds`)."""
     span = np.empty((len(bounds) - 1, 2), dtype=np.int64)
     span[:, 0], span[:, 1] = bounds[:-1], bounds[1:]
-    res, meta = kernel.assemble(routed.rows, span, best, sids, segs)
-    return np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64)
+    res, meta, tops = kernel.assemble(routed.rows, span, best, sids, segs, ks)
+    return (np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64),
+            np.frombuffer(tops, np.uint64).reshape(-1, 2))
 
 
 def open_queries(routed: Routed, best: I64Array) -> list[int]:

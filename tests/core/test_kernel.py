@@ -304,17 +304,42 @@ def test_verify_refuses_bad_arguments_by_name() -> None:
 
 
 # -- assemble -------------------------------------------------------------------------------
-@settings(max_examples=200, deadline=None)
+@st.composite
+def holder_segment(draw: st.DrawFn, sid: int, w: int, run: int, sb: int) -> Segment:
+    """A segment of n >= run blocks, blocks [0, run) present, first holders and a
+    holder table drawn from a small pool (many holders of one block, shared runs)."""
+    n = draw(st.integers(run, sb))
+    presence = (1 << run) - 1 | draw(st.integers(0, (1 << n) - 1))
+    pool = st.integers(1, 6)
+    meta = np.array(draw(st.lists(pool, min_size=n, max_size=n)), np.uint64)
+    xmeta: list[int] = []
+    xmask: list[int] = []
+    if draw(st.booleans()):
+        for h in sorted(draw(st.sets(pool, max_size=5))):
+            mask = 0
+            for b in range(n):
+                if presence >> b & 1 and int(meta[b]) != h and draw(st.integers(0, 2)):
+                    mask |= 1 << b
+            if mask:
+                xmeta.append(h)
+                xmask.append(mask)
+    return Segment(sid, w, presence, 0, ids(n, sid), meta, np.array(xmeta, np.uint64),
+                   np.array(xmask, np.uint64))
+
+
+@settings(max_examples=300, deadline=None)
 @given(data=st.data())
-def test_assemble_is_match_holders_for_one_holder_a_block(data: st.DataObject) -> None:
-    """Per query: blocks through the first short window, and, when no matched segment
-    has a holder table, match_holders' meta and first holder's run; else left to it."""
+def test_assemble_is_match_holders(data: st.DataObject) -> None:
+    """Per query: blocks through the first short window, match_holders' meta per block
+    and its top k holders (k from 0: none, to more than there are), with and without
+    holder tables (csrc/holders.c against sarpd/core/holders.py)."""
     sb = 8
     nq = data.draw(st.integers(0, 5))
-    rows, best, sids, spans = [], [], [], []
+    rows, best, sids, spans, ks = [], [], [], [], []
     segs: dict[int, Segment] = {}
     for q in range(nq):
         lo = len(rows)
+        ks.append(data.draw(st.integers(0, 9)))
         for w in range(data.draw(st.integers(0, 4))):
             length = data.draw(st.integers(1, sb))
             run = data.draw(st.integers(0, length))
@@ -323,12 +348,7 @@ def test_assemble_is_match_holders_for_one_holder_a_block(data: st.DataObject) -
             sid = 0
             if run:
                 sid = len(segs) + 1
-                meta = np.array(data.draw(st.lists(st.integers(1, 3), min_size=run,
-                                                   max_size=run)), np.uint64)
-                table = data.draw(st.booleans()) and data.draw(st.booleans())
-                xm = np.array([9], np.uint64) if table else np.empty(0, np.uint64)
-                xk = np.array([1], np.uint64) if table else np.empty(0, np.uint64)
-                segs[sid] = Segment(sid, w, (1 << run) - 1, 0, ids(run, sid), meta, xm, xk)
+                segs[sid] = data.draw(holder_segment(sid, w, run, sb))
             rows.append(row)
             best.append(run)
             sids.append(sid)
@@ -338,9 +358,9 @@ def test_assemble_is_match_holders_for_one_holder_a_block(data: st.DataObject) -
                            np.empty(0, np.uint64), _router(SMALL, [], []).dir.flat())
     bounds = np.array([0, *(hi for _, hi in spans)], np.int64)  # spans tile the rows
     assert list(pairwise(bounds.tolist())) == spans
-    res, meta = kernel.assemble(kern(), routed, bounds, np.array(best, np.int64),
-                                np.array(sids, np.uint64), segs)
-    for (lo, hi), (total, single, start, run) in zip(spans, res.tolist(), strict=True):
+    res, meta, tops = kernel.assemble(kern(), routed, bounds, np.array(best, np.int64),
+                                      np.array(sids, np.uint64), segs, np.array(ks, np.int64))
+    for (lo, hi), k, (total, start, tstart, ntop) in zip(spans, ks, res.tolist(), strict=True):
         matched, want = [], 0
         for r in range(lo, hi):
             if sids[r]:
@@ -349,29 +369,30 @@ def test_assemble_is_match_holders_for_one_holder_a_block(data: st.DataObject) -
             if best[r] < rows[r][kernel.LEN]:
                 break
         assert total == want
-        assert single == holders.single_holder(matched)
-        if single:
-            m, top = holders.match_holders(matched, 1)
-            assert meta[start : start + total].tolist() == m.tolist()
-            assert ([(int(m[0]), run)] if total else []) == top
+        m, top = holders.match_holders(matched, k)
+        assert meta[start : start + total].tolist() == m.tolist()
+        got = [(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
+        assert got == (top or [])
 
 
 def test_assemble_refuses_bad_arguments_by_name() -> None:
     k = kern()
     rows = np.zeros((1, kernel.ROW_FIELDS), np.int64)
     rows[0, kernel.LEN] = 4
-    one, sid = np.array([2], np.int64), np.array([5], np.uint64)
+    one, sid, ks = np.array([2], np.int64), np.array([5], np.uint64), np.zeros(1, np.int64)
     with pytest.raises(TypeError, match="segs"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, [])
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, [], ks)
     with pytest.raises(ValueError, match="spans\\[0\\]"):
-        k.assemble(rows, np.array([[0, 2]], np.int64), one, sid, {})
+        k.assemble(rows, np.array([[0, 2]], np.int64), one, sid, {}, ks)
     with pytest.raises(ValueError, match="one entry per row"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), np.zeros(2, np.int64), sid, {})
+        k.assemble(rows, np.array([[0, 1]], np.int64), np.zeros(2, np.int64), sid, {}, ks)
+    with pytest.raises(ValueError, match="ks one per query"):
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {}, np.zeros(2, np.int64))
     with pytest.raises(KeyError, match="segment 5"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {})
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {}, ks)
     seg = Segment(5, 0, 1, 0, ids(1, 1), np.ones(1, np.uint64))
     with pytest.raises(ValueError, match="run 2 of segment 5"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {5: seg})
+        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {5: seg}, ks)
 
 
 def test_verify_and_assemble_read_segments_whose_arrays_are_views() -> None:
@@ -387,10 +408,11 @@ def test_verify_and_assemble_read_segments_whose_arrays_are_views() -> None:
     best, sid = k.verify(qids, np.zeros(1, np.int64), rows, np.array([4], np.uint64),
                          {4: seg}, 8)
     assert (best, sid) == ((8).to_bytes(8, "little"), (4).to_bytes(8, "little"))
-    res, out = k.assemble(rows, np.array([[0, 1]], np.int64), np.array([8], np.int64),
-                          np.array([4], np.uint64), {4: seg})
-    assert np.frombuffer(res, np.int64).tolist() == [8, 1, 0, 1]  # blocks, single, start, run
+    res, out, tops = k.assemble(rows, np.array([[0, 1]], np.int64), np.array([8], np.int64),
+                                np.array([4], np.uint64), {4: seg}, np.ones(1, np.int64))
+    assert np.frombuffer(res, np.int64).tolist() == [8, 0, 0, 1]  # blocks, starts, ntop
     assert np.frombuffer(out, np.uint64).tolist() == meta[::2].tolist()
+    assert np.frombuffer(tops, np.uint64).tolist() == [0, 1]  # holder 0 runs 1 block
 
 
 # -- merge_order ----------------------------------------------------------------------------
@@ -438,4 +460,4 @@ def test_verify_and_assemble_refuse_segs_that_are_not_a_dict() -> None:
     with pytest.raises(TypeError, match="segs must be a dict of seg id -> Segment, got list"):
         K.verify(None, None, None, None, [], 64)
     with pytest.raises(TypeError, match="segs must be a dict of seg id -> Segment, got tuple"):
-        K.assemble(None, None, None, None, ())
+        K.assemble(None, None, None, None, (), None)

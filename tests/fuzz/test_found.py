@@ -67,7 +67,8 @@ EVIL = """
             if name == FIRST:
                 segs.clear()
             return {"window": 0, "presence": 0xFF, "xmeta": np.empty(0, np.uint64),
-                    "meta": np.zeros(8, np.uint64), "ids": np.zeros((8, 2), np.uint64)}[name]
+                    "xmask": np.empty(0, np.uint64), "meta": np.zeros(8, np.uint64),
+                    "ids": np.zeros((8, 2), np.uint64)}[name]
 
         def __del__(self):
             dead.append(1)
@@ -82,7 +83,8 @@ EVIL = """
 @needs_match
 @pytest.mark.parametrize(("first", "call"), [
     ("window", "K.verify(np.zeros((8, 2), np.uint64), np.zeros(1, np.int64), rows, one, segs, 8)"),
-    ("xmeta", "K.assemble(rows, np.array([[0, 1]], np.int64), np.array([8], np.int64), one, segs)"),
+    ("xmeta", "K.assemble(rows, np.array([[0, 1]], np.int64), np.array([8], np.int64), one, segs,"
+              " np.zeros(1, np.int64))"),
 ])
 def test_a_segment_dropped_from_segs_while_read_is_not_used_after_free(
         first: str, call: str) -> None:

@@ -6,7 +6,7 @@
   verification round over candidates that are copies of the query, cut, holed, moved
   to another window, missing, or hostile (ids of another dtype or shape, strided
   views, presence past 64 bits or negative) is `reference_verify`'s;
-- `assemble` is `holders.match_holders` for one holder a block;
+- `assemble` is `holders.match_holders` (metas and top holders);
 - `merge_order` is numpy's stable argsort (keys that collide, uint64's extremes);
 - hostile arguments (arrays of another dtype, shape or memory order, rows, spans,
   offsets and orders out of range, lengths that do not add up, sb/gap/cap out of
@@ -137,7 +137,7 @@ def _check_verify(src: Source) -> None:
 
 
 def _check_assemble(src: Source) -> None:
-    """As test_kernel's test_assemble_is_match_holders_for_one_holder_a_block."""
+    """As test_kernel's test_assemble_is_match_holders."""
     assert K is not None
     sb = 8
     nq = src.integer(0, 5)
@@ -169,11 +169,14 @@ def _check_assemble(src: Source) -> None:
             sids.append(sid)
         spans.append((lo, len(rows)))
     span = np.array(spans, np.int64).reshape(-1, 2)
-    res_b, meta_b = K.assemble(np.array(rows, np.int64).reshape(-1, R), span,
-                               np.array(best, np.int64), np.array(sids, np.uint64), segs)
+    ks = [src.integer(0, 4) for _ in range(nq)]
+    res_b, meta_b, tops_b = K.assemble(np.array(rows, np.int64).reshape(-1, R), span,
+                                       np.array(best, np.int64), np.array(sids, np.uint64),
+                                       segs, np.array(ks, np.int64))
     res = np.frombuffer(res_b, np.int64).reshape(-1, 4)
     meta_out = np.frombuffer(meta_b, np.uint64)
-    for (lo, hi), (total, single, start, run) in zip(spans, res.tolist(), strict=True):
+    tops = np.frombuffer(tops_b, np.uint64).reshape(-1, 2)
+    for (lo, hi), k, (total, start, tstart, ntop) in zip(spans, ks, res.tolist(), strict=True):
         matched, want = [], 0
         for r in range(lo, hi):
             if sids[r]:
@@ -182,11 +185,10 @@ def _check_assemble(src: Source) -> None:
             if best[r] < rows[r][kernel.LEN]:
                 break
         assert total == want, "assemble: blocks"
-        assert single == holders.single_holder(matched), "assemble: single"
-        if single:
-            m, top = holders.match_holders(matched, 1)
-            assert meta_out[start : start + total].tolist() == m.tolist(), "assemble: meta"
-            assert ([(int(m[0]), run)] if total else []) == top, "assemble: first run"
+        m, top = holders.match_holders(matched, k)
+        assert meta_out[start : start + total].tolist() == m.tolist(), "assemble: meta"
+        got = [(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
+        assert got == (top or []), "assemble: top holders"
 
 
 def u64_form_k(src: Source, arr: U64) -> tuple[object, bool]:
