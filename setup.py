@@ -27,6 +27,8 @@ ext_modules = [
     Extension(
         "sarpd.core.verify._cverify",
         ["sarpd/core/verify/_cverify.c"],
+        include_dirs=["sarpd/core/csrc"],
+        depends=["sarpd/core/csrc/sarp.h"],
         extra_compile_args=["-O2"],
         optional=True,
     ),

@@ -62,11 +62,12 @@
 #include <string.h>
 
 #include "holders.h"
+#include "sarp.h"
 
 #define ROW_FIELDS 12
 enum { R_Q, R_W, R_OFF, R_LEN, R_FSTART, R_FCOUNT, R_WEAK, R_FBOUND, R_BLO, R_BHI, R_DLO, R_DHI };
 
-static const uint64_t GOLDEN = 0x9E3779B97F4A7C15ull;
+#define GOLDEN SARP_MIX
 
 /* Work below which a call keeps the GIL: block ids compared (verify), metas copied
  * (assemble), blocks of the windows routed (route). Releasing the GIL hands it to a
@@ -75,70 +76,29 @@ static const uint64_t GOLDEN = 0x9E3779B97F4A7C15ull;
  * threads slower, not faster. The tests set it (_set_gil_free_min: 0 always releases). */
 static Py_ssize_t gil_free_min = 4096;
 
-/* -- buffers -------------------------------------------------------------------- */
+/* -- buffers (csrc/sarp.h's checks) ------------------------------------------------ */
 
-/* `obj` as a C-contiguous buffer of 8-byte integers ('Q'/'L' unsigned or 'q'/'l'
- * signed as `sign` asks) with `ndim` dimensions (the second of size `width` when 2);
- * on error an exception naming `name` and -1. */
-static int get_view(PyObject *obj, const char *name, int sign, int ndim, Py_ssize_t width,
-                    int flags, Py_buffer *view) {
-    if (PyObject_GetBuffer(obj, view, flags) < 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a%s %s array, got %.100s", name,
-                     flags == PyBUF_RECORDS_RO ? "" : " C-contiguous",
-                     sign ? "int64" : "uint64", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=' || (PY_LITTLE_ENDIAN && *f == '<')) f++;
-    int ok_fmt = sign ? (f[0] == 'q' || f[0] == 'l') : (f[0] == 'Q' || f[0] == 'L');
-    if (view->itemsize != 8 || !ok_fmt || f[1] != '\0') {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype %s, got buffer format '%s'", name,
-                     sign ? "int64" : "uint64", view->format ? view->format : "B");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    if (view->ndim != ndim || (ndim == 2 && view->shape[1] != width)) {
-        if (ndim == 2)
-            PyErr_Format(PyExc_ValueError, "%s must have shape (n, %zd), got ndim %d", name,
-                         width, view->ndim);
-        else
-            PyErr_Format(PyExc_ValueError, "%s must be 1-dimensional, got ndim %d", name,
-                         view->ndim);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
+/* `obj` as a C-contiguous buffer of 8-byte integers (unsigned, or signed with `sign`)
+ * with `ndim` dimensions (the second of size `width` when 2). */
 static int get_buf(PyObject *obj, const char *name, int sign, int ndim, Py_ssize_t width,
                    Py_buffer *view) {
-    return get_view(obj, name, sign, ndim, width, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, view);
+    return sarp_get_words(obj, name, sign, ndim, width, 0, view);
 }
 
 /* A segment's arrays: any strides (a working copy may be a view); read with at(). */
 static int get_strided(PyObject *obj, const char *name, int ndim, Py_ssize_t width,
                        Py_buffer *view) {
-    return get_view(obj, name, 0, ndim, width, PyBUF_RECORDS_RO, view);
+    return sarp_get_words(obj, name, 0, ndim, width, 1, view);
 }
 
-static inline uint64_t at(const Py_buffer *v, Py_ssize_t i, Py_ssize_t j) {
-    const char *p = (const char *)v->buf + i * v->strides[0] + (v->ndim > 1 ? j * v->strides[1] : 0);
-    uint64_t x;
-    memcpy(&x, p, 8);
-    return x;
-}
+#define at sarp_word_at
+#define load_u64 sarp_load_u64
 
 static Py_ssize_t rows_of(const Py_buffer *v) { return v->ndim ? v->shape[0] : 0; }
 
 /* -- routing arithmetic (routing.py) ------------------------------------------------ */
 
-static inline uint64_t load_u64(const uint64_t *p) { uint64_t x; memcpy(&x, p, 8); return x; }
-
-static inline unsigned fingerprint(const uint64_t *id) {
-    uint64_t mixed = (load_u64(id) ^ load_u64(id + 1)) * GOLDEN;
-    return (unsigned)((mixed >> 32) % 15u) + 1u;
-}
+#define fingerprint sarp_fingerprint_at
 
 /* The filter of the point at `offset` of a window of `len` blocks at `qw`. */
 static uint64_t filter_at(const uint64_t *qw, Py_ssize_t len, Py_ssize_t offset) {

@@ -16,6 +16,8 @@
 #include <immintrin.h>
 #endif
 
+#include "sarp.h"
+
 typedef Py_ssize_t (*mismatch_fn)(const uint64_t *, const uint64_t *, Py_ssize_t);
 
 static Py_ssize_t scalar_from(const uint64_t *a, const uint64_t *b, Py_ssize_t i,
@@ -50,42 +52,10 @@ static Py_ssize_t mismatch_avx2(const uint64_t *a, const uint64_t *b, Py_ssize_t
 static mismatch_fn mismatch = mismatch_scalar;
 static int have_avx2 = 0;
 
-/* Get `obj` as a C-contiguous (n, 2) uint64 buffer; on error set an exception
- * naming `name` and return -1. */
+/* `obj` as a C-contiguous (n, 2) uint64 buffer (csrc/sarp.h's check); on error an
+ * exception naming `name`, and -1. */
 static int get_ids(PyObject *obj, const char *name, Py_buffer *view) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyObject *type, *value, *tb;
-        int no_buffer = PyErr_ExceptionMatches(PyExc_TypeError);
-        PyErr_Fetch(&type, &value, &tb);
-        if (no_buffer)
-            PyErr_Format(PyExc_TypeError, "%s must be a uint64 array of shape (n, 2), got %.100s",
-                         name, Py_TYPE(obj)->tp_name);
-        else  /* numpy: ValueError; the buffer protocol: BufferError */
-            PyErr_Format(PyExc_ValueError,
-                         "%s must be a C-contiguous uint64 array of shape (n, 2) (%S)", name,
-                         value ? value : Py_None);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        return -1;
-    }
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=' || (PY_LITTLE_ENDIAN && *f == '<')) f++;  /* native order */
-    if (view->itemsize != 8 || !((f[0] == 'Q' || f[0] == 'L') && f[1] == '\0')) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s must have dtype uint64, got buffer format '%s' (itemsize %zd)",
-                     name, view->format ? view->format : "B", view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    if (view->ndim != 2 || view->shape[1] != 2) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s must have shape (n, 2), got ndim %d%s", name, view->ndim,
-                     view->ndim == 2 ? " with a second dimension other than 2" : "");
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
+    return sarp_get_ids_as(obj, name, "uint64 array of shape (n, 2)", view);
 }
 
 /* First mismatch of one pair, or -1 with an exception set. */
