@@ -24,7 +24,7 @@ from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.routing import filter_at, fingerprints
 from sarpd.core.segment import Segment
-from sarpd.model import IdArray, Insert, Match, MatchResult, SeqSpec
+from sarpd.model import IdArray, Insert, Match, MatchResult, SeqSpec, U64Array
 
 K = native.pick().match
 REF = native.pick(reference=True)
@@ -360,6 +360,14 @@ def test_assemble_is_match_holders(data: st.DataObject) -> None:
     assert list(pairwise(bounds.tolist())) == spans
     res, meta, tops = kernel.assemble(kern(), routed, bounds, np.array(best, np.int64),
                                       np.array(sids, np.uint64), segs, np.array(ks, np.int64))
+    check_answers(res, meta, tops, rows, spans, best, sids, segs, ks)
+
+
+def check_answers(res: kernel.I64Array, meta: U64Array, tops: U64Array, rows: list[list[int]],
+                  spans: list[tuple[int, int]], best: list[int], sids: list[int],
+                  segs: dict[int, Segment], ks: list[int]) -> None:
+    """assemble's answers are the reference's: per query, blocks through the first
+    short window, match_holders' metas and top k holders."""
     for (lo, hi), k, (total, start, tstart, ntop) in zip(spans, ks, res.tolist(), strict=True):
         matched, want = [], 0
         for r in range(lo, hi):
@@ -368,11 +376,11 @@ def test_assemble_is_match_holders(data: st.DataObject) -> None:
             want += best[r]
             if best[r] < rows[r][kernel.LEN]:
                 break
-        assert total == want
+        assert total == want, "assemble: blocks"
         m, top = holders.match_holders(matched, k)
-        assert meta[start : start + total].tolist() == m.tolist()
+        assert meta[start : start + total].tolist() == m.tolist(), "assemble: metas"
         got = [(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
-        assert got == (top or [])
+        assert got == (top or []), "assemble: top holders"
 
 
 def test_assemble_refuses_bad_arguments_by_name() -> None:

@@ -22,13 +22,14 @@ import numpy as np
 import pytest
 
 from sarpd.config import IndexConfig
-from sarpd.core import holders, kernel
+from sarpd.core import kernel
 from sarpd.core.routing import filter_at, fingerprints
 from sarpd.core.segment import Segment
 from sarpd.model import IdArray
 from tests.core.test_kernel import (
     CONFIGS,
     _router,
+    check_answers,
     kernel_plans,
     reference_plans,
     reference_verify,
@@ -173,22 +174,9 @@ def _check_assemble(src: Source) -> None:
     res_b, meta_b, tops_b = K.assemble(np.array(rows, np.int64).reshape(-1, R), span,
                                        np.array(best, np.int64), np.array(sids, np.uint64),
                                        segs, np.array(ks, np.int64))
-    res = np.frombuffer(res_b, np.int64).reshape(-1, 4)
-    meta_out = np.frombuffer(meta_b, np.uint64)
-    tops = np.frombuffer(tops_b, np.uint64).reshape(-1, 2)
-    for (lo, hi), k, (total, start, tstart, ntop) in zip(spans, ks, res.tolist(), strict=True):
-        matched, want = [], 0
-        for r in range(lo, hi):
-            if sids[r]:
-                matched.append((segs[sids[r]], best[r]))
-            want += best[r]
-            if best[r] < rows[r][kernel.LEN]:
-                break
-        assert total == want, "assemble: blocks"
-        m, top = holders.match_holders(matched, k)
-        assert meta_out[start : start + total].tolist() == m.tolist(), "assemble: meta"
-        got = [(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
-        assert got == (top or []), "assemble: top holders"
+    check_answers(np.frombuffer(res_b, np.int64).reshape(-1, 4), np.frombuffer(meta_b, np.uint64),
+                  np.frombuffer(tops_b, np.uint64).reshape(-1, 2), rows, spans, best, sids,
+                  segs, ks)
 
 
 def u64_form_k(src: Source, arr: U64) -> tuple[object, bool]:
