@@ -129,7 +129,7 @@ def test_json_names_the_verifier(bench_json: dict[str, object]) -> None:
     sarp = next(r for r in results if r["index"] == "sarp")
     from sarpd.core import verify
 
-    assert sarp["verifier"] == verify.IMPLEMENTATION
+    assert sarp["verifier"] == verify.implementation()
 
 
 def test_a_failing_index_costs_only_its_own_result(
