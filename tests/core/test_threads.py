@@ -151,31 +151,14 @@ def on_threads(ix: SarpIndex, reqs: Sequence[Match], batches: Sequence[list[int]
     """Every batch `rounds` times, spread over `threads` threads started together, the
     interpreter switching between them every microsecond: (request, answer) pairs."""
     got: list[list[tuple[int, Answer]]] = [[] for _ in range(threads)]
-    errors: list[BaseException] = []
-    start = threading.Barrier(threads)
 
     def work(k: int) -> None:
-        try:
-            start.wait()
-            mine = [b for r in range(rounds) for b in batches[(k + r) % threads :: threads]]
-            for b in mine:
-                for i, res in zip(b, ix.match_many([reqs[i] for i in b]), strict=True):
-                    got[k].append((i, answer(res)))
-        except BaseException as exc:  # raised by the test thread
-            errors.append(exc)
+        mine = [b for r in range(rounds) for b in batches[(k + r) % threads :: threads]]
+        for b in mine:
+            for i, res in zip(b, ix.match_many([reqs[i] for i in b]), strict=True):
+                got[k].append((i, answer(res)))
 
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-        for th in pool:
-            th.start()
-        for th in pool:
-            th.join()
-    finally:
-        sys.setswitchinterval(before)
-    if errors:
-        raise errors[0]
+    together(threads, work)
     for mine in got:
         yield from mine
 
