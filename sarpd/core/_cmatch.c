@@ -1,7 +1,19 @@
 /* The match kernel: the C twin of the router's query half (sarpd/core/router.py:
  * deepest, plan_at, _first; sarpd/core/routing.py: fingerprints, filters, agreement,
- * strongest) and of the first verification round (sarpd/core/index.py:
- * _verify_round), one call per batch each.
+ * strongest), of the index's verification rounds (sarpd/core/index.py: _verify_round,
+ * _exact_rounds; the rounds' plans: csrc/rounds.c) and of its answers (holders:
+ * csrc/holders.c). `match` runs a whole batch in one call; `route`, `verify` and
+ * `assemble` are its stages, callable alone (the write path routes with `route`; the
+ * tests hold each stage to its reference).
+ *
+ * match(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap,
+ *       read, indexed, ks, exact)
+ *   the first twelve as for route; read(list of seg ids) -> dict seg id -> Segment
+ *   (the present ones: the store's multi-get), called once for every first round and
+ *   once per extra round; indexed(bytes: 16-byte ids) -> a truth value per id (may a
+ *   segment hold the block? False settles its window: no locator), or None (no block
+ *   locators); ks (Q,) int64 as for assemble; exact: run the bound-and-verify rounds.
+ *   -> (res, meta, tops, rounds): assemble's answers and the extra rounds read.
  *
  * route(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap)
  *   qids    (N, 2) uint64: every query of the batch, concatenated
@@ -62,6 +74,7 @@
 #include <string.h>
 
 #include "holders.h"
+#include "rounds.h"
 #include "sarp.h"
 
 #define ROW_FIELDS 12
@@ -112,15 +125,7 @@ static uint64_t filter_at(const uint64_t *qw, Py_ssize_t len, Py_ssize_t offset)
     return out;
 }
 
-static inline int agreement(uint64_t filt, uint64_t qfilt) {
-    uint64_t x = filt ^ qfilt;
-    for (int j = 0; j < 8; j++) {
-        unsigned byte = (unsigned)(x >> (8 * j)) & 0xFFu;
-        if (byte >> 4) return 2 * j;
-        if (byte & 0xFu) return 2 * j + 1;
-    }
-    return 16;
-}
+#define agreement rd_agreement  /* csrc/rounds.c: routing.agreement */
 
 /* -- the directory (directory.py) ------------------------------------------------- */
 
@@ -339,7 +344,9 @@ static int route_args(PyObject *const *args, Py_buffer *v, Dir *d, Batch *b) {
         goto fail;
     }
     const int64_t *order = v[A_DORDER].buf, *lens = v[A_QLENS].buf;
-    for (Py_ssize_t k = 0; k < nd; k++) {
+    uint64_t bad = 0;  /* one branch-free pass (the compiler vectorises it), then the culprit */
+    for (Py_ssize_t k = 0; k < nd; k++) bad |= (uint64_t)order[k] >= (uint64_t)nd;
+    for (Py_ssize_t k = 0; bad && k < nd; k++) {
         if (order[k] < 0 || order[k] >= nd) {
             PyErr_Format(PyExc_ValueError, "dorder[%zd] = %lld is not a row of the delta "
                          "(0..%zd)", k, (long long)order[k], nd - 1);
@@ -463,11 +470,18 @@ static void table_free(SegTable *t) {
 
 /* The view of `sid`, made (and looked up in segs) the first time; its index, or -1
  * with an exception. */
-static Py_ssize_t table_get(SegTable *t, PyObject *segs, uint64_t sid) {
+/* The index of the view of `sid`, or -1 when it has none yet. */
+static Py_ssize_t table_find(const SegTable *t, uint64_t sid) {
     if (t->slots != NULL) {
         for (size_t s = slot_of(sid, t->mask); t->slots[s]; s = (s + 1) & t->mask)
             if (view_at(t, t->slots[s] - 1)->sid == sid) return t->slots[s] - 1;
     }
+    return -1;
+}
+
+static Py_ssize_t table_get(SegTable *t, PyObject *segs, uint64_t sid) {
+    Py_ssize_t known = table_find(t, sid);
+    if (known >= 0) return known;
     if (t->n >= INT32_MAX - 1) {
         PyErr_NoMemory();
         return -1;
@@ -633,6 +647,59 @@ static int ivec_push(IVec *a, int64_t x) {
     return 0;
 }
 
+/* Every row's first round verified (rows checked against the batch first): best run
+ * and the first candidate with it, per row, into b / bs. Segments are read through
+ * the table (the GIL held); the runs are computed from the views, the GIL released
+ * past gil_free_min. 0, or -1 with an exception. */
+static int verify_rows(SegTable *t, PyObject *segs, const uint64_t *qids, Py_ssize_t nid,
+                       const int64_t *starts, Py_ssize_t nq, const int64_t *rows, Py_ssize_t nr,
+                       const uint64_t *first, Py_ssize_t nf, Py_ssize_t sb, int64_t *b,
+                       uint64_t *bs) {
+    IVec plan = {0};  /* per row: its first candidate in cands, its window in qids, length */
+    IVec cands = {0};  /* every row's counting candidates in order: their views */
+    Py_ssize_t work = 0;
+    int rc = -1;
+    for (Py_ssize_t r = 0; r < nr; r++) {
+        const int64_t *row = rows + ROW_FIELDS * r;
+        if (row_fits(row, starts, nq, nid, nf, sb) < 0) {
+            PyErr_Format(PyExc_ValueError, "rows[%zd] does not fit qids (%zd ids), qstarts (%zd "
+                         "queries) and first (%zd ids) with sb %zd", r, nid, nq, nf, sb);
+            goto done;
+        }
+        int64_t len = row[R_LEN];
+        if (ivec_push(&plan, cands.n) < 0 || ivec_push(&plan, starts[row[R_Q]] + row[R_W] * sb) < 0
+                || ivec_push(&plan, len) < 0)
+            goto done;
+        for (int64_t k = row[R_FSTART]; k < row[R_FSTART] + row[R_FCOUNT]; k++) {
+            Py_ssize_t i = candidate(t, segs, first[k], row[R_W]);
+            if (i == -1) goto done;
+            if (i >= 0) {
+                if (ivec_push(&cands, i) < 0) goto done;
+                work += len;
+            }
+        }
+    }
+    if (ivec_push(&plan, cands.n) < 0) goto done;  /* the last row's end */
+    PyThreadState *ts = work >= gil_free_min ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t r = 0; r < nr; r++) {  /* no Python object from here */
+        const int64_t *p = plan.v + 3 * r;  /* p[3]: the next row's first candidate */
+        const uint64_t *qw = qids + 2 * p[1];
+        b[r] = 0;
+        bs[r] = 0;
+        for (int64_t c = p[0]; c < p[3]; c++) {
+            const SegView *e = view_at(t, cands.v[c]);
+            Py_ssize_t run = view_run(e, qw, p[2]);
+            if (run > b[r]) { b[r] = run; bs[r] = e->sid; }  /* the first of equal runs */
+        }
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    rc = 0;
+done:
+    free(plan.v);
+    free(cands.v);
+    return rc;
+}
+
 static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_Format(PyExc_TypeError, "verify takes 6 arguments (qids, qstarts, rows, first, "
@@ -657,61 +724,19 @@ static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    Py_ssize_t nid = v[0].shape[0], nq = v[1].shape[0], nr = v[2].shape[0], nf = v[3].shape[0];
-    const uint64_t *qids = v[0].buf, *first = v[3].buf;
-    const int64_t *starts = v[1].buf, *rows = v[2].buf;
+    Py_ssize_t nr = v[2].shape[0];
     PyObject *best = PyBytes_FromStringAndSize(NULL, nr * (Py_ssize_t)sizeof(int64_t));
     PyObject *sids = PyBytes_FromStringAndSize(NULL, nr * (Py_ssize_t)sizeof(uint64_t));
     PyObject *out = NULL;
     SegTable t = {0};
-    IVec plan = {0};  /* per row: its first candidate in cands, its window in qids, length */
-    IVec cands = {0};  /* every row's counting candidates in order: their views */
-    Py_ssize_t work = 0;
-    if (best == NULL || sids == NULL) goto done;
-    /* the GIL held: every row checked, every candidate's segment read once */
-    for (Py_ssize_t r = 0; r < nr; r++) {
-        const int64_t *row = rows + ROW_FIELDS * r;
-        if (row_fits(row, starts, nq, nid, nf, sb) < 0) {
-            PyErr_Format(PyExc_ValueError, "rows[%zd] does not fit qids (%zd ids), qstarts (%zd "
-                         "queries) and first (%zd ids) with sb %zd", r, nid, nq, nf, sb);
-            goto done;
-        }
-        int64_t len = row[R_LEN];
-        if (ivec_push(&plan, cands.n) < 0 || ivec_push(&plan, starts[row[R_Q]] + row[R_W] * sb) < 0
-                || ivec_push(&plan, len) < 0)
-            goto done;
-        for (int64_t k = row[R_FSTART]; k < row[R_FSTART] + row[R_FCOUNT]; k++) {
-            Py_ssize_t i = candidate(&t, segs, first[k], row[R_W]);
-            if (i == -1) goto done;
-            if (i >= 0) {
-                if (ivec_push(&cands, i) < 0) goto done;
-                work += len;
-            }
-        }
-    }
-    if (ivec_push(&plan, cands.n) < 0) goto done;  /* the last row's end */
-    int64_t *b = (int64_t *)PyBytes_AS_STRING(best);
-    uint64_t *bs = (uint64_t *)PyBytes_AS_STRING(sids);
-    PyThreadState *ts = work >= gil_free_min ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t r = 0; r < nr; r++) {  /* no Python object from here */
-        const int64_t *p = plan.v + 3 * r;  /* p[3]: the next row's first candidate */
-        const uint64_t *qw = qids + 2 * p[1];
-        b[r] = 0;
-        bs[r] = 0;
-        for (int64_t c = p[0]; c < p[3]; c++) {
-            const SegView *e = view_at(&t, cands.v[c]);
-            Py_ssize_t run = view_run(e, qw, p[2]);
-            if (run > b[r]) { b[r] = run; bs[r] = e->sid; }  /* the first of equal runs */
-        }
-    }
-    if (ts != NULL) PyEval_RestoreThread(ts);
-    out = PyTuple_Pack(2, best, sids);
-done:
+    if (best != NULL && sids != NULL
+            && verify_rows(&t, segs, v[0].buf, v[0].shape[0], v[1].buf, v[1].shape[0], v[2].buf,
+                           nr, v[3].buf, v[3].shape[0], sb, (int64_t *)PyBytes_AS_STRING(best),
+                           (uint64_t *)PyBytes_AS_STRING(sids)) == 0)
+        out = PyTuple_Pack(2, best, sids);
     Py_XDECREF(best);
     Py_XDECREF(sids);
     table_free(&t);
-    free(plan.v);
-    free(cands.v);
     release_all(v, 4);
     return out;
 }
@@ -777,41 +802,17 @@ done:
     return rc;
 }
 
-static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "assemble takes 6 arguments (rows, spans, best, sids, "
-                     "segs, ks), got %zd", nargs);
-        return NULL;
-    }
-    PyObject *segs = segs_arg(args[4]);
-    if (segs == NULL) return NULL;
-    Py_buffer v[5];
-    static const char *const names[5] = {"rows", "spans", "best", "sids", "ks"};
-    static const int sign[5] = {1, 1, 1, 0, 1}, ndim[5] = {2, 2, 1, 1, 1};
-    static const Py_ssize_t width[5] = {ROW_FIELDS, 2, 0, 0, 0};
-    PyObject *in[5] = {args[0], args[1], args[2], args[3], args[5]};
-    for (int i = 0; i < 5; i++) {
-        if (get_buf(in[i], names[i], sign[i], ndim[i], width[i], &v[i]) < 0) {
-            release_all(v, i);
-            return NULL;
-        }
-    }
-    Py_ssize_t nr = v[0].shape[0], nq = v[1].shape[0];
-    const int64_t *rows = v[0].buf, *spans = v[1].buf, *best = v[2].buf, *ks = v[4].buf;
-    const uint64_t *sids = v[3].buf;
+/* Every query's answer from its rows' runs (module docstring: assemble), the windows
+ * read through the table: (res, meta, tops), or NULL with an exception. */
+static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows, Py_ssize_t nr,
+                               const int64_t *spans, Py_ssize_t nq, const int64_t *best,
+                               const uint64_t *sids, const int64_t *ks) {
     PyObject *res = NULL, *meta = NULL, *tops = NULL, *out = NULL;
-    SegTable t = {0};
     IVec arena = {0};   /* every matched window's metas and holder table, copied */
     Copied *wins = NULL;
     Py_ssize_t nwins = 0, capwins = 0;
     Py_ssize_t *ends = NULL;  /* per query: where its windows end in wins */
     HWindow *hw = NULL;
-    if (v[2].shape[0] != nr || v[3].shape[0] != nr || v[4].shape[0] != nq) {
-        PyErr_Format(PyExc_ValueError, "best and sids must have one entry per row (%zd), ks "
-                     "one per query (%zd); got %zd, %zd and %zd", nr, nq, v[2].shape[0],
-                     v[3].shape[0], v[4].shape[0]);
-        goto done;
-    }
     res = PyBytes_FromStringAndSize(NULL, nq * 4 * (Py_ssize_t)sizeof(int64_t));
     ends = malloc((size_t)(nq + 1) * sizeof *ends);
     if (res == NULL || ends == NULL) {
@@ -843,7 +844,7 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
                     }
                     wins = more;
                 }
-                if (copy_window(&t, segs, sids[r], b, &arena, &wins[nwins]) < 0) goto done;
+                if (copy_window(t, segs, sids[r], b, &arena, &wins[nwins]) < 0) goto done;
                 nwins++;
             }
             total += b;
@@ -895,12 +896,358 @@ done:
     Py_XDECREF(res);
     Py_XDECREF(meta);
     Py_XDECREF(tops);
-    table_free(&t);
     free(arena.v);
     free(wins);
     free(ends);
     free(hw);
+    return out;
+}
+
+static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "assemble takes 6 arguments (rows, spans, best, sids, "
+                     "segs, ks), got %zd", nargs);
+        return NULL;
+    }
+    PyObject *segs = segs_arg(args[4]);
+    if (segs == NULL) return NULL;
+    Py_buffer v[5];
+    static const char *const names[5] = {"rows", "spans", "best", "sids", "ks"};
+    static const int sign[5] = {1, 1, 1, 0, 1}, ndim[5] = {2, 2, 1, 1, 1};
+    static const Py_ssize_t width[5] = {ROW_FIELDS, 2, 0, 0, 0};
+    PyObject *in[5] = {args[0], args[1], args[2], args[3], args[5]};
+    for (int i = 0; i < 5; i++) {
+        if (get_buf(in[i], names[i], sign[i], ndim[i], width[i], &v[i]) < 0) {
+            release_all(v, i);
+            return NULL;
+        }
+    }
+    Py_ssize_t nr = v[0].shape[0], nq = v[1].shape[0];
+    PyObject *out = NULL;
+    SegTable t = {0};
+    if (v[2].shape[0] != nr || v[3].shape[0] != nr || v[4].shape[0] != nq) {
+        PyErr_Format(PyExc_ValueError, "best and sids must have one entry per row (%zd), ks "
+                     "one per query (%zd); got %zd, %zd and %zd", nr, nq, v[2].shape[0],
+                     v[3].shape[0], v[4].shape[0]);
+    } else {
+        out = assemble_rows(&t, segs, v[0].buf, nr, v[1].buf, nq, v[2].buf, v[3].buf,
+                            v[4].buf);
+    }
+    table_free(&t);
     release_all(v, 5);
+    return out;
+}
+
+/* -- match: a whole batch in one call ------------------------------------------------ */
+
+/* Read (`read(list of seg ids) -> dict`) the segments of ids[0..n) the table has no
+ * view of yet, each once, into segs. 0, or -1 with an exception. */
+static int read_into(PyObject *read, PyObject *segs, const SegTable *t, const uint64_t *ids,
+                     Py_ssize_t n) {
+    PyObject *want = PyList_New(0), *seen = PySet_New(NULL), *got = NULL;
+    int rc = -1;
+    if (want == NULL || seen == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (table_find(t, ids[i]) >= 0) continue;
+        PyObject *sid = PyLong_FromUnsignedLongLong(ids[i]);
+        if (sid == NULL) goto done;
+        int dup = PySet_Contains(seen, sid);
+        int bad = dup < 0 || (!dup && (PySet_Add(seen, sid) < 0 || PyList_Append(want, sid) < 0));
+        Py_DECREF(sid);
+        if (bad) goto done;
+    }
+    if (PyList_GET_SIZE(want) == 0) {
+        rc = 0;
+        goto done;
+    }
+    got = PyObject_CallOneArg(read, want);
+    if (got == NULL) goto done;
+    if (!PyDict_Check(got)) {
+        PyErr_Format(PyExc_TypeError, "read must return a dict of seg id -> Segment, got "
+                     "%.100s", Py_TYPE(got)->tp_name);
+        goto done;
+    }
+    rc = PyDict_Update(segs, got);
+done:
+    Py_XDECREF(want);
+    Py_XDECREF(seen);
+    Py_XDECREF(got);
+    return rc;
+}
+
+/* What the rounds of a batch work on (the GIL held throughout). */
+typedef struct {
+    const Dir *d;
+    const Batch *b;
+    const int64_t *starts, *rows, *spans;
+    const uint64_t *first;
+    Py_ssize_t nr;
+    SegTable *t;
+    PyObject *segs, *read, *indexed;
+    rd_plan *plans;
+} Rounds;
+
+/* The rows whose window is each query's first short one and still open. */
+static int open_rows(const Rounds *x, IVec *open) {
+    open->n = 0;
+    for (Py_ssize_t q = 0; q < x->b->nq; q++) {
+        for (int64_t r = x->spans[2 * q]; r < x->spans[2 * q + 1]; r++) {
+            const rd_plan *p = &x->plans[r];
+            if (p->best >= p->length) continue;  /* full: the next window counts */
+            if (rd_open(p, p->best) && ivec_push(open, r) < 0) return -1;
+            break;
+        }
+    }
+    return 0;
+}
+
+static const uint64_t *window_ids(const Rounds *x, int64_t r) {
+    const int64_t *row = x->rows + ROW_FIELDS * r;
+    return x->b->qids + 2 * (x->starts[row[R_Q]] + row[R_W] * x->b->sb);
+}
+
+/* Settle the open windows whose next block no segment holds: one `indexed` call
+ * (16-byte ids in, one truth value each out) for those not asked at this run yet. */
+static int settle_unheld(const Rounds *x, const IVec *open) {
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < open->n; i++)
+        k += x->plans[open->v[i]].checked_at != x->plans[open->v[i]].best;
+    if (!k || x->indexed == Py_None) return 0;
+    PyObject *raw = PyBytes_FromStringAndSize(NULL, k * 16), *got = NULL, *seq = NULL;
+    if (raw == NULL) return -1;
+    uint64_t *w = (uint64_t *)PyBytes_AS_STRING(raw);
+    for (Py_ssize_t i = 0, j = 0; i < open->n; i++) {
+        const rd_plan *p = &x->plans[open->v[i]];
+        if (p->checked_at == p->best) continue;
+        const uint64_t *next = window_ids(x, open->v[i]) + 2 * p->best;
+        w[2 * j] = load_u64(next);
+        w[2 * j + 1] = load_u64(next + 1);
+        j++;
+    }
+    int rc = -1;
+    got = PyObject_CallOneArg(x->indexed, raw);
+    if (got == NULL || (seq = PySequence_Fast(got, "indexed must return a sequence")) == NULL)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(seq) != k) {
+        PyErr_Format(PyExc_ValueError, "indexed returned %zd answers for %zd ids",
+                     PySequence_Fast_GET_SIZE(seq), k);
+        goto done;
+    }
+    for (Py_ssize_t i = 0, j = 0; i < open->n; i++) {
+        rd_plan *p = &x->plans[open->v[i]];
+        if (p->checked_at == p->best) continue;
+        int held = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, j++));
+        if (held < 0) goto done;
+        p->checked_at = p->best;
+        if (!held) p->settled = 1;
+    }
+    rc = 0;
+done:
+    Py_DECREF(raw);
+    Py_XDECREF(got);
+    Py_XDECREF(seq);
+    return rc;
+}
+
+/* Give plan r its posting list (the directory's, in posting order) and first round. */
+static int take_posting(const Rounds *x, int64_t r) {
+    const int64_t *row = x->rows + ROW_FIELDS * r;
+    int64_t n = (row[R_BHI] - row[R_BLO]) + (row[R_DHI] - row[R_DLO]);
+    uint64_t *segs = malloc((size_t)(n ? n : 1) * 2 * sizeof *segs);
+    if (segs == NULL) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        segs[i] = seg_at(x->d, row, i);
+        segs[n + i] = filt_at(x->d, row, i);
+    }
+    uint64_t qfilt = filter_at(window_ids(x, r), row[R_LEN], row[R_OFF]);
+    int rc = rd_take_posting(&x->plans[r], segs, segs + n, n, x->first + row[R_FSTART],
+                             row[R_FCOUNT], qfilt);
+    free(segs);
+    return rc;
+}
+
+/* One round: each open plan's next candidates (`todo`: row, then its seg ids, in
+ * `cands`), read, verified and offered. *any: whether any plan had a candidate. */
+static int one_round(const Rounds *x, const IVec *open, int *any) {
+    IVec todo = {0};  /* (row, first candidate in cands, count) */
+    Vec cands = {NULL, 0, 0};
+    int rc = -1;
+    *any = 0;
+    for (Py_ssize_t i = 0; i < open->n; i++) {
+        int64_t r = open->v[i];
+        rd_plan *p = &x->plans[r];
+        if (!rd_open(p, p->best)) continue;  /* settled by `indexed` */
+        if (rd_needs_posting(p) && take_posting(x, r) < 0) goto nomem;
+        if (vec_reserve(&cands, p->nrest ? p->nrest : 1) < 0) goto nomem;
+        int64_t k = rd_more(p, p->best, cands.v + cands.n);
+        if (k < 0) goto nomem;
+        if (!k) continue;
+        if (ivec_push(&todo, r) < 0 || ivec_push(&todo, cands.n) < 0 || ivec_push(&todo, k) < 0)
+            goto done;
+        cands.n += k;
+    }
+    if (!todo.n) {
+        rc = 0;
+        goto done;
+    }
+    *any = 1;
+    if (read_into(x->read, x->segs, x->t, cands.v, cands.n) < 0) goto done;
+    for (Py_ssize_t i = 0; i < todo.n; i += 3) {
+        int64_t r = todo.v[i];
+        rd_plan *p = &x->plans[r];
+        const int64_t *row = x->rows + ROW_FIELDS * r;
+        for (int64_t c = todo.v[i + 1]; c < todo.v[i + 1] + todo.v[i + 2]; c++) {
+            Py_ssize_t v = candidate(x->t, x->segs, cands.v[c], row[R_W]);
+            if (v == -1) goto done;
+            if (v >= 0) rd_offer(p, cands.v[c], view_run(view_at(x->t, v), window_ids(x, r),
+                                                         row[R_LEN]));
+        }
+    }
+    rc = 0;
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    free(todo.v);
+    free(cands.v);
+    return rc;
+}
+
+/* Bound-and-verify (index.py: _exact_rounds) over the batch's plans until no query's
+ * first short window is open; the rounds run counted in *nrounds. */
+static int run_rounds(const Rounds *x, int64_t *nrounds) {
+    IVec open = {0};
+    int rc = -1, any = 1;
+    while (any) {
+        if (open_rows(x, &open) < 0 || settle_unheld(x, &open) < 0
+                || one_round(x, &open, &any) < 0)
+            goto done;
+        *nrounds += any;
+    }
+    rc = 0;
+done:
+    free(open.v);
+    return rc;
+}
+
+/* The rows' spans per query (rows go by query): spans[2q], spans[2q + 1]. */
+static void query_spans(const int64_t *rows, Py_ssize_t nr, Py_ssize_t nq, int64_t *spans) {
+    Py_ssize_t r = 0;
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        spans[2 * q] = r;
+        while (r < nr && rows[ROW_FIELDS * r + R_Q] == q) r++;
+        spans[2 * q + 1] = r;
+    }
+}
+
+/* Route, read and verify the first rounds, run the rounds, assemble: match's body
+ * once its arguments are checked. */
+static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, PyObject *indexed,
+                             const int64_t *ks, int exact) {
+    Py_ssize_t maxrows = 0, nr = 0;
+    for (Py_ssize_t q = 0; q < b->nq; q++) maxrows += (b->qlens[q] + b->sb - 1) / b->sb;
+    size_t nrow = (size_t)(maxrows ? maxrows : 1);
+    int64_t *rows = malloc(nrow * ROW_FIELDS * sizeof *rows), *best = malloc(nrow * sizeof *best);
+    int64_t *starts = malloc((size_t)(b->nq + 1) * sizeof *starts);
+    int64_t *spans = malloc((size_t)(b->nq + 1) * 2 * sizeof *spans);
+    uint64_t *bsid = malloc(nrow * sizeof *bsid);
+    rd_plan *plans = NULL;
+    Vec first = {NULL, 0, 0};
+    SegTable t = {0};
+    PyObject *segs = PyDict_New(), *answer = NULL, *out = NULL;
+    int64_t nrounds = 0;
+    int rc = -1;
+    if (rows == NULL || best == NULL || starts == NULL || spans == NULL || bsid == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (segs == NULL) goto done;
+    if (maxrows * b->sb >= gil_free_min) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = route_all(d, b, rows, &nr, &first);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc = route_all(d, b, rows, &nr, &first);
+    }
+    if (rc < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t q = 0, s = 0; q < b->nq; s += b->qlens[q++]) starts[q] = s;
+    query_spans(rows, nr, b->nq, spans);
+    if (read_into(read, segs, &t, first.v, first.n) < 0
+            || verify_rows(&t, segs, b->qids, starts[b->nq - 1] + b->qlens[b->nq - 1], starts,
+                           b->nq, rows, nr, first.v, first.n, b->sb, best, bsid) < 0)
+        goto done;
+    if (exact && nr) {
+        if ((plans = calloc((size_t)nr, sizeof *plans)) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t r = 0; r < nr; r++) {
+            const int64_t *row = rows + ROW_FIELDS * r;
+            rd_init(&plans[r], row[R_LEN], row[R_OFF], row[R_FBOUND],
+                    (row[R_BHI] - row[R_BLO]) + (row[R_DHI] - row[R_DLO]), row[R_FCOUNT],
+                    best[r], bsid[r], b->cap);
+        }
+        Rounds x = {d, b, starts, rows, spans, first.v, nr, &t, segs, read, indexed, plans};
+        if (run_rounds(&x, &nrounds) < 0) goto done;
+        for (Py_ssize_t r = 0; r < nr; r++) {
+            best[r] = plans[r].best;
+            bsid[r] = plans[r].best_sid;
+        }
+    }
+    answer = assemble_rows(&t, segs, rows, nr, spans, b->nq, best, bsid, ks);
+    if (answer != NULL)
+        out = Py_BuildValue("(OOOL)", PyTuple_GET_ITEM(answer, 0), PyTuple_GET_ITEM(answer, 1),
+                            PyTuple_GET_ITEM(answer, 2), (long long)nrounds);
+done:
+    if (plans != NULL)
+        for (Py_ssize_t r = 0; r < nr; r++) rd_free(&plans[r]);
+    free(plans);
+    free(rows);
+    free(best);
+    free(starts);
+    free(spans);
+    free(bsid);
+    free(first.v);
+    table_free(&t);
+    Py_XDECREF(segs);
+    Py_XDECREF(answer);
+    return out;
+}
+
+static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != NBUF + 7) {
+        PyErr_Format(PyExc_TypeError, "match takes %d arguments (qids, qlens, bkeys, bsegs, "
+                     "bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap, read, indexed, ks, "
+                     "exact), got %zd", NBUF + 7, nargs);
+        return NULL;
+    }
+    PyObject *read = args[NBUF + 3], *indexed = args[NBUF + 4];
+    if (!PyCallable_Check(read) || (indexed != Py_None && !PyCallable_Check(indexed))) {
+        PyErr_SetString(PyExc_TypeError, "read must be callable, indexed callable or None");
+        return NULL;
+    }
+    int exact = PyObject_IsTrue(args[NBUF + 6]);
+    if (exact < 0) return NULL;
+    Py_buffer v[NBUF], ks;
+    Dir d;
+    Batch b;
+    if (route_args(args, v, &d, &b) < 0) return NULL;
+    PyObject *out = NULL;
+    if (get_buf(args[NBUF + 5], "ks", 1, 1, 0, &ks) == 0) {
+        if (ks.shape[0] != b.nq)
+            PyErr_Format(PyExc_ValueError, "ks has %zd entries for %zd queries", ks.shape[0],
+                         b.nq);
+        else if (b.nq == 0)
+            out = Py_BuildValue("(y#NNi)", "", (Py_ssize_t)0, PyByteArray_FromStringAndSize(NULL, 0),
+                                PyByteArray_FromStringAndSize(NULL, 0), 0);
+        else
+            out = match_batch(&d, &b, read, indexed, ks.buf, exact);
+        PyBuffer_Release(&ks);
+    }
+    release_all(v, NBUF);
     return out;
 }
 
@@ -989,6 +1336,9 @@ static PyMethodDef methods[] = {
      "The first round's verified run of every routed window (module docstring)."},
     {"assemble", (PyCFunction)(void (*)(void))assemble, METH_FASTCALL,
      "Every query's blocks and metas from its windows' runs (module docstring)."},
+    {"match", (PyCFunction)(void (*)(void))match, METH_FASTCALL,
+     "A whole batch: route, read, verify, bound-and-verify rounds, answers (module "
+     "docstring)."},
     {"merge_order", (PyCFunction)(void (*)(void))merge_order, METH_FASTCALL,
      "The delta's stable key order with its appended rows merged in (module docstring)."},
     {"_set_gil_free_min", set_gil_free_min, METH_O,

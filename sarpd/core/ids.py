@@ -134,23 +134,28 @@ def token_ids(ns: str, tokens: U32Array, block_tokens: int, k: Kernels | None = 
 
 
 def salt_ids(ns: str, ids: IdArray) -> IdArray:
-    """Caller ids -> internal ids (and back: XOR is its own inverse)."""
-    out: IdArray = np.bitwise_xor(ids.astype(np.uint64), _salt(ns))
+    """Caller ids -> internal ids (and back: XOR is its own inverse). A column at a time:
+    numpy's (n, 2) ^ (1, 2) broadcast runs an inner loop of two."""
+    salt = _salt(ns)
+    out: IdArray = np.empty((len(ids), 2), np.uint64)
+    np.bitwise_xor(ids[:, 0], salt[0, 0], out=out[:, 0], casting="unsafe")
+    np.bitwise_xor(ids[:, 1], salt[0, 1], out=out[:, 1], casting="unsafe")
     return out
 
 
 def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray]) -> list[IdArray]:
     """`salt_ids` of a batch: one copy and one XOR for all of it, not two numpy calls
     per sequence (the results are disjoint views of one array)."""
-    if not ids:
-        return []
+    if len(ids) <= 1:  # a lone query: no batch to share the calls with
+        return [salt_ids(ns, a) for ns, a in zip(nss, ids, strict=True)]
     lens = [len(a) for a in ids]
     flat: IdArray = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
     if len(set(nss)) == 1:
         flat ^= _salt(nss[0])
     else:
         flat ^= np.repeat(np.concatenate([_salt(ns) for ns in nss]), lens, axis=0)
-    return np.split(flat, np.cumsum(lens[:-1]))
+    ends = list(itertools.accumulate(lens))
+    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def id_bytes(row: IdArray) -> bytes:

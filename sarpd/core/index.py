@@ -72,7 +72,6 @@ from sarpd.model import (
     Remove,
     RemoveResult,
     SnapshotResult,
-    U64Array,
 )
 
 log = logging.getLogger(__name__)
@@ -254,20 +253,21 @@ class SarpIndex:
     def _match_native(self, reqs: Sequence[Match], qs: Sequence[IdArray],
                       errors: dict[int, SarpError], k: MatchKernel
                       ) -> list[MatchResult | SarpError]:
-        """`match_many` with the match kernel (module `kernel`): one call routes the
-        batch, one multi-get reads every first round, one call verifies them; only the
-        queries whose window may still be beaten get plans and further rounds; one call
-        assembles the answers, holders included (csrc/holders.c)."""
-        routed = self.router.route(qs, k)
-        segs = self.store.read(list(dict.fromkeys(routed.first.tolist())))
-        best, sid = kernel.verify(k, routed, segs, self.router.geo.sb)
-        bounds = routed.bounds()
-        spans = routed.spans(bounds)
-        need = kernel.open_queries(routed, best) if self.cfg.exact_match else []
-        if need:
-            best, sid = self._rounds_native(routed, spans, need, qs, best, sid, segs)
+        """`match_many` with the match kernel (module `kernel`): ONE call routes the
+        batch, reads every first round (one multi-get), verifies it, runs the
+        bound-and-verify rounds (`_exact_rounds`' twin: their reads and locator checks
+        call back into the store) and assembles every answer, holders included."""
+        geo = self.router.geo
+        lens = np.fromiter((len(q) for q in qs), np.int64, len(qs))
+        qids = np.ascontiguousarray(qs[0] if len(qs) == 1 else np.concatenate(qs), np.uint64)
         ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
-        res, meta, tops = kernel.assemble(k, routed, bounds, best, sid, segs, ks)
+        res, meta, tops, rounds = kernel.match(
+            k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
+            self.store.read, self._indexed if self.cfg.block_locators else None, ks,
+            self.cfg.exact_match)
+        if rounds:
+            with self.store.lock:  # matches may run on several threads (issue 25)
+                self.store.activity.extra_rounds += rounds
         out: list[MatchResult | SarpError] = []
         for i, (r, q, (total, start, tstart, ntop)) in enumerate(
                 zip(reqs, qs, res.tolist(), strict=True)):
@@ -281,25 +281,9 @@ class SarpIndex:
             out.append(MatchResult(total, meta[start : start + total], ids, top))
         return out
 
-    def _rounds_native(self, routed: kernel.Routed, spans: list[tuple[int, int]],
-                       need: list[int], qs: Sequence[IdArray], best: kernel.I64Array,
-                       sid: U64Array, segs: dict[int, Segment]
-                       ) -> tuple[kernel.I64Array, U64Array]:
-        """Bound-and-verify for the queries `need` (plans from the kernel's rows, seeded
-        with its first round): best and sid with their rows updated."""
-        best, sid = best.copy(), sid.copy()
-        plans = [self.router.plans(routed, *spans[qi]) for qi in need]
-        for qi, windows in zip(need, plans, strict=True):
-            lo, hi = spans[qi]
-            for p, b, s in zip(windows, best[lo:hi].tolist(), sid[lo:hi].tolist(),
-                               strict=True):
-                p.best, p.best_sid = b, s
-        self._exact_rounds([qs[qi] for qi in need], plans, segs)
-        for qi, windows in zip(need, plans, strict=True):
-            lo, hi = spans[qi]
-            best[lo:hi] = [p.best for p in windows]
-            sid[lo:hi] = [p.best_sid for p in windows]
-        return best, sid
+    def _indexed(self, raw: bytes) -> list[bool]:
+        """`Store.indexed` of 16-byte ids (the match kernel's callback)."""
+        return self.store.indexed(np.frombuffer(raw, np.uint64).reshape(-1, 2))
 
     def _exact_rounds(self, qs: Sequence[IdArray], plans: list[list[WindowPlan]],
                       segs: dict[int, Segment]) -> None:

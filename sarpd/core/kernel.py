@@ -22,7 +22,9 @@ after the batch's one multi-get, gives every row the longest verified run of its
 first round (ids equal AND present, from the window start) and the first candidate
 that has it (0: none). `assemble`, after any further rounds, gives every query its
 blocks, its metas and its top holders (`holders.match_holders`' answer, in C:
-csrc/holders.c).
+csrc/holders.c). `match` is the index's: all of it in ONE call, the bound-and-verify
+rounds included (csrc/rounds.c, `plan.WindowPlan`'s twin), reading segments and
+checking locators through callbacks into the store.
 """
 
 from __future__ import annotations
@@ -93,6 +95,25 @@ def route(kernel: MatchKernel, qs: Sequence[IdArray], flat: FlatDirectory, sb: i
                   np.frombuffer(first, np.uint64), flat)
 
 
+Read = Callable[[list[int]], dict[int, Segment]]  # seg ids -> the ones present, decoded
+Indexed = Callable[[bytes], Sequence[bool]]  # 16-byte ids -> may a segment hold each?
+
+
+def match(kernel: MatchKernel, qids: IdArray, lens: I64Array, flat: FlatDirectory, sb: int,
+          gap: int, cap: int, read: Read, indexed: Indexed | None, ks: I64Array,
+          exact: bool) -> tuple[I64Array, U64Array, U64Array, int]:
+    """A whole batch in one kernel call: `route`, one `read` of every first round,
+    `verify`, then (with `exact`) the bound-and-verify rounds of `SarpIndex._exact_rounds`
+    (`indexed` settles a window whose next block no segment holds; None: no block
+    locators), and `assemble`'s answers: (res, meta, tops) as `assemble` gives them, and
+    the extra rounds run."""
+    res, meta, tops, rounds = kernel.match(
+        qids, lens, flat.keys, flat.segs, flat.filts, flat.dkeys, flat.dsegs, flat.dfilts,
+        flat.dorder, sb, gap, cap, read, indexed, ks, exact)
+    return (np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64),
+            np.frombuffer(tops, np.uint64).reshape(-1, 2), rounds)
+
+
 def verify(kernel: MatchKernel, routed: Routed, segs: Mapping[int, Segment],
            sb: int) -> tuple[I64Array, U64Array]:
     """(best run, the candidate that has it) of every row's first round, in one call."""
@@ -115,22 +136,3 @@ def assemble(kernel: MatchKernel, routed: Routed, bounds: I64Array, best: I64Arr
     res, meta, tops = kernel.assemble(routed.rows, span, best, sids, segs, ks)
     return (np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64),
             np.frombuffer(tops, np.uint64).reshape(-1, 2))
-
-
-def open_queries(routed: Routed, best: I64Array) -> list[int]:
-    """The queries whose first window short of its length may still be beaten by an
-    unread candidate (`WindowPlan.open` of a plan fresh from its first round): they
-    need bound-and-verify rounds. Later windows only count if that one is full."""
-    rows = routed.rows
-    short = np.flatnonzero(best < rows[:, LEN])
-    if not short.size:
-        return []
-    queries = rows[short, Q]  # rows go by query: keep each query's first short row
-    head = np.empty(short.size, dtype=np.bool_)
-    head[0] = True
-    np.not_equal(queries[1:], queries[:-1], out=head[1:])
-    cut, queries = short[head], queries[head]
-    count = rows[cut, BHI] - rows[cut, BLO] + rows[cut, DHI] - rows[cut, DLO]
-    more = (count > rows[cut, FCOUNT]) & (rows[cut, FBOUND] > best[cut])
-    out: list[int] = queries[more].tolist()
-    return out

@@ -95,6 +95,12 @@ class MatchKernel(Protocol):
     def assemble(self, rows: I64Array, span: I64Array, best: I64Array, sids: U64Array,
                  segs: Mapping[int, Segment], ks: I64Array,
                  /) -> tuple[bytes, bytearray, bytearray]: ...
+    def match(self, qids: IdArray, qlens: I64Array, bkeys: U64Array, bsegs: U64Array,
+              bfilts: U64Array, dkeys: U64Array, dsegs: U64Array, dfilts: U64Array,
+              dorder: I64Array, sb: int, gap: int, cap: int,
+              read: Callable[[list[int]], dict[int, Segment]],
+              indexed: Callable[[bytes], Sequence[bool]] | None, ks: I64Array, exact: bool,
+              /) -> tuple[bytes, bytearray, bytearray, int]: ...
     def merge_order(self, keys: U64Array, old: I64Array, old_keys: U64Array,
                     /) -> tuple[bytes, bytes]: ...
 

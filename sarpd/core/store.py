@@ -55,6 +55,7 @@ from sarpd.core.manifest import check_manifest, encode_manifest, missing_manifes
 from sarpd.core.native import BlockMapLike, Kernels
 from sarpd.core.segment import (
     APPLIED_KEY,
+    BLOCK_PREFIX,
     COUNTERS_KEY,
     LOCATOR,
     MANIFEST_KEY,
@@ -83,6 +84,7 @@ from sarpd.model import IdArray, SeqSpec, U64Array
 log = logging.getLogger(__name__)
 
 SEGMENT_CACHE = 4096  # decoded segments kept in memory between batches (~7 MB)
+_AFTER_BLOCKS = bytes([BLOCK_PREFIX[0] + 1])  # the end of the locator records' key range
 
 _MAPPED: tuple[tuple[type[BackendError], type[SarpError]], ...] = (
     (BackendIOError, StorageError),
@@ -163,6 +165,10 @@ class Store:
         self.pending_records: dict[int, int] = {}
         self.pending_bytes = 0  # their memory (`seg_bytes` each), kept as they change
         self._open_manifest()
+        # whether the backend may hold locator records (the map's spills, an import's,
+        # data from before issue 24): until one is written, a block the map does not
+        # hold is present nowhere, and `locate_arrays` reads nothing for it
+        self.locators_written = self._has_keys(BLOCK_PREFIX, _AFTER_BLOCKS)
         self._counters = Counters.decode(self.get_one(COUNTERS_KEY))
         self._applied = self._read_applied()
         self._load_pending()
@@ -183,7 +189,8 @@ class Store:
         """Whether each block (internal ids) may be present in a segment: held by the
         block map or by a locator record (only with `block_locators`; `locate`). False
         proves that no segment holds it present."""
-        return [loc is not None for loc in self.locate(ids)]
+        got: list[bool] = (self.locate_arrays(ids)[1] >= 0).tolist()
+        return got
 
     def locate(self, ids: IdArray) -> list[tuple[int, int] | None]:
         """(head key, position) of each block (internal ids): `locate_arrays`, as
@@ -201,6 +208,8 @@ class Store:
         the ones read now are added (-1: none)."""
         assert self.blockmap is not None
         heads, pos = self.blockmap.lookup(ids)
+        if not self.locators_written:
+            return heads, pos
         miss = np.flatnonzero(pos < 0)
         if not len(miss):
             return heads, pos
@@ -229,9 +238,14 @@ class Store:
             self.blockmap.discard(gone)
         if ids is not None and len(ids):
             assert heads is not None and pos is not None
-            spill = self.blockmap.add(ids, heads, pos)
-            if spill is not None:
-                batch.put_many(locator_records(spill.ids, spill.heads, spill.pos, self.k))
+            self.put_spill(batch, self.blockmap.add(ids, heads, pos))
+
+    def put_spill(self, batch: WriteBatch, spill: Spill | None) -> None:
+        """Put the locator records of what the block map evicted into `batch` (THE
+        place locator records are made: `locators_written` follows it)."""
+        if spill is not None:
+            self.locators_written = True
+            batch.put_many(locator_records(spill.ids, spill.heads, spill.pos, self.k))
 
     def write(self, batch: WriteBatch, sync: bool) -> None:
         with backend_errors():
@@ -273,9 +287,11 @@ class Store:
         self.write(wb, True)
 
     def _holds_data(self) -> bool:
-        if self.get_one(COUNTERS_KEY) is not None:
-            return True
-        scan = self.scan(SEG_PREFIX, b"T")
+        return self.get_one(COUNTERS_KEY) is not None or self._has_keys(SEG_PREFIX, b"T")
+
+    def _has_keys(self, start: bytes, end: bytes) -> bool:
+        """Whether the backend holds a key in [start, end)."""
+        scan = self.scan(start, end)
         try:
             return next(scan, None) is not None
         finally:
@@ -589,8 +605,7 @@ class Held:
     def _spill(self, spill: Spill | None) -> None:
         if spill is None:
             return
-        self._batch.put_many(locator_records(spill.ids, spill.heads, spill.pos,
-                                             self.store.k))
+        self.store.put_spill(self._batch, spill)
         if len(self._batch) >= self.WRITE:
             self.store.write(self._batch, False)
             self._batch, self._wrote = WriteBatch(), True

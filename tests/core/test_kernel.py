@@ -233,6 +233,59 @@ def test_match_many_answers_what_the_reference_answers(seed: int, exact: bool) -
                      holders=int(rng.integers(0, 3)), with_ids=bool(i % 2))
                for i, s in enumerate(seqs)]
     assert _answers(ix.match_many(queries)) == _answers(ref.match_many(queries))
+    # the one-call match runs the reference's bound-and-verify rounds, round for round
+    assert ix.store.activity.extra_rounds == ref.store.activity.extra_rounds
+
+
+@pytest.mark.parametrize("locators", [True, False])
+def test_match_runs_the_references_rounds_on_a_hot_prefix(locators: bool) -> None:
+    """Hundreds of branches of one prefix, a cap of 2: windows whose first round falls
+    short read further rounds (with block locators, a next block held nowhere settles
+    its window first); answers and rounds are the reference's."""
+    cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, window_cap=2,
+                      block_locators=locators)
+    ix, ref = (SarpIndex(MemoryBackend(), cfg, kernels=k) for k in (native.pick(), REF))
+    for index in (ix, ref):
+        index.recover()
+    trunk = ids(24, 7)
+    rng = np.random.default_rng(7)
+    ops = [_insert(i, np.concatenate([trunk[: int(rng.integers(1, 24))], ids(5, 100 + i)]),
+                   int(rng.integers(1, 9))) for i in range(300)]
+    for index in (ix, ref):
+        index.write_many(ops)
+    queries = [Match(i, SeqSpec("", hashes=np.concatenate([trunk[:cut], ids(3, 5000 + i)])),
+                     holders=3) for i, cut in enumerate(range(1, 24))]
+    queries += [Match(99, SeqSpec("", hashes=op.seq.hashes), holders=2) for op in ops[:40]
+                if op.seq.hashes is not None]
+    assert _answers(ix.match_many(queries)) == _answers(ref.match_many(queries))
+    assert ix.store.activity.extra_rounds == ref.store.activity.extra_rounds > 0
+
+
+def test_match_refuses_bad_callbacks_and_passes_their_errors_on() -> None:
+    k = kern()
+    u = np.zeros(1, np.uint64)
+    q = np.ones((3, 2), np.uint64)
+    good: list[Any] = [q, np.array([3], np.int64), np.ones(1, np.uint64), np.full(1, 5, np.uint64),
+                       u, u[:0], u[:0], u[:0], np.zeros(0, np.int64), 8, 1, 2, lambda s: {},
+                       None, np.zeros(1, np.int64), True]
+    res, meta, tops, rounds = k.match(*good)  # segment 5 is missing: nothing matched
+    assert (np.frombuffer(res, np.int64).tolist(), len(meta), len(tops), rounds) == (
+        [0, 0, 0, 0], 0, 0, 0)
+    for at, value, exc, word in [(12, 5, TypeError, "read"), (13, 7, TypeError, "indexed"),
+                                 (14, np.zeros(2, np.int64), ValueError, "ks"),
+                                 (12, lambda s: [], TypeError, "dict")]:
+        args = list(good)
+        args[at] = value
+        with pytest.raises(exc, match=word):
+            k.match(*args)
+
+    def broken(sids: list[int]) -> dict[int, Segment]:
+        raise OSError("disk on fire")
+
+    with pytest.raises(OSError, match="on fire"):
+        k.match(*good[:12], broken, *good[13:])
+    with pytest.raises(TypeError, match="16 arguments"):
+        k.match(*good[:5])
 
 
 def _insert(i: int, seq: IdArray, meta: int) -> Insert:

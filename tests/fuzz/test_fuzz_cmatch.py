@@ -1,6 +1,10 @@
-"""Fuzz sarpd/core/_cmatch.c (the match kernel: `route`, `verify`, `assemble`,
-`merge_order`) against its references, with tests/core/test_kernel.py's helpers:
+"""Fuzz sarpd/core/_cmatch.c (the match kernel: `match`, `route`, `verify`,
+`assemble`, `merge_order`) against its references, with tests/core/test_kernel.py's
+helpers:
 
+- the one-call `match` (routing, reads, the first round, bound-and-verify rounds with
+  a locator check, the answers) answers as the reference index does (its
+  `_verify_round`, `_exact_rounds` and `match_holders`), round for round;
 - routing of random directories (base and unmerged delta, duplicate keys, tied
   filters, hot posting lists) is the router's (`reference_plans`), and the first
   verification round over candidates that are copies of the query, cut, holed, moved
@@ -16,13 +20,18 @@
 from __future__ import annotations
 
 import sys
+import threading
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from sarpd.config import IndexConfig
-from sarpd.core import kernel
+from sarpd.core import kernel, native
+from sarpd.core.holders import match_holders
+from sarpd.core.index import SarpIndex
 from sarpd.core.routing import filter_at, fingerprints
 from sarpd.core.segment import Segment
 from sarpd.model import IdArray
@@ -135,6 +144,82 @@ def _check_verify(src: Source) -> None:
     best, sid = got
     got_v = list(zip(best.tolist(), sid.tolist(), strict=True))
     assert got_v == want, "verify: not the reference's"
+
+
+class _RefIndex:
+    """What the index's reference match (`SarpIndex._verify_round`, `_exact_rounds`)
+    reads of its index: the router, the config, the reference kernels and a store whose
+    reads come from `segs` and whose locator check answers from `held`."""
+
+    def __init__(self, cfg: IndexConfig, router: Any, segs: dict[int, Any],
+                 held: set[bytes]) -> None:
+        self.cfg, self.router, self.k = cfg, router, native.pick(reference=True)
+        self.store = SimpleNamespace(
+            read=lambda sids: {s: segs[s] for s in sids if s in segs},
+            indexed=lambda ids: [bytes(r) in held for r in np.ascontiguousarray(ids, "<u8")],
+            activity=SimpleNamespace(extra_rounds=0), lock=threading.Lock())
+
+    _verify_round = SarpIndex._verify_round
+    _exact_rounds = SarpIndex._exact_rounds
+
+
+def _reference_match(ix: _RefIndex, qs: list[IdArray], ks: list[int]
+                     ) -> tuple[list[tuple[int, list[int], Any]], int]:
+    """Per query (blocks, metas, top holders) as the reference index answers, and the
+    extra rounds it read."""
+    plans = ix.router.plan_many_reference(qs)
+    segs = ix._verify_round(qs, [(qi, p, p.first) for qi, w in enumerate(plans) for p in w], {})
+    if ix.cfg.exact_match:
+        ix._exact_rounds(qs, plans, segs)
+    out = []
+    for windows, k in zip(plans, ks, strict=True):
+        matched, total = [], 0
+        for p in windows:
+            if p.best_sid:
+                matched.append((segs[p.best_sid], p.best))
+            total += p.best
+            if p.best < p.length:
+                break
+        meta, top = match_holders(matched, k)
+        out.append((total, meta.tolist(), top or []))
+    return out, ix.store.activity.extra_rounds
+
+
+def _check_match(src: Source) -> None:
+    """The one-call match (route, reads, verify, rounds, answers) against the
+    reference index's, on segments copied from the queries (cut, holed, moved) and
+    a locator check that holds a random part of the blocks."""
+    assert K is not None
+    cfg, router, qs = _world(src)
+    cfg = replace(cfg, exact_match=src.chance(80), block_locators=src.chance(70))
+    router.cfg = cfg
+    sb = cfg.segment_blocks
+    flat = router.dir.flat()
+    segs: dict[int, Any] = {}
+    for sid in sorted(set(flat.segs.tolist()) | set(flat.dsegs.tolist())):
+        if not src.chance(85) or not qs:
+            continue
+        q = qs[src.integer(0, len(qs) - 1)]
+        w = src.integer(0, max(0, (len(q) - 1) // sb))
+        seg, fits = _candidate(src, q[w * sb : (w + 1) * sb], w, sb)
+        if fits and isinstance(seg, Segment):
+            segs[sid] = Segment(sid, seg.window, seg.presence, 0, seg.ids,
+                                np.arange(1, seg.nblocks + 1, dtype=np.uint64))
+    held = {bytes(np.ascontiguousarray(r, "<u8")) for q in qs for r in q if src.flag()}
+    ks = [src.integer(0, 3) for _ in qs]
+    ref = _RefIndex(cfg, router, segs, held)
+    want, want_rounds = _reference_match(ref, qs, ks)
+    lens = np.array([len(q) for q in qs], np.int64)
+    qids = np.concatenate(qs) if qs else np.empty((0, 2), np.uint64)
+    indexed = ((lambda raw: ref.store.indexed(np.frombuffer(raw, "<u8").reshape(-1, 2)))
+               if cfg.block_locators else None)
+    res, meta, tops, rounds = kernel.match(K, np.ascontiguousarray(qids, np.uint64), lens, flat,
+                                           sb, router.geo.gap, cfg.window_cap, ref.store.read,
+                                           indexed, np.array(ks, np.int64), cfg.exact_match)
+    got = [(int(n), meta[a : a + n].tolist(), [tuple(t) for t in tops[b : b + c].tolist()])
+           for n, a, b, c in res.tolist()]
+    assert got == want, "match: not the reference index's answers"
+    assert rounds == want_rounds, "match: not the reference's rounds"
 
 
 def _check_assemble(src: Source) -> None:
@@ -328,7 +413,7 @@ def one_input(data: bytes) -> None:
         return
     src = Source(data)
     src.pick([_check_route, _check_verify, _check_verify, _check_assemble, _check_merge,
-              _check_raw, _check_raw])(src)
+              _check_match, _check_match, _check_raw, _check_raw])(src)
 
 
 @pytest.mark.skipif(K is None, reason="the match kernel is not built")
