@@ -56,6 +56,14 @@ ext_modules = [
         extra_compile_args=["-O2"],
         optional=True,
     ),
+    Extension(
+        "sarpd.core._cdir",
+        ["sarpd/core/_cdir.c", "sarpd/core/csrc/directory.c"],
+        include_dirs=["sarpd/core/csrc"],
+        depends=["sarpd/core/csrc/directory.h", "sarpd/core/csrc/sarp.h"],
+        extra_compile_args=["-O2"],
+        optional=True,
+    ),
 ]
 if _native().xxhash_found():
     ext_modules.append(

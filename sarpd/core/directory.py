@@ -13,6 +13,12 @@ Storage is numpy, never a Python object per entry at scale:
   holding it; merged into a new base (sort the delta, insert it into the base,
   dead entries dropped, all vectorised) past `delta_max_entries`.
 Not thread-safe: the index runs its batches on one thread.
+
+This is the reference; its C twin is sarpd/core/_cdir.c (native path "dir": an index
+builds its directory with `Kernels.directory`), held to the same posting lists, order,
+counts, flat arrays and versions, and to the same views: where this class hands out a
+view of its arrays (a base slice, a single delta row, the flat arrays), so does the
+twin, and a later change writes through both alike (tests/core/test_cdir.py).
 """
 
 from __future__ import annotations

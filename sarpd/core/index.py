@@ -41,11 +41,10 @@ from backends.base import Backend, WriteBatch
 from sarpd.config import IndexConfig
 from sarpd.core import kernel, native, verify
 from sarpd.core.blockmap import MapArrays
-from sarpd.core.directory import Directory
 from sarpd.core.fsck import run_check
 from sarpd.core.holders import match_holders
 from sarpd.core.ids import HASH_NAME, salt_ids
-from sarpd.core.native import Kernels, MatchKernel
+from sarpd.core.native import DirectoryLike, Kernels, MatchKernel
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Counters, Segment, log_key, seg_id_of_key
@@ -135,7 +134,7 @@ class SarpIndex:
         return self.store.activity
 
     @property
-    def dir(self) -> Directory:
+    def dir(self) -> DirectoryLike:
         return self.router.dir
 
     def reload(self, resume: bool = True) -> None:

@@ -21,6 +21,7 @@ broken install, not a slower one.
     write     sarpd.core._cwrite                 sarpd.core.segment (codecs, locators),
                                                  sarpd.core.router (segment_filters)
     map       sarpd.core._cmap                   sarpd.core.blockmap (BlockMap)
+    dir       sarpd.core._cdir                   sarpd.core.directory (Directory)
 
 Every extension's functions are declared in its `.pyi` stub and, for the slots, in
 the protocols below (mypy checks that each module satisfies its protocol where `pick`
@@ -45,15 +46,16 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from sarpd.core.blockmap import MapArrays, Spill
+    from sarpd.core.directory import DirectoryArrays, FlatDirectory
     from sarpd.core.segment import Segment
     from sarpd.model import IdArray, U64Array
 
     I64Array = npt.NDArray[np.int64]
     BufferLike = bytes | bytearray | memoryview | npt.NDArray[Any]
 
-__all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "BlockMapLike", "HashKernel", "Kernels",
-           "MapKernel", "MatchKernel", "VerifyKernel", "WriteKernel", "compiler", "expected",
-           "pick", "status", "summary", "xxhash_found"]
+__all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "BlockMapLike", "DirKernel", "DirectoryLike",
+           "HashKernel", "Kernels", "MapKernel", "MatchKernel", "VerifyKernel", "WriteKernel",
+           "compiler", "expected", "pick", "status", "summary", "xxhash_found"]
 
 ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
 
@@ -64,6 +66,7 @@ EXTENSIONS: dict[str, str] = {
     "match": "sarpd.core._cmatch",
     "write": "sarpd.core._cwrite",
     "map": "sarpd.core._cmap",
+    "dir": "sarpd.core._cdir",
 }
 
 
@@ -143,6 +146,48 @@ class MapKernel(Protocol):
     def BlockMap(self) -> Callable[[int, int], BlockMapLike]: ...
 
 
+class DirectoryLike(Protocol):
+    """What the router, the writer and the index ask of a routing directory
+    (sarpd/core/directory.py's `Directory`)."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def merges(self) -> int: ...
+    @property
+    def merge_s_max(self) -> float: ...
+    @property
+    def merge_s_total(self) -> float: ...
+    delta_max_entries: int
+    @property
+    def entries(self) -> int: ...
+    @property
+    def keys_count(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def probe(self, keys: U64Array, /) -> npt.NDArray[np.bool_]: ...
+    def posting(self, key: int, /) -> tuple[U64Array, U64Array]: ...
+    def flat(self) -> FlatDirectory: ...
+    def count(self, key: int, /) -> int: ...
+    def has(self, key: int, seg: int, /) -> bool: ...
+    def add(self, key: int, seg: int, filt: int, /) -> None: ...
+    def set_filter(self, key: int, seg: int, filt: int, /) -> bool: ...
+    def drop(self, key: int, seg: int, /) -> bool: ...
+    def needs_merge(self) -> bool: ...
+    def merge(self) -> None: ...
+    def to_arrays(self) -> DirectoryArrays: ...
+    def load_arrays(self, arrays: DirectoryArrays, /) -> None: ...
+    def clear(self) -> None: ...
+    def iter_entries(self) -> list[tuple[int, int, int]]: ...
+
+
+class DirKernel(Protocol):
+    """sarpd/core/_cdir.c (reference: sarpd.core.directory)."""
+
+    @property
+    def Directory(self) -> Callable[[int], DirectoryLike]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Kernels:
     """Which implementation runs each path, picked once (`pick`) and handed to an
@@ -153,6 +198,7 @@ class Kernels:
     match: MatchKernel | None
     write: WriteKernel | None
     map: MapKernel | None
+    dir: DirKernel | None
 
     def status(self) -> dict[str, bool]:
         """Per path: whether it runs natively."""
@@ -167,6 +213,15 @@ class Kernels:
 
         return BlockMap(budget_bytes, generation)
 
+    def directory(self, delta_max_entries: int) -> DirectoryLike:
+        """A new routing directory: the native one, else the reference (imported here,
+        as `block_map`'s)."""
+        if self.dir is not None:
+            return self.dir.Directory(delta_max_entries)
+        from sarpd.core.directory import Directory
+
+        return Directory(delta_max_entries, self)
+
     @property
     def name(self) -> str:
         """"native" (every built path native), "reference", or "mixed"."""
@@ -174,7 +229,7 @@ class Kernels:
         return "mixed" if len(got) > 1 else "native" if got == {True} else "reference"
 
 
-REFERENCE = Kernels(None, None, None, None, None)
+REFERENCE = Kernels(None, None, None, None, None, None)
 
 
 def _load(path: str) -> object | None:
@@ -195,11 +250,12 @@ def pick(reference: bool = False) -> Kernels:
     if reference:
         return REFERENCE
     if TYPE_CHECKING:  # what mypy checks: each module satisfies its protocol
-        from sarpd.core import _chash, _cmap, _cmatch, _cwrite
+        from sarpd.core import _cdir, _chash, _cmap, _cmatch, _cwrite
         from sarpd.core.verify import _cverify
 
-        return Kernels(_cverify, _chash, _cmatch, _cwrite, _cmap)
-    return Kernels(_load("verify"), _load("hash"), _load("match"), _load("write"), _load("map"))
+        return Kernels(_cverify, _chash, _cmatch, _cwrite, _cmap, _cdir)
+    return Kernels(_load("verify"), _load("hash"), _load("match"), _load("write"), _load("map"),
+                   _load("dir"))
 
 
 def status() -> dict[str, bool]:

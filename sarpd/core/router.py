@@ -29,8 +29,7 @@ import numpy as np
 
 from sarpd.config import IndexConfig
 from sarpd.core import kernel, native
-from sarpd.core.directory import Directory
-from sarpd.core.native import Kernels, MatchKernel
+from sarpd.core.native import DirectoryLike, Kernels, MatchKernel
 from sarpd.core.plan import WindowPlan, held
 from sarpd.core.routing import (
     Geometry,
@@ -51,7 +50,7 @@ class Router:
         self.cfg = cfg
         self.k = kernels or native.pick()  # the index's kernels (sarpd.core.native)
         self.geo = Geometry.of(cfg)
-        self.dir = Directory(cfg.delta_max_entries, self.k)
+        self.dir: DirectoryLike = self.k.directory(cfg.delta_max_entries)
         # first-round rankings, valid while the directory's version is unchanged
         self._ranked: dict[bytes, tuple[list[int], int]] = {}  # -> (first, weakest agreement)
         self._ranked_at = -1

@@ -49,6 +49,7 @@ def test_an_index_runs_the_kernels_it_was_built_with_beside_another() -> None:
     from backends.memory import MemoryBackend
     from sarpd.config import IndexConfig
     from sarpd.core import verify
+    from sarpd.core.directory import Directory
     from sarpd.core.index import SarpIndex
 
     ref = native.pick(reference=True)
@@ -56,7 +57,10 @@ def test_an_index_runs_the_kernels_it_was_built_with_beside_another() -> None:
     assert native.pick() is native.pick()  # picked once
     fast = SarpIndex(MemoryBackend(), IndexConfig(), kernels=native.pick())
     slow = SarpIndex(MemoryBackend(), IndexConfig(), kernels=ref)
-    assert fast.store.k is fast.router.k is fast.k and slow.router.dir._match is None
+    assert fast.store.k is fast.router.k is fast.k
+    assert type(slow.router.dir) is Directory  # the reference, whatever the install built
+    cdir = native.pick().dir
+    assert type(fast.router.dir) is (cdir.Directory if cdir is not None else Directory)
     assert slow.stats()["kernels"] == "reference" and slow.stats()["verifier"] == "numpy"
     assert fast.stats()["verifier"] == verify.implementation(native.pick())
     a = np.arange(20, dtype=np.uint64).reshape(10, 2)
