@@ -264,20 +264,19 @@ class SarpIndex:
             k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
             self.store.read, self._indexed if self.cfg.block_locators else None, ks,
             self.cfg.exact_match)
-        if rounds:
-            with self.store.lock:  # matches may run on several threads (issue 25)
-                self.store.activity.extra_rounds += rounds
         out: list[MatchResult | SarpError] = []
+        matched = 0
         for i, (r, q, (total, start, tstart, ntop)) in enumerate(
                 zip(reqs, qs, res.tolist(), strict=True)):
             if i in errors:
                 out.append(errors[i])
                 continue
-            self._count(total, len(q))
+            matched += total
             top = ([(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
                    if r.holders else None)
             ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
             out.append(MatchResult(total, meta[start : start + total], ids, top))
+        self._count(len(reqs) - len(errors), matched, int(lens.sum()), rounds)
         return out
 
     def _indexed(self, raw: bytes) -> list[bool]:
@@ -350,17 +349,19 @@ class SarpIndex:
             total += best
             if best < length:
                 break
-        self._count(total, len(q))
+        self._count(1, total, len(q))
         meta, top = match_holders(matched, r.holders)
         ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
         return MatchResult(total, meta, ids, top)
 
-    def _count(self, matched: int, queried: int) -> None:
+    def _count(self, matches: int, matched: int, queried: int, rounds: int = 0) -> None:
+        """Count answered matches, their blocks and the extra rounds they read."""
         act = self.store.activity
         with self.store.lock:  # matches may run on several threads (issue 25)
-            act.matches += 1
+            act.matches += matches
             act.matched_blocks += matched
             act.queried_blocks += queried
+            act.extra_rounds += rounds
 
     def _reload_or_raise(self, resume: bool) -> None:
         try:

@@ -41,8 +41,13 @@ static ptrdiff_t build_table(const HWindow *w, Entry *out) {
     int L = w->length;
     uint64_t limit = L >= 64 ? ~0ull : (1ull << L) - 1;
     ptrdiff_t n = 0;
-    for (int i = 0; i < L; i++) {
-        out[n].holder = w->meta[i * w->meta_step];
+    for (int i = 0; i < L; i++) {  /* a run of blocks with one first holder: one entry */
+        uint64_t holder = w->meta[i * w->meta_step];
+        if (n && out[n - 1].holder == holder) {
+            out[n - 1].mask |= 1ull << i;
+            continue;
+        }
+        out[n].holder = holder;
         out[n++].mask = 1ull << i;
     }
     for (ptrdiff_t j = 0; j < w->h; j++) {

@@ -83,11 +83,26 @@ int rd_take_posting(rd_plan *p, const uint64_t *segs, const uint64_t *filts, int
 
 typedef struct { uint64_t score; int64_t at; } Scored;
 
-static int by_score_desc(const void *a, const void *b) {
-    uint64_t x = ((const Scored *)a)->score, y = ((const Scored *)b)->score;
-    if (x != y) return x < y ? 1 : -1;
-    int64_t i = ((const Scored *)a)->at, j = ((const Scored *)b)->at;
-    return (i > j) - (i < j);  /* equal scores are one seg id: any order answers alike */
+/* Ranking: a higher score first; equal scores (one seg id) by position. */
+static int before(Scored x, Scored y) { return x.score != y.score ? x.score > y.score : x.at < y.at; }
+
+static int by_rank(const void *a, const void *b) {
+    Scored x = *(const Scored *)a, y = *(const Scored *)b;
+    return before(x, y) ? -1 : before(y, x) ? 1 : 0;
+}
+
+/* Sift h[i] down a heap of n whose root is the lowest ranked. */
+static void sift_down(Scored *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && before(h[m], h[l])) m = l;
+        if (r < n && before(h[m], h[r])) m = r;
+        if (m == i) return;
+        Scored t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
 }
 
 int64_t rd_more(rd_plan *p, int64_t floor, uint64_t *out) {
@@ -98,19 +113,28 @@ int64_t rd_more(rd_plan *p, int64_t floor, uint64_t *out) {
         p->settled = 1;
         return 0;
     }
-    Scored *s = malloc((size_t)n * sizeof *s);
-    if (s == NULL) return -1;
-    int64_t k = 0;
-    for (int64_t i = 0; i < p->nrest; i++)
-        if (p->bound[i] > floor && !p->taken[i])
-            s[k++] = (Scored){((uint64_t)p->bound[i] << 56) | p->rest[i], i};
-    qsort(s, (size_t)n, sizeof *s, by_score_desc);
     int64_t take = n < p->chunk ? n : p->chunk;
-    for (int64_t i = 0; i < take; i++) {
-        p->taken[s[i].at] = 1;
-        out[i] = p->rest[s[i].at];
+    Scored *h = malloc((size_t)take * sizeof *h);
+    if (h == NULL) return -1;
+    int64_t k = 0;  /* the `take` best so far, in a heap whose root is the worst of them */
+    for (int64_t i = 0; i < p->nrest; i++) {
+        if (p->bound[i] <= floor || p->taken[i]) continue;
+        Scored x = {((uint64_t)p->bound[i] << 56) | p->rest[i], i};
+        if (k < take) {
+            h[k++] = x;
+            if (k == take)
+                for (int64_t j = take / 2 - 1; j >= 0; j--) sift_down(h, take, j);
+        } else if (before(x, h[0])) {
+            h[0] = x;
+            sift_down(h, take, 0);
+        }
     }
-    free(s);
+    qsort(h, (size_t)take, sizeof *h, by_rank);
+    for (int64_t i = 0; i < take; i++) {
+        p->taken[h[i].at] = 1;
+        out[i] = p->rest[h[i].at];
+    }
+    free(h);
     if (p->chunk <= INT64_MAX / 2) p->chunk *= 2;
     return take;
 }
