@@ -9,7 +9,7 @@
  * match(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap,
  *       read, indexed, ks, exact)
  *   the first twelve as for route; read(list of seg ids) -> dict seg id -> Segment
- *   (the present ones: the store's multi-get), called once for every first round and
+ *   or None (missing: the store's multi-get), called once for every first round and
  *   once per extra round; indexed(bytes: 16-byte ids) -> a truth value per id (may a
  *   segment hold the block? False settles its window: no locator), or None (no block
  *   locators); ks (Q,) int64 as for assemble; exact: run the bound-and-verify rounds.
@@ -520,6 +520,7 @@ static Py_ssize_t table_get(SegTable *t, PyObject *segs, uint64_t sid) {
     PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
     Py_DECREF(key);
     if (seg == NULL && PyErr_Occurred()) return -1;
+    if (seg == Py_None) seg = NULL;  /* missing or corrupt, as absent */
     Py_ssize_t i = t->n++;
     SegView *e = view_at(t, i);
     memset(e, 0, sizeof *e);

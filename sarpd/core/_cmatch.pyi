@@ -21,7 +21,7 @@ def assemble(rows: npt.NDArray[np.int64], span: npt.NDArray[np.int64],
 def match(qids: IdArray, qlens: npt.NDArray[np.int64], bkeys: U64Array, bsegs: U64Array,
           bfilts: U64Array, dkeys: U64Array, dsegs: U64Array, dfilts: U64Array,
           dorder: npt.NDArray[np.int64], sb: int, gap: int, cap: int,
-          read: Callable[[list[int]], dict[int, Segment]],
+          read: Callable[[list[int]], dict[int, Segment | None]],
           indexed: Callable[[bytes], Sequence[bool]] | None, ks: npt.NDArray[np.int64],
           exact: bool, /) -> tuple[bytes, bytearray, bytearray, int]: ...
 def merge_order(keys: U64Array, old: npt.NDArray[np.int64], old_keys: U64Array,

@@ -262,7 +262,7 @@ class SarpIndex:
         ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
         res, meta, tops, rounds = kernel.match(
             k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
-            self.store.read, self._indexed if self.cfg.block_locators else None, ks,
+            self.store.fetch, self._indexed if self.cfg.block_locators else None, ks,
             self.cfg.exact_match)
         out: list[MatchResult | SarpError] = []
         matched = 0

@@ -95,7 +95,7 @@ def route(kernel: MatchKernel, qs: Sequence[IdArray], flat: FlatDirectory, sb: i
                   np.frombuffer(first, np.uint64), flat)
 
 
-Read = Callable[[list[int]], dict[int, Segment]]  # seg ids -> the ones present, decoded
+Read = Callable[[list[int]], dict[int, Segment | None]]  # seg ids -> decoded (None: missing)
 Indexed = Callable[[bytes], Sequence[bool]]  # 16-byte ids -> may a segment hold each?
 
 

@@ -101,7 +101,7 @@ class MatchKernel(Protocol):
     def match(self, qids: IdArray, qlens: I64Array, bkeys: U64Array, bsegs: U64Array,
               bfilts: U64Array, dkeys: U64Array, dsegs: U64Array, dfilts: U64Array,
               dorder: I64Array, sb: int, gap: int, cap: int,
-              read: Callable[[list[int]], dict[int, Segment]],
+              read: Callable[[list[int]], dict[int, Segment | None]],
               indexed: Callable[[bytes], Sequence[bool]] | None, ks: I64Array, exact: bool,
               /) -> tuple[bytes, bytearray, bytearray, int]: ...
     def merge_order(self, keys: U64Array, old: I64Array, old_keys: U64Array,
