@@ -230,6 +230,63 @@ def test_longer_runs_with_larger_batches_agree(seed: int, generation: int,
             pair.run("lookup", pool[:200])
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), generation=st.sampled_from([1, 2, 5, 16, 64]),
+       budget_entries=st.sampled_from([40, 400, 100_000]))
+def test_many_generations_copies_refreshes_and_absent_ids_agree(
+        seed: int, generation: int, budget_entries: int) -> None:
+    """Dozens to hundreds of frozen generations (small generations, many adds; a large
+    budget keeps them all): ids re-added after they froze, so that several generations
+    hold one (a lookup answers the newest, a discard drops every copy), lookups and
+    discards mixing held ids (young, old, in several generations), ids never added and
+    ids refreshed by a lookup just before (moved young), add_bulk and reloads. Every
+    generation's filter and search are then taken by ids it holds and ids it does not."""
+    rng = np.random.default_rng(seed)
+    pool = np.concatenate([rng.integers(0, 2**64, (600, 2), dtype=np.uint64),
+                           ids_of(COLLIDING)])
+    absent = rng.integers(0, 2**64, (200, 2), dtype=np.uint64)
+    pair = Pair(budget_entries * blockmap.FROZEN_ENTRY_BYTES, generation)
+    recent = pool[:0]
+    ops = ["add", "add", "add", "bulk", "lookup", "lookup", "discard", "refresh", "reload"]
+    for step in range(60):
+        op = ops[int(rng.integers(0, len(ops)))] if step >= 8 else "add"
+        ids = pool[rng.integers(0, min(len(pool), 60 + 20 * step), int(rng.integers(1, 48)))]
+        if op in ("lookup", "discard"):
+            ids = np.concatenate([ids, absent[rng.integers(0, len(absent), len(ids) // 2)],
+                                  recent[: int(rng.integers(0, len(recent) + 1))]])
+            ids = ids[rng.permutation(len(ids))]
+        if op == "refresh":  # the oldest ids: frozen hits, young again; discarded next
+            op, ids = "lookup", pool[: int(rng.integers(1, 120))]
+            recent = ids
+        heads = rng.integers(0, 2**64, len(ids), dtype=np.uint64)
+        pos = rng.integers(0, 2**32, len(ids), dtype=np.int64)
+        pair.run(op, ids, heads, pos)
+    pair.run("lookup", np.concatenate([pool, absent]))
+    pair.run("discard", np.concatenate([absent, pool[::-1]]))
+    assert len(pair.c) == len(pair.ref) == 0
+
+
+def test_an_id_in_several_generations() -> None:
+    """Held in three frozen generations and the young one: a lookup answers the newest
+    entry (young, then the newest frozen one) and refreshes it; a discard drops every
+    copy, in the generations whose filters let it through and nowhere else."""
+    pair = Pair(1 << 20, 3)
+    a, b = (11, 5), (12, 5)
+    for step in range(4):  # a, b and another id each time: a generation of three
+        pair.run("add", ids_of([a, b, (100 + step, 0)]), [step, step, 0], [step, step, 0])
+    pair.run("add", ids_of([a]), [9], [9])  # and young
+    assert pair.c.stats()["generations"] == 4 and len(pair.c) == 13
+    pair.run("lookup", ids_of([a, b, (7, 7)]))
+    for m in (pair.ref, pair.c):
+        assert m.lookup(ids_of([a, b]))[1].tolist() == [9, 3]  # young a; b refreshed
+    pair.run("discard", ids_of([a, (7, 7)]))
+    assert len(pair.c) == 8 and pair.c.stats()["discarded"] == 5
+    for m in (pair.ref, pair.c):
+        assert m.lookup(ids_of([a]))[1].tolist() == [-1]
+    pair.run("discard", ids_of([b, b]))
+    assert len(pair.c) == 4 and pair.c.stats()["discarded"] == 9
+
+
 # -- by hand ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("impl", ["reference", "native"])

@@ -20,18 +20,33 @@
  *
  * Frozen generations (`gen_t`, oldest first in `gens`): one allocation each, entries
  * sorted by mix = lo ^ hi * 0x9E3779B97F4A7C15 (unique within a generation), as
- * arrays: mix, hi, head, pos (u32), alive (a byte), and a bucket index: for the top
- * `bits` bits of a mix (a power of two buckets, at most a quarter as many as entries),
- * the first row with that prefix; lo is mix ^ hi * C, so it is not stored (at most 30
- * bytes an entry, within the 33 accounted). Found by a binary search on mix within
- * its bucket (ids are hashes: a few rows, one or two cache lines, instead of ~16
- * dependent loads over the whole generation; skewed mixes only widen the range), then
- * hi. `live` counts the alive entries; an emptied generation stays in the list
- * (and in the bytes and the `generations` count) until the reference would drop it:
- * at the next eviction check or frozen lookup. Freezing sorts (mix, index) pairs with
- * a stable LSD radix sort; of entries with one mix the last is kept, and the others
- * with another id than the kept one go to the young generation, in mix order
- * (_append's collision rule: 2**-64 a pair by chance).
+ * arrays: key (each row's mix and hi side by side: the hi a search compares is on the
+ * cache line of the mix it found), head, filter, pos (u32), alive (a byte), and a
+ * bucket index: for the top `bits` bits of a mix (a power of two buckets, at most a
+ * quarter as many as entries), the first row with that prefix; lo is mix ^ hi * C, so
+ * it is not stored. Found by a binary search on mix within its bucket (ids are hashes:
+ * a few rows, one or two cache lines, instead of ~16 dependent loads over the whole
+ * generation; skewed mixes only widen the range), then hi. `live` counts the alive
+ * entries; an emptied generation stays in the list (and in the bytes and the
+ * `generations` count) until the reference would drop it: at the next eviction check
+ * or frozen lookup. Freezing sorts (mix, index) pairs with a stable LSD radix sort; of
+ * entries with one mix the last is kept, and the others with another id than the kept
+ * one go to the young generation, in mix order (_append's collision rule: 2**-64 a pair
+ * by chance).
+ *
+ * The filter of a generation, built with it: a Bloom filter blocked by word over its
+ * mixes, a 64-bit word for each FILTER_ENTRIES (4) entries (16 bits an entry); an
+ * entry sets FILTER_K (5) bits in one word, word and bits from a hash of its mix (~0.4 %
+ * false positives; a dead row's bits stay, the search finds it dead). Lookups and
+ * discards take their batch through each generation's filter first (one word an id,
+ * branch-free, so the batch's loads overlap) and search only the ids it lets through:
+ * an id costs a filter word per generation and one search where it is held, not a
+ * search per generation (most ids asked are in one generation or none). A discard still
+ * tries every generation, as the reference drops every copy held.
+ *
+ * Memory of a frozen entry: key 16, head 8, filter 2, pos 4, alive 1 and at most 1 of
+ * bucket index: at most 32 bytes (plus a hundred or so a generation), within the 33 the
+ * map accounts (BM_FROZEN_ENTRY_BYTES, the reference's FROZEN_ENTRY_BYTES, unchanged).
  *
  * Every step allocates before it changes anything (a gen, a spill, room in the young
  * table), so a failed allocation (BM_NOMEM) leaves the map consistent. */
@@ -46,8 +61,12 @@
 #define MIN_SLOTS ((size_t)8)
 #define MAX_SLOTS ((size_t)1 << 31)  /* entry numbers stay below SLOT_DUMMY */
 #define YOUNG_ENTRY_MEM (2 * sizeof(uint64_t) + sizeof(uint64_t) + sizeof(uint32_t) + 1)
-#define GEN_ENTRY_MEM (3 * sizeof(uint64_t) + sizeof(uint32_t) + 1)
+#define GEN_ENTRY_MEM (3 * sizeof(uint64_t) + sizeof(uint32_t) + 1)  /* key, head, pos, alive */
 #define MAX_BUCKET_BITS 30
+#define FILTER_ENTRIES 4    /* a filter word (64 bits) for every 4 entries: 16 bits one */
+#define FILTER_ENTRY_MEM 2  /* 64 / 8 / FILTER_ENTRIES: its bytes an entry */
+#define FILTER_K 5          /* bits set in the word by an entry */
+#define DISCARD_CHUNK 256   /* ids a discard takes through the generations at a time */
 
 /* -- the young generation --------------------------------------------------------- */
 
@@ -230,9 +249,10 @@ typedef struct {
     size_t n;          /* entries (distinct mixes) */
     size_t live;       /* of which alive */
     unsigned bits;     /* bucket index bits (0: none, one range) */
-    uint64_t *mix;     /* ascending */
-    uint64_t *hi;
+    uint32_t nwords;   /* filter words (0: no filter, every id may be held) */
+    uint64_t *key;     /* 2n: each row's mix and hi, side by side; mixes ascending */
     uint64_t *head;
+    uint64_t *filter;  /* nwords */
     uint32_t *pos;
     uint32_t *bucket;  /* 2**bits + 1: bucket b's rows are [bucket[b], bucket[b + 1]) */
     uint8_t *alive;
@@ -243,20 +263,28 @@ static gen_t *gen_new(size_t n) {
     if (n <= UINT32_MAX)
         while (bits < MAX_BUCKET_BITS && ((size_t)4 << bits) <= n) bits++;
     size_t nb = ((size_t)1 << bits) + 1;
-    if (n > (SIZE_MAX - sizeof(gen_t) - nb * sizeof(uint32_t)) / GEN_ENTRY_MEM) return NULL;
+    size_t nwords = n / FILTER_ENTRIES + 1;
+    if (nwords > UINT32_MAX) nwords = 0;  /* filter_word's multiply takes 32 bits */
+    size_t fixed = sizeof(gen_t) + sizeof(uint64_t) + nb * sizeof(uint32_t);
+    if (n > (SIZE_MAX - fixed) / (GEN_ENTRY_MEM + FILTER_ENTRY_MEM)) return NULL;
     /* sizeof(gen_t) is 8-aligned: the u64 arrays first, then u32, then bytes */
-    gen_t *g = malloc(sizeof(gen_t) + n * GEN_ENTRY_MEM + nb * sizeof(uint32_t));
+    gen_t *g = malloc(sizeof(gen_t) + n * GEN_ENTRY_MEM + nwords * sizeof(uint64_t) +
+                      nb * sizeof(uint32_t));
     if (g == NULL) return NULL;
     g->n = g->live = n;
     g->bits = bits;
-    g->mix = (uint64_t *)(void *)(g + 1);
-    g->hi = g->mix + n;
-    g->head = g->hi + n;
-    g->pos = (uint32_t *)(void *)(g->head + n);
+    g->nwords = (uint32_t)nwords;
+    g->key = (uint64_t *)(void *)(g + 1);
+    g->head = g->key + 2 * n;
+    g->filter = g->head + n;
+    g->pos = (uint32_t *)(void *)(g->filter + nwords);
     g->bucket = g->pos + n;
     g->alive = (uint8_t *)(g->bucket + nb);
     return g;
 }
+
+static inline uint64_t gen_mix(const gen_t *g, size_t r) { return g->key[2 * r]; }
+static inline uint64_t gen_hi(const gen_t *g, size_t r) { return g->key[2 * r + 1]; }
 
 static inline size_t bucket_of(const gen_t *g, uint64_t mix) {
     return g->bits ? (size_t)(mix >> (64 - g->bits)) : 0;
@@ -266,32 +294,95 @@ static inline size_t bucket_of(const gen_t *g, uint64_t mix) {
 static void gen_index(gen_t *g) {
     size_t nb = (size_t)1 << g->bits, r = 0;
     for (size_t b = 0; b < nb; b++) {
-        while (r < g->n && bucket_of(g, g->mix[r]) < b) r++;
+        while (r < g->n && bucket_of(g, gen_mix(g, r)) < b) r++;
         g->bucket[b] = (uint32_t)r;
     }
     g->bucket[nb] = (uint32_t)g->n;
 }
 
-static inline uint64_t gen_lo(const gen_t *g, size_t r) { return g->mix[r] ^ (g->hi[r] * BM_MIX); }
+/* -- the filter: a Bloom filter blocked by word, over a generation's mixes ----------- */
+
+/* The filter's hash of a mix (murmur3's finalizer: every bit of the mix in every bit;
+ * an id's, computed once for all the generations it is looked for in). */
+static inline uint64_t filter_hash(uint64_t mix) {
+    mix ^= mix >> 33;
+    mix *= 0xFF51AFD7ED558CCDull;
+    mix ^= mix >> 33;
+    mix *= 0xC4CEB9FE1A85EC53ull;
+    return mix ^ (mix >> 33);
+}
+
+/* The word of hash h: its high 32 bits scaled to [0, nwords) (a multiply, no modulo). */
+static inline size_t filter_word(const gen_t *g, uint64_t h) {
+    return (size_t)(((h >> 32) * g->nwords) >> 32);
+}
+
+/* Its FILTER_K bits in that word: 6 bits of the low half each. */
+static inline uint64_t filter_mask(uint64_t h) {
+    uint64_t m = 0;
+    for (int i = 0; i < FILTER_K; i++) m |= (uint64_t)1 << ((h >> (6 * i)) & 63);
+    return m;
+}
+
+/* The filter of a generation whose mixes are in place. */
+static void filter_build(gen_t *g) {
+    memset(g->filter, 0, (size_t)g->nwords * sizeof(uint64_t));
+    if (!g->nwords) return;
+    for (size_t r = 0; r < g->n; r++) {
+        uint64_t h = filter_hash(gen_mix(g, r));
+        g->filter[filter_word(g, h)] |= filter_mask(h);
+    }
+}
+
+static inline uint64_t gen_lo(const gen_t *g, size_t r) { return gen_mix(g, r) ^ (gen_hi(g, r) * BM_MIX); }
 
 /* The row of (mix, hi) (alive or not), or NONE: in mix's bucket, a branch-free binary
- * search for the last mix <= the query's. */
+ * search for the last mix <= the query's (whose hi is beside it). */
 static inline size_t gen_find(const gen_t *g, uint64_t mix, uint64_t hi) {
-    size_t n = g->n;
-    const uint64_t *b = g->mix;
+    size_t first = 0, n = g->n;
     if (g->bits) {
         size_t k = bucket_of(g, mix);
-        b += g->bucket[k];
-        n = g->bucket[k + 1] - g->bucket[k];
+        first = g->bucket[k];
+        n = g->bucket[k + 1] - first;
     }
     if (!n) return NONE;
+    const uint64_t *b = g->key + 2 * first;
     while (n > 1) {
         size_t half = n / 2;
-        b = b[half] <= mix ? b + half : b;
+        b = b[2 * half] <= mix ? b + 2 * half : b;
         n -= half;
     }
-    size_t r = (size_t)(b - g->mix);
-    return *b == mix && g->hi[r] == hi ? r : NONE;
+    return b[0] == mix && b[1] == hi ? (size_t)(b - g->key) / 2 : NONE;
+}
+
+/* Queries for the frozen generations, k of them: each one's mix, hi and filter hash;
+ * a search's results in cand (which queries passed the filter) and rows (their rows). */
+typedef struct {
+    uint64_t *mix, *hi, *hash, *mask;
+    size_t *cand, *rows;
+} probe_t;
+
+/* Query t of p set to (lo, hi). */
+static inline void probe_set(probe_t *p, size_t t, uint64_t lo, uint64_t hi) {
+    p->mix[t] = bm_mix(lo, hi);
+    p->hi[t] = hi;
+    p->hash[t] = filter_hash(p->mix[t]);
+    p->mask[t] = filter_mask(p->hash[t]);
+}
+
+/* g searched for p's first k queries: the ones its filter lets through go to p->cand
+ * (in order; the others g provably does not hold), their rows (alive or not) or NONE
+ * to p->rows; returns how many passed. The filter pass is branch-free, so that the
+ * cache misses of many queries overlap. */
+static size_t gen_search(const gen_t *g, size_t k, const probe_t *p) {
+    size_t nc = 0, *cand = p->cand;
+    for (size_t t = 0; t < k; t++) {
+        uint64_t m = p->mask[t];
+        cand[nc] = t;
+        nc += !g->nwords || (g->filter[filter_word(g, p->hash[t])] & m) == m;
+    }
+    for (size_t c = 0; c < nc; c++) p->rows[c] = gen_find(g, p->mix[cand[c]], p->hi[cand[c]]);
+    return nc;
 }
 
 typedef struct {
@@ -407,14 +498,15 @@ static int build_gen(size_t n, const uint64_t *ids, const uint64_t *heads, const
             if (ids[2 * e + 1] != ids[2 * last + 1])
                 spill_push(coll, ids[2 * e], ids[2 * e + 1], heads[e], pos[e]);
         }
-        g->mix[row] = pairs[i].key;
-        g->hi[row] = ids[2 * last + 1];
+        g->key[2 * row] = pairs[i].key;
+        g->key[2 * row + 1] = ids[2 * last + 1];
         g->head[row] = heads[last];
         g->pos[row] = pos[last];
         g->alive[row] = 1;
         row++;
     }
     gen_index(g);
+    filter_build(g);
     free(pairs);
     *out = g;
     return BM_OK;
@@ -589,7 +681,7 @@ static int evict(bm_map *m, bm_spill *spill) {
         const gen_t *g = m->gens[j];
         for (size_t r = 0; r < g->n; r++) {
             if (!g->alive[r]) continue;
-            uint64_t lo = gen_lo(g, r), hi = g->hi[r];
+            uint64_t lo = gen_lo(g, r), hi = gen_hi(g, r);
             if (y->live && young_find(y, lo, hi) != NONE) continue;  /* shadowed */
             spill_push(spill, lo, hi, g->head[r], g->pos[r]);
         }
@@ -605,43 +697,61 @@ static int evict(bm_map *m, bm_spill *spill) {
     return BM_OK;
 }
 
+/* The queries of todo (and p's) that are not NONE, in order; returns how many. */
+static size_t todo_compact(size_t *todo, probe_t *p, size_t ntodo) {
+    size_t keep = 0;
+    for (size_t t = 0; t < ntodo; t++) {
+        if (todo[t] == NONE) continue;
+        todo[keep] = todo[t];
+        p->mix[keep] = p->mix[t];
+        p->hi[keep] = p->hi[t];
+        p->hash[keep] = p->hash[t];
+        p->mask[keep++] = p->mask[t];
+    }
+    return keep;
+}
+
 /* _lookup_frozen for the queries young missed (pos -1): newest generation first, each
- * query answered by the first generation holding it alive; the hits then move to the
- * young generation in that order (by generation, then query). An id asked twice is
- * answered twice and moved once. */
+ * query answered by the first generation holding it alive (searched where the filter
+ * lets it through); the hits then move to the young generation in that order (by
+ * generation, then query). An id asked twice is answered twice and moved once. */
 static int lookup_frozen(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads,
                          int64_t *pos, size_t nrest) {
-    if (nrest > SIZE_MAX / (4 * sizeof(size_t))) return BM_NOMEM;
-    size_t *todo = malloc(4 * nrest * sizeof(size_t));
-    if (todo == NULL) return BM_NOMEM;
-    size_t *hit_q = todo + nrest, *hit_g = hit_q + nrest, *hit_r = hit_g + nrest;
-    size_t ntodo = 0, nhit = 0;
-    for (size_t i = 0; i < n; i++)
-        if (pos[i] < 0) todo[ntodo++] = i;
+    size_t each = 4 * sizeof(uint64_t) + 6 * sizeof(size_t);
+    if (nrest > SIZE_MAX / each) return BM_NOMEM;
+    uint64_t *mem = malloc(nrest * each);
+    if (mem == NULL) return BM_NOMEM;
+    probe_t p = {mem, mem + nrest, mem + 2 * nrest, mem + 3 * nrest,
+                 (size_t *)(void *)(mem + 4 * nrest), NULL};
+    p.rows = p.cand + nrest;
+    size_t *todo = p.rows + nrest, *hit_q = todo + nrest, *hit_g = hit_q + nrest;
+    size_t *hit_r = hit_g + nrest, ntodo = 0, nhit = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (pos[i] >= 0) continue;
+        probe_set(&p, ntodo, ids[2 * i], ids[2 * i + 1]);
+        todo[ntodo++] = i;
+    }
     for (size_t gi = m->ngens; gi-- > 0 && ntodo;) {
         const gen_t *g = m->gens[gi];
         if (!g->live) continue;
-        size_t keep = 0;
-        for (size_t t = 0; t < ntodo; t++) {
-            size_t q = todo[t];
-            uint64_t lo = ids[2 * q], hi = ids[2 * q + 1];
-            size_t r = gen_find(g, bm_mix(lo, hi), hi);
-            if (r != NONE && g->alive[r]) {
-                heads[q] = g->head[r];
-                pos[q] = (int64_t)g->pos[r];
-                hit_q[nhit] = q;
-                hit_g[nhit] = gi;
-                hit_r[nhit] = r;
-                nhit++;
-            } else {
-                todo[keep++] = q;
-            }
+        size_t nc = gen_search(g, ntodo, &p), found = 0;
+        for (size_t c = 0; c < nc; c++) {
+            size_t t = p.cand[c], q = todo[t], r = p.rows[c];
+            if (r == NONE || !g->alive[r]) continue;
+            heads[q] = g->head[r];
+            pos[q] = (int64_t)g->pos[r];
+            hit_q[nhit] = q;
+            hit_g[nhit] = gi;
+            hit_r[nhit] = r;
+            nhit++;
+            todo[t] = NONE;
+            found++;
         }
-        ntodo = keep;
+        if (found) ntodo = todo_compact(todo, &p, ntodo);
     }
     young_t *y = &m->young;
     if (young_reserve(y, nhit) != BM_OK) {
-        free(todo);
+        free(mem);
         return BM_NOMEM;
     }
     for (size_t h = 0; h < nhit; h++) {
@@ -654,7 +764,7 @@ static int lookup_frozen(bm_map *m, size_t n, const uint64_t *ids, uint64_t *hea
         }
         young_put(y, ids[2 * q], ids[2 * q + 1], g->head[r], g->pos[r]);
     }
-    free(todo);
+    free(mem);
     gens_filter(m);  /* emptied: nothing to spill */
     return y->live >= m->generation ? freeze(m) : BM_OK;
 }
@@ -711,21 +821,35 @@ int bm_add_bulk(bm_map *m, size_t n, const uint64_t *ids, const uint64_t *heads,
     return evict(m, spill);
 }
 
-size_t bm_discard(bm_map *m, size_t n, const uint64_t *ids) {
-    if (!n) return 0;
-    size_t dropped = 0;
-    for (size_t i = 0; i < n; i++) dropped += (size_t)young_pop(&m->young, ids[2 * i], ids[2 * i + 1]);
+/* Every alive frozen row of k <= DISCARD_CHUNK ids dropped (searched in the generations
+ * whose filter lets the id through); returns how many. */
+static size_t discard_frozen(bm_map *m, size_t k, const uint64_t *ids) {
+    uint64_t mix[DISCARD_CHUNK], hi[DISCARD_CHUNK], hash[DISCARD_CHUNK], mask[DISCARD_CHUNK];
+    size_t cand[DISCARD_CHUNK], rows[DISCARD_CHUNK], dropped = 0;
+    probe_t p = {mix, hi, hash, mask, cand, rows};
+    for (size_t i = 0; i < k; i++) probe_set(&p, i, ids[2 * i], ids[2 * i + 1]);
     for (size_t gi = 0; gi < m->ngens; gi++) {
         gen_t *g = m->gens[gi];
-        for (size_t i = 0; i < n && g->live; i++) {
-            size_t r = gen_find(g, bm_mix(ids[2 * i], ids[2 * i + 1]), ids[2 * i + 1]);
-            if (r != NONE && g->alive[r]) {
-                g->alive[r] = 0;
-                g->live--;
-                m->frozen_live--;
-                dropped++;
-            }
+        if (!g->live) continue;
+        size_t nc = gen_search(g, k, &p);
+        for (size_t c = 0; c < nc; c++) {
+            size_t r = rows[c];
+            if (r == NONE || !g->alive[r]) continue;
+            g->alive[r] = 0;
+            g->live--;
+            m->frozen_live--;
+            dropped++;
         }
+    }
+    return dropped;
+}
+
+size_t bm_discard(bm_map *m, size_t n, const uint64_t *ids) {
+    size_t dropped = 0;
+    for (size_t i = 0; i < n; i++) dropped += (size_t)young_pop(&m->young, ids[2 * i], ids[2 * i + 1]);
+    for (size_t at = 0; at < n && m->frozen_live; at += DISCARD_CHUNK) {
+        size_t k = n - at < DISCARD_CHUNK ? n - at : DISCARD_CHUNK;
+        dropped += discard_frozen(m, k, ids + 2 * at);
     }
     m->discarded += dropped;
     return dropped;
@@ -743,7 +867,7 @@ size_t bm_export(const bm_map *m, uint64_t *ids, uint64_t *heads, uint32_t *pos)
         for (size_t r = 0; r < g->n; r++) {
             if (!g->alive[r]) continue;
             ids[2 * w] = gen_lo(g, r);
-            ids[2 * w + 1] = g->hi[r];
+            ids[2 * w + 1] = gen_hi(g, r);
             heads[w] = g->head[r];
             pos[w] = g->pos[r];
             w++;
