@@ -259,35 +259,6 @@ static int get_u64(PyObject *obj, const char *name, uint64_t *out) {
     return rc;
 }
 
-/* A method's arguments, by position or keyword, into out[0..count) (all required). */
-static int parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                 const char *const *names, Py_ssize_t count, PyObject **out) {
-    if (nargs > count) {
-        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments but %zd were given", fname,
-                     count, nargs);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) out[i] = i < nargs ? args[i] : NULL;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
-        Py_ssize_t i = 0;
-        while (i < count && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) i++;
-        if (i == count || out[i] != NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() got %s argument '%U'", fname,
-                         i == count ? "an unexpected keyword" : "multiple values for", key);
-            return -1;
-        }
-        out[i] = args[nargs + k];
-    }
-    for (Py_ssize_t i = 0; i < count; i++)
-        if (out[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname, names[i]);
-            return -1;
-        }
-    return 0;
-}
-
 /* The uint64 arguments (key, seg, filt)[:count] of a method. */
 static int get_ids(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                    Py_ssize_t count, uint64_t *out) {
@@ -295,7 +266,7 @@ static int get_ids(const char *fname, PyObject *const *args, Py_ssize_t nargs, P
     PyObject *o[3];
     if (kwnames == NULL && nargs == count) {
         for (Py_ssize_t i = 0; i < count; i++) o[i] = args[i];
-    } else if (parse(fname, args, nargs, kwnames, names, count, o) < 0) {
+    } else if (sarp_parse_args(fname, args, nargs, kwnames, names, count, o) < 0) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < count; i++)
@@ -355,7 +326,7 @@ static void d_dealloc(DirObject *self) {
 static PyObject *d_probe(DirObject *self, FASTCALL) {
     static const char *const names[] = {"keys"};
     PyObject *o[1];
-    if (parse("probe", args, nargs, kwnames, names, 1, o) < 0) return NULL;
+    if (sarp_parse_args("probe", args, nargs, kwnames, names, 1, o) < 0) return NULL;
     Py_buffer kv, hv;
     if (sarp_get_u64_1d(o[0], "keys", &kv) < 0) return NULL;
     Py_ssize_t n = kv.shape[0];
@@ -658,7 +629,7 @@ static PyObject *d_load_arrays(DirObject *self, FASTCALL) {
     static const char *const fields[] = {"keys", "segs", "filts"};
     static const char *const full[] = {"arrays.keys", "arrays.segs", "arrays.filts"};
     PyObject *o[1];
-    if (parse("load_arrays", args, nargs, kwnames, names, 1, o) < 0) return NULL;
+    if (sarp_parse_args("load_arrays", args, nargs, kwnames, names, 1, o) < 0) return NULL;
     op_t op = {.what = OP_LOAD};
     int ok = 1;
     for (int i = 0; i < 3; i++) {

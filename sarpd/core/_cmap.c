@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "blockmap.h"
+#include "sarp.h"
 
 #define WORK_NOGIL 4096
 
@@ -366,42 +367,6 @@ static int col_get(PyObject *obj, const char *name, Py_ssize_t n, int width, arg
     return 0;
 }
 
-/* A method's arguments by position or keyword into out[0..count), all required. */
-static int parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
-                      PyObject *kwnames, const char *const *names, Py_ssize_t count,
-                      PyObject **out) {
-    if (nargs > count) {
-        PyErr_Format(PyExc_TypeError, "%s() takes %zd positional arguments but %zd were given",
-                     fname, count, nargs);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) out[i] = i < nargs ? args[i] : NULL;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
-        Py_ssize_t i = 0;
-        while (i < count && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) i++;
-        if (i == count) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname,
-                         key);
-            return -1;
-        }
-        if (out[i] != NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname,
-                         names[i]);
-            return -1;
-        }
-        out[i] = args[nargs + k];
-    }
-    for (Py_ssize_t i = 0; i < count; i++)
-        if (out[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname,
-                         names[i]);
-            return -1;
-        }
-    return 0;
-}
-
 /* An int argument in [lo, 2**64); on error an exception naming it. */
 static int get_u64_value(PyObject *obj, const char *name, uint64_t lo, uint64_t *out) {
     PyObject *v = PyNumber_Index(obj);
@@ -610,7 +575,7 @@ static PyObject *map_lookup(MapObject *self, PyObject *const *args, Py_ssize_t n
     static const char *const names[] = {"ids"};
     PyObject *o[1];
     arg_t ids;
-    if (parse_args("lookup", args, nargs, kwnames, names, 1, o) < 0) return NULL;
+    if (sarp_parse_args("lookup", args, nargs, kwnames, names, 1, o) < 0) return NULL;
     if (need_numpy() < 0 || ids_get(o[0], "ids", &ids) < 0) return NULL;
     Py_buffer hv, pv;
     PyObject *heads = new_array(ids.n, 0, dt_u64, &hv);
@@ -689,7 +654,7 @@ static PyObject *add_entries(MapObject *self, int what, const char *fname, PyObj
     static const char *const names[] = {"ids", "heads", "pos"};
     PyObject *o[3];
     arg_t ids, heads, pos;
-    if (parse_args(fname, args, nargs, kwnames, names, 3, o) < 0 ||
+    if (sarp_parse_args(fname, args, nargs, kwnames, names, 3, o) < 0 ||
         get_entries(o, names, &ids, &heads, &pos) < 0)
         return NULL;
     return run_add(self, what, &ids, &heads, &pos);
@@ -710,7 +675,7 @@ static PyObject *map_load_arrays(MapObject *self, PyObject *const *args, Py_ssiz
     static const char *const names[] = {"arrays"};
     static const char *const fields[] = {"arrays.ids", "arrays.heads", "arrays.pos"};
     PyObject *o[1];
-    if (parse_args("load_arrays", args, nargs, kwnames, names, 1, o) < 0) return NULL;
+    if (sarp_parse_args("load_arrays", args, nargs, kwnames, names, 1, o) < 0) return NULL;
     PyObject *f[3] = {PyObject_GetAttrString(o[0], "ids"), NULL, NULL};
     if (f[0] != NULL) f[1] = PyObject_GetAttrString(o[0], "heads");
     if (f[1] != NULL) f[2] = PyObject_GetAttrString(o[0], "pos");
@@ -731,7 +696,7 @@ static PyObject *map_discard(MapObject *self, PyObject *const *args, Py_ssize_t 
     static const char *const names[] = {"ids"};
     PyObject *o[1];
     arg_t ids;
-    if (parse_args("discard", args, nargs, kwnames, names, 1, o) < 0 ||
+    if (sarp_parse_args("discard", args, nargs, kwnames, names, 1, o) < 0 ||
         ids_get(o[0], "ids", &ids) < 0)
         return NULL;
     size_t n = (size_t)ids.n;

@@ -251,6 +251,43 @@ static inline int sarp_get_uint64_arg(PyObject *obj, const char *name, uint64_t 
     return 0;
 }
 
+/* A method's arguments by position or keyword into out[0..count), all required (the
+ * METH_FASTCALL | METH_KEYWORDS methods of the extension types). */
+static inline int sarp_parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames, const char *const *names,
+                                  Py_ssize_t count, PyObject **out) {
+    if (nargs > count) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd positional arguments but %zd were given",
+                     fname, count, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) out[i] = i < nargs ? args[i] : NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        Py_ssize_t i = 0;
+        while (i < count && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) i++;
+        if (i == count) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname,
+                         key);
+            return -1;
+        }
+        if (out[i] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname,
+                         names[i]);
+            return -1;
+        }
+        out[i] = args[nargs + k];
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (out[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname,
+                         names[i]);
+            return -1;
+        }
+    return 0;
+}
+
 #endif /* Py_PYTHON_H */
 
 /* -- CRC-32 ------------------------------------------------------------------------ */
