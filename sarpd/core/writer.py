@@ -61,6 +61,9 @@ from sarpd.model import (
 log = logging.getLogger(__name__)
 
 FOLD_RECORDS = 16  # a segment's delta records before it is written whole again
+# a parent's candidates read at a time (doubling): copies hold alike, so the first
+# segment of its window that holds the parent's block has it present
+PRELOAD = 4
 
 Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
 
@@ -269,13 +272,14 @@ class WriteTxn:
 
     def _prefetch_after_parents(self, ops: list[Insert]) -> dict[int, None]:
         """Route the windows of the batch's inserts after a parent at once: the parents'
-        locators in one multi-get, the segments under their window heads in one more,
-        every window in one directory probe. The candidates to read are returned; an
+        locators in one multi-get, the first segments under their window heads in one
+        more (`find_present` reads further ones only if need be), every window in one
+        directory probe. The candidates to read are returned; an
         insert uses its route only if its window's ids are still the ones routed here
         (an earlier operation of the batch may have moved its parent)."""
         pids = np.concatenate([self._pid(op) for op in ops])
         heads = {loc[0]: None for loc in self.locate(pids, "parent") if loc is not None}
-        self.load(s for h in heads for s in self.router.dir.posting(h)[0].tolist())
+        self.load(s for h in heads for s in self.router.dir.posting(h)[0][:PRELOAD].tolist())
         keys, qws = [], []
         for op in ops:
             try:
@@ -286,8 +290,12 @@ class WriteTxn:
                 keys.append((id(op), w))
                 qws.append(qw)
         wanted: dict[int, None] = {}
-        for key, qw, deepest in zip(keys, qws, self.router.deepest(qws), strict=True):
-            plan = self.router.plan_at(qw, key[1], deepest[0]) if deepest else None
+        # each window routed as a query of one window (window 0 to the router: every
+        # window in one call, the match kernel's where it is built)
+        for key, qw, plans in zip(keys, qws, self.router.plan_many(qws), strict=True):
+            plan = plans[0] if plans else None
+            if plan is not None:
+                plan.window = key[1]
             self.parent_routes[key] = (qw.tobytes(), Prefetched(plan))
             if plan is not None:
                 wanted.update(dict.fromkeys(plan.first))
@@ -666,13 +674,37 @@ class WriteTxn:
             c = self.cache[got[0]]
             assert c is not None
             return c, pos
-        want = idv.tolist()
-        for sid in self._window_segments(w, head_key, [(o, idv, 0)]):
-            c = self.cache[sid]
-            assert c is not None
-            if c.is_present(o) and c.has_at(o, want):
-                self.found[memo] = (sid, stamp)
-                return c, pos
+        sid = self._first_present(w, head_key, o, idv)
+        if sid is None:
+            return None
+        self.found[memo] = (sid, stamp)
+        c = self.cache[sid]
+        assert c is not None
+        return c, pos
+
+    def _first_present(self, w: int, head_key: int, o: int, idv: IdArray) -> int | None:
+        """The first segment, in the walk's order, of window w under `head_key` that
+        holds block `idv` present at offset o: the candidates (the copies map's, else
+        the posting list) read PRELOAD at a time, doubling, not all of them (a hot
+        window's first copy that holds a block usually has it: copies hold alike). A
+        walk that reads more than `min_copies` finishes as `_window_segments_at` (which
+        indexes a hot window)."""
+        offs, lows = np.array([o], np.int64), idv.reshape(-1)[:1]
+        got = self.copies.lookup(w, head_key, offs, lows)
+        sids = got if got is not None else self.router.dir.posting(head_key)[0].tolist()
+        want = idv.reshape(-1).tolist()
+        at, chunk = 0, PRELOAD
+        while at < len(sids):
+            if got is None and at > self.copies.min_copies:
+                sids, at = self._window_segments_at(w, head_key, offs, lows), 0
+                got = sids
+            part = sids[at : at + chunk]
+            loaded = self.load(part)
+            for sid in part:
+                c = loaded.get(sid)
+                if c is not None and c.window == w and c.is_present(o) and c.has_at(o, want):
+                    return sid
+            at, chunk = at + len(part), chunk * 2
         return None
 
     def remove(self, op: Remove) -> RemoveResult:
@@ -763,21 +795,24 @@ def _by_window(ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64], sb: in
                ) -> list[tuple[int, int, npt.NDArray[np.int64], IdArray]]:
     """Located blocks (position -1: nowhere, left out) grouped by (window, head key), in
     the order each group first appears, a group's blocks in their order: (window, head
-    key, offsets in the window, ids)."""
+    key, offsets in the window, ids). No sort: the runs of one key (a removal names a
+    window's blocks together) are grouped by a dict."""
     at = np.flatnonzero(pos >= 0)
     if not len(at):
         return []
     w, o = np.divmod(pos[at], sb)
-    keys = np.stack([w.astype(np.uint64), heads[at]], axis=1)
-    _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    g = rank[inv.reshape(-1)]
-    order = np.argsort(g, kind="stable")
-    bounds = np.searchsorted(g[order], np.arange(len(first) + 1))
+    h = heads[at]
+    cut = np.flatnonzero((w[1:] != w[:-1]) | (h[1:] != h[:-1])) + 1
+    bounds = [0, *cut.tolist(), len(at)]
+    runs: dict[tuple[int, int], list[int]] = {}
+    for r, key in enumerate(zip(w[bounds[:-1]].tolist(), h[bounds[:-1]].tolist(),
+                                strict=True)):
+        runs.setdefault(key, []).append(r)
     out = []
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        rows = order[lo:hi]
-        k = at[rows[0]]
-        out.append((int(pos[k]) // sb, int(heads[k]), o[rows], ids[at[rows]]))
+    for (wk, hk), rs in runs.items():
+        if len(rs) == 1:
+            rows: npt.NDArray[np.int64] | slice = slice(bounds[rs[0]], bounds[rs[0] + 1])
+        else:
+            rows = np.concatenate([np.arange(bounds[r], bounds[r + 1]) for r in rs])
+        out.append((wk, hk, o[rows], ids[at[rows]]))
     return out
