@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +59,9 @@ from sarpd.model import (
     U64Array,
 )
 
+if TYPE_CHECKING:
+    from sarpd.core.native import Change
+
 log = logging.getLogger(__name__)
 
 FOLD_RECORDS = 16  # a segment's delta records before it is written whole again
@@ -65,7 +69,7 @@ FOLD_RECORDS = 16  # a segment's delta records before it is written whole again
 # segment of its window that holds the parent's block has it present
 PRELOAD = 4
 
-Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
+I64Array = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +227,7 @@ class WriteTxn:
                 store.fold_into(wb, seg)
                 out[sid] = 0
             else:
-                wb.put(delta_key(sid, k), encode_delta(before, seg))
+                wb.put(delta_key(sid, k), encode_delta(before, seg, store.k))
                 out[sid] = k + 1
         over = store.pending_bytes - self.cfg.delta_bytes
         for sid, seg in list(store.pending.items()) if over > 0 else ():  # oldest first
@@ -478,18 +482,17 @@ class WriteTxn:
         covered = min(run, L)
         present = best.present_run(frm) if frm < best.nblocks else 0
         got = max(0, min(present, covered - frm))
-        absent = ~best.presence & ((1 << covered) - 1) & ~((1 << frm) - 1)
-        holes = [i for i in range(frm, covered) if (absent >> i) & 1] if absent > 0 else []
+        span = ((1 << covered) - 1) & ~((1 << frm) - 1)  # blocks [frm, covered)
+        holes = _offsets(~best.presence & span)
         if add_holder:  # copies hold alike, so only blocks `best` shows without the
             # holder need the walk over the window's copies: a worker re-inserting its
             # own prefix every turn reads nothing more
-            new_holds = [(i, qw[i], int(mw[i - frm])) for i in range(frm, covered)
-                         if best.is_present(i) and not best.holds(i, int(mw[i - frm]))]
-            if new_holds:
-                self.holdings += self.add_holders(w, int(qw[0, 0]), new_holds)
-        if holes:
-            self.holdings += self.refill(
-                w, int(qw[0, 0]), [(i, qw[i], int(mw[i - frm])) for i in holes])
+            need = _lacking(best, _offsets(best.presence & span), mw, frm)
+            if len(need):
+                self.holdings += self.add_holders(w, int(qw[0, 0]), need, qw[need],
+                                                  mw[need - frm])
+        if len(holes):
+            self.holdings += self.refill(w, int(qw[0, 0]), holes, qw[holes], mw[holes - frm])
         if run >= L:
             return got, len(holes)
         old_n = 0
@@ -514,12 +517,21 @@ class WriteTxn:
         self.holdings += L - run
         return got, (L - run) + len(holes)
 
-    def add_holders(self, w: int, head_key: int, targets: Sequence[Target]) -> int:
-        """Add each target's meta as a holder of its block in EVERY segment of window w
-        that holds the block (branch copies included). Returns the holdings added."""
+    def add_holders(self, w: int, head_key: int, offs: I64Array, ids: IdArray,
+                    metas: U64Array) -> int:
+        """Add each target's meta as a holder of its block (offsets `offs` in window w,
+        ids `ids`, metas `metas`) in EVERY segment of the window that holds the block
+        (branch copies included). Returns the holdings added (a block counted once).
+        With the write kernel: `_cwrite.add_holders`."""
+        sids = self._window_segments_at(w, head_key, offs, ids[:, 0])
+        kernel = self.store.k.write
+        if kernel is not None:
+            changed, hit = kernel.add_holders(self._segments(sids), offs, ids, metas)
+            self._install(sids, changed)
+            return len(set(offs[np.frombuffer(hit, np.bool_)].tolist()))
         added: set[int] = set()
-        wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
-        for sid in self._window_segments(w, head_key, targets):
+        wanted = list(zip(offs.tolist(), ids.tolist(), metas.tolist(), strict=True))
+        for sid in sids:
             c = self.cache[sid]
             assert c is not None
             for o, want, m in wanted:
@@ -530,42 +542,73 @@ class WriteTxn:
                     added.add(o)
         return len(added)
 
-    def _window_segments(self, w: int, head_key: int, targets: Sequence[Target]) -> list[int]:
-        """`_window_segments_at` of target blocks (offset, id, _)."""
-        offs = np.fromiter((t[0] for t in targets), np.int64, len(targets))
-        lows = np.fromiter((t[1][0] for t in targets), np.uint64, len(targets))
-        return self._window_segments_at(w, head_key, offs, lows)
-
-    def _window_segments_at(self, w: int, head_key: int, offs: npt.NDArray[np.int64],
+    def _window_segments_at(self, w: int, head_key: int, offs: I64Array,
                             lows: U64Array) -> list[int]:
         """The segments of window w under routing key `head_key` that can hold a
         target block (offsets `offs`, ids whose low words are `lows`), read, in the
         walk's order: a hot window's from the copies map (sarpd/core/copies.py), the
         others by the walk (which indexes a hot window)."""
-        got = self.copies.lookup(w, head_key, offs, lows)
-        if got is None:
-            segs = self._walk(w, head_key)
+        return self._windows_segments([(w, head_key, offs, lows)])[0]
+
+    def _windows_segments(self, wanted: Sequence[tuple[int, int, I64Array, U64Array]]
+                          ) -> list[list[int]]:
+        """`_window_segments_at` of several windows (window, head key, offsets, low
+        words), what they lack read in ONE load (a removal's windows: one multi-get)."""
+        found = [self.copies.lookup(w, h, offs, lows) for w, h, offs, lows in wanted]
+        walks = [self.router.dir.posting(h)[0].tolist() if got is None else got
+                 for (_, h, _, _), got in zip(wanted, found, strict=True)]
+        self.load(sid for sids in walks for sid in sids)
+        out = []
+        for (w, h, _, _), got, sids in zip(wanted, found, walks, strict=True):
+            if got is not None:
+                out.append([sid for sid in got if self.cache.get(sid) is not None])
+                continue
+            segs = self._in_window(sids, w)
             if len(segs) > self.copies.min_copies:  # a hot window: index it
-                self.copies.build(w, head_key, [c for sid in segs if (c := self.cache[sid])])
-            return segs
-        self.load(got)
-        return [sid for sid in got if self.cache.get(sid) is not None]
+                self.copies.build(w, h, [c for sid in segs if (c := self.cache[sid])])
+            out.append(segs)
+        return out
 
     def _walk(self, w: int, head_key: int) -> list[int]:
         """Every segment of window w under routing key `head_key`, read (the reference
         of the copies map: each of them, in posting order)."""
         segs: list[int] = self.router.dir.posting(head_key)[0].tolist()
         self.load(segs)
-        return [sid for sid in segs
-                if (c := self.cache.get(sid)) is not None and c.window == w]
+        return self._in_window(segs, w)
 
-    def refill(self, w: int, head_key: int, targets: Sequence[Target]) -> int:
-        """Make absent blocks present again, the target's meta their one holder, in EVERY
-        segment of window w that holds them (branch copies included). Returns how many
-        of the targets were absent somewhere."""
+    def _in_window(self, sids: list[int], w: int) -> list[int]:
+        """The read segments among `sids` that are of window w, in order."""
+        return [sid for sid in sids if (c := self.cache.get(sid)) is not None and c.window == w]
+
+    def refill(self, w: int, head_key: int, offs: I64Array, ids: IdArray,
+               metas: U64Array) -> int:
+        """Make absent blocks present again (offsets `offs` in window w, ids `ids`), the
+        target's meta their one holder, in EVERY segment of the window that holds them
+        (branch copies included). Returns how many of the targets were absent somewhere.
+        With the write kernel: `_cwrite.refill_blocks`."""
+        sids = self._window_segments_at(w, head_key, offs, ids[:, 0])
+        kernel = self.store.k.write
+        if kernel is not None:
+            changed, hit = kernel.refill_blocks(self._segments(sids), offs, ids, metas)
+            self._install(sids, changed)
+            self.logged.extend(sids[k] for k, *_ in changed)  # recovery re-adds their blocks
+            if changed:
+                self.stamp((w, head_key))
+            back = set(offs[np.frombuffer(hit, np.bool_)].tolist()) if hit.count(1) else set()
+        else:
+            back = self._refill_reference(w, head_key, sids, offs, ids, metas)
+        if back:
+            at = _among(offs, back)
+            self.add_located(ids[at], np.full(int(at.sum()), head_key, np.uint64),
+                             w * self.geo.sb + offs[at])
+        return len(back)
+
+    def _refill_reference(self, w: int, head_key: int, sids: list[int], offs: I64Array,
+                          ids: IdArray, metas: U64Array) -> set[int]:
+        """`refill`'s loop over the window's segments: the offsets it refilled."""
         changed: set[int] = set()
-        wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
-        for sid in self._window_segments(w, head_key, targets):
+        wanted = list(zip(offs.tolist(), ids.tolist(), metas.tolist(), strict=True))
+        for sid in sids:
             c = self.cache[sid]
             assert c is not None
             for o, want, m in wanted:
@@ -576,21 +619,15 @@ class WriteTxn:
                     changed.add(o)
                     self.stamp((w, head_key))
                     self.logged.append(sid)  # recovery adds its blocks to the map again
-        back = [(o, idv) for o, idv, _ in targets if o in changed]
-        if back:
-            n, sb = len(back), self.geo.sb
-            self.add_located(np.stack([idv for _, idv in back]),
-                             np.full(n, head_key, np.uint64),
-                             np.fromiter((w * sb + o for o, _ in back), np.int64, n))
-        return len(changed)
+        return changed
 
-    def drop(self, w: int, head_key: int, offs: npt.NDArray[np.int64], ids: IdArray,
+    def drop(self, w: int, head_key: int, sids: list[int], offs: I64Array, ids: IdArray,
              holder: int | None) -> tuple[int, int]:
         """Take `holder` (None: every holder) off the target blocks (offsets `offs` in
-        window w, ids `ids`) in EVERY segment of the window that holds them. Returns
-        (blocks left with no holder, holdings taken off), each block counted once
-        however many copies hold it. With the write kernel: `_cwrite.drop_blocks`."""
-        sids = self._window_segments_at(w, head_key, offs, ids[:, 0])
+        window w, ids `ids`) in EVERY segment of the window that holds them (`sids`:
+        `_window_segments_at` of the targets). Returns (blocks left with no holder,
+        holdings taken off), each block counted once however many copies hold it.
+        With the write kernel: `_cwrite.drop_blocks`."""
         kernel = self.store.k.write
         if kernel is not None:
             return self._drop_native(kernel, w, head_key, sids, offs, ids, holder)
@@ -624,19 +661,27 @@ class WriteTxn:
                      holder: int | None) -> tuple[int, int]:
         """`drop` by the write kernel (the same loop over the window's segments, in C):
         the segments it changed are installed on their writable copies."""
+        changed, taken, gone = c.drop_blocks(self._segments(sids), offs, ids, holder)
+        self._install(sids, changed)
+        lost = gone.count(1)
+        if lost:  # present in no copy now: the block map forgets them
+            self.stamp((w, head_key))
+            self._gone.append(ids[np.frombuffer(gone, np.bool_)])
+        return lost, sum(memoryview(taken).cast("q"))
+
+    def _segments(self, sids: list[int]) -> list[Segment]:
+        """The read segments `sids` (`_window_segments_at` gives read ones only)."""
         segs = [seg for sid in sids if (seg := self.cache[sid]) is not None]
-        assert len(segs) == len(sids)  # _window_segments gives read segments only
-        changed, taken, gone = c.drop_blocks(segs, offs, ids, holder)
+        assert len(segs) == len(sids)
+        return segs
+
+    def _install(self, sids: list[int], changed: list[Change]) -> None:
+        """A window kernel's changes to segments `sids`, installed on writable copies."""
         for k, presence, meta, xmeta, xmask in changed:
             seg = self.mutable(sids[k])
             seg.presence = presence
             seg.meta = np.frombuffer(meta, np.uint64)
             seg.xmeta, seg.xmask = np.frombuffer(xmeta, np.uint64), np.frombuffer(xmask, np.uint64)
-        lost = np.frombuffer(gone, np.bool_)
-        if lost.any():  # present in no copy now: the block map forgets them
-            self.stamp((w, head_key))
-            self._gone.append(ids[lost])
-        return int(lost.sum()), int(np.frombuffer(taken, np.int64).sum())
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
         """`locate_arrays` as tuples (head key, position); None: present in no segment."""
@@ -721,8 +766,10 @@ class WriteTxn:
             ids = salt_ids(op.ns, op.ids)
             heads, pos = self.locate_arrays(ids, "ids")
             groups = _by_window(ids, heads, pos, sb)
-        for w, head_key, offs, gids in groups:
-            gone, off = self.drop(w, head_key, offs, gids, op.meta)
+        # the windows' segments read at once: drops change no window's segments
+        found = self._windows_segments([(w, h, offs, gids[:, 0]) for w, h, offs, gids in groups])
+        for (w, head_key, offs, gids), sids in zip(groups, found, strict=True):
+            gone, off = self.drop(w, head_key, sids, offs, gids, op.meta)
             removed, taken = removed + gone, taken + off
         self.blocks -= removed
         self.holdings -= taken
@@ -789,6 +836,33 @@ class WriteTxn:
         for sid, cached in list(self.cache.items()):
             if sid not in seen and cached is not None:
                 yield sid, cached
+
+
+def _offsets(mask: int) -> I64Array:
+    """The set bits of a 64-bit mask, ascending."""
+    bits = np.unpackbits(np.frombuffer(mask.to_bytes(8, "little"), np.uint8), bitorder="little")
+    return np.flatnonzero(bits)
+
+
+def _among(offs: I64Array, some: set[int]) -> npt.NDArray[np.bool_]:
+    """Which of `offs` (window offsets) are in `some` (`np.isin`, by a 64-entry table)."""
+    table = np.zeros(64, np.bool_)
+    table[list(some)] = True
+    out: npt.NDArray[np.bool_] = table[offs]
+    return out
+
+
+def _lacking(seg: Segment, offs: I64Array, metas: U64Array, frm: int) -> I64Array:
+    """The offsets among `offs` (present blocks of `seg`) whose holders lack meta
+    metas[o - frm] (`Segment.holds`, vectorised: the table is ascending)."""
+    want = metas[offs - frm]
+    held = seg.meta[offs] == want
+    if len(seg.xmeta):
+        j = np.minimum(np.searchsorted(seg.xmeta, want), len(seg.xmeta) - 1)
+        bit = (seg.xmask[j] >> offs.astype(np.uint64)) & np.uint64(1)
+        held |= (seg.xmeta[j] == want) & (bit != 0)
+    out: I64Array = offs[~held]
+    return out
 
 
 def _by_window(ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64], sb: int
