@@ -25,7 +25,7 @@ import numpy.typing as npt
 from backends.base import WriteBatch
 from sarpd.core.delta import delta_key, encode_delta
 from sarpd.core.ids import id_bytes, ns_tag, salt_ids
-from sarpd.core.native import WriteKernel
+from sarpd.core.native import BlockMapLike, WriteKernel
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
@@ -88,11 +88,12 @@ class WriteTxn:
         self.load = store.loader(self.cache)  # the router reads segments through it
         self.dirty: set[int] = set()
         self.before: dict[int, Segment] = {}  # dirty segments as committed (not created here)
-        # the txn's new locations, by block id (a map of the kernels' kind, unbounded:
-        # a later location of a block wins), for `locate`
-        self._own = store.k.block_map(1 << 62, 65_536)
         # the txn's new locations in order: (ids, head keys, positions)
         self._added: list[tuple[IdArray, U64Array, npt.NDArray[np.int64]]] = []
+        # ... by block id, for `locate` (`_own_map`: a map of the kernels' kind,
+        # unbounded, a later location of a block wins), holding the first `_owned`
+        self._own: BlockMapLike | None = None
+        self._owned = 0
         self._gone: list[IdArray] = []  # blocks left present in no segment
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
@@ -173,10 +174,21 @@ class WriteTxn:
     def add_located(self, ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64]) -> None:
         """Blocks `ids` are present at positions `pos` of the windows whose head keys are
         `heads`: the block map holds them once committed (`commit`), and `locate` finds
-        them in this txn (`_own`)."""
+        them in this txn (`_own_map`)."""
         if len(ids) and self.cfg.block_locators:
             self._added.append((ids, heads, pos))
-            self._own.add(ids, heads, pos)
+
+    def _own_map(self) -> BlockMapLike | None:
+        """The map of the txn's new locations (None: none yet), brought up to date in
+        one add (the locations added since the last lookup, in order: the same map as
+        adding each as it came)."""
+        if self._owned < len(self._added):
+            if self._own is None:
+                self._own = self.store.k.block_map(1 << 62, 65_536)
+            ids, heads, pos = zip(*self._added[self._owned :], strict=True)
+            self._own.add(np.concatenate(ids), np.concatenate(heads), np.concatenate(pos))
+            self._owned = len(self._added)
+        return self._own
 
     def _held(self) -> tuple[IdArray, U64Array, npt.NDArray[np.int64]] | None:
         """The txn's new locations as arrays (ids, head keys, positions), in order."""
@@ -416,10 +428,19 @@ class WriteTxn:
 
     def _check_holders(self, best: Segment | None, covered: int, frm: int,
                        mw: U64Array) -> None:
+        """Refuse an insert that would give a block of `best` in [frm, covered) more than
+        `max_holders` holders (a block at the limit that mw's holder is not one of)."""
         limit = self.cfg.max_holders
-        if best is None:
+        if best is None or covered <= frm:
             return
-        for i in range(frm, covered):
+        # only present blocks with `limit` holders or more (max_holders >= 1) can refuse:
+        # their holders counted vectorised, the first holder and the table's
+        held = _offsets(best.presence & ((1 << covered) - 1) & ~((1 << frm) - 1))
+        counts = np.ones(len(held), np.int64)
+        if len(best.xmask):
+            bits = (best.xmask[:, None] >> held.astype(np.uint64)) & np.uint64(1)
+            counts += bits.sum(axis=0, dtype=np.int64)
+        for i in held[counts >= limit].tolist():
             hs = best.holders_of(i)
             if len(hs) >= limit and int(mw[i - frm]) not in hs:
                 raise TooLarge(f"insert: block {best.window * self.geo.sb + i} already has "
@@ -696,7 +717,11 @@ class WriteTxn:
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
-        heads, pos = self._own.lookup(ids)
+        own = self._own_map()
+        if own is None:  # nothing located in this txn yet: all from the store
+            heads, pos = self.store.locate_arrays(ids, self._read)
+            return np.array(heads, np.uint64), np.array(pos, np.int64)
+        heads, pos = own.lookup(ids)
         heads, pos = np.array(heads, np.uint64), np.array(pos, np.int64)
         miss = pos < 0
         if miss.any():  # the map and backend do not change in a txn
