@@ -131,6 +131,10 @@ class Copies:
         self.answered += 1
         return win.candidates(offs, lows)
 
+    def indexed(self, w: int, head_key: int) -> bool:
+        """Whether window w under `head_key` is indexed (`lookup` answers it)."""
+        return (w, head_key) in self._windows
+
     # -- keeping it ----------------------------------------------------------------------
     def build(self, w: int, head_key: int, segs: Sequence[Segment]) -> None:
         """Index window w from a full walk: `segs` are the segments it met, in order."""

@@ -129,12 +129,14 @@ class WriteTxn:
     def mutable(self, sid: int) -> Segment:
         s = self.cache[sid]
         assert s is not None
-        if sid not in self.dirty:
-            self.before[sid] = s  # as committed: its change goes out as a delta record
-            s = s.writable()
-            self.cache[sid] = s
-            self.dirty.add(sid)
-        return s
+        return s if sid in self.dirty else self._dirty(sid, s, s.writable())
+
+    def _dirty(self, sid: int, before: Segment, work: Segment) -> Segment:
+        """`work` becomes the working copy of segment `sid`, read as `before`."""
+        self.before[sid] = before  # as committed: its change goes out as a delta record
+        self.cache[sid] = work
+        self.dirty.add(sid)
+        return work
 
     def create(self, window: int, tag: int, ids: IdArray, meta: U64Array, presence: int,
                table: tuple[U64Array, U64Array] | None = None) -> Segment:
@@ -288,14 +290,18 @@ class WriteTxn:
 
     def _prefetch_after_parents(self, ops: list[Insert]) -> dict[int, None]:
         """Route the windows of the batch's inserts after a parent at once: the parents'
-        locators in one multi-get, the first segments under their window heads in one
-        more (`find_present` reads further ones only if need be), every window in one
-        directory probe. The candidates to read are returned; an
-        insert uses its route only if its window's ids are still the ones routed here
-        (an earlier operation of the batch may have moved its parent)."""
+        locators in one multi-get, the first segments under the heads of their windows
+        that are walked (not in the copies map) in one more (`find_present` reads
+        further ones only if need be), every window in one directory probe. The
+        candidates to read are returned; an insert uses its route only if its window's
+        ids are still the ones routed here (an earlier operation of the batch may have
+        moved its parent)."""
         pids = np.concatenate([self._pid(op) for op in ops])
-        heads = {loc[0]: None for loc in self.locate(pids, "parent") if loc is not None}
-        self.load(s for h in heads for s in self.router.dir.posting(h)[0][:PRELOAD].tolist())
+        sb, walked = self.geo.sb, {}  # the heads of windows that find_present walks
+        for loc in self.locate(pids, "parent"):
+            if loc is not None and not self.copies.indexed(loc[1] // sb, loc[0]):
+                walked[loc[0]] = None
+        self.load(s for h in walked for s in self.router.dir.posting(h)[0][:PRELOAD].tolist())
         keys, qws = [], []
         for op in ops:
             try:
@@ -697,12 +703,18 @@ class WriteTxn:
         return segs
 
     def _install(self, sids: list[int], changed: list[Change]) -> None:
-        """A window kernel's changes to segments `sids`, installed on writable copies."""
-        for k, presence, meta, xmeta, xmask in changed:
-            seg = self.mutable(sids[k])
-            seg.presence = presence
-            seg.meta = np.frombuffer(meta, np.uint64)
-            seg.xmeta, seg.xmask = np.frombuffer(xmeta, np.uint64), np.frombuffer(xmask, np.uint64)
+        """A window kernel's changes to segments `sids`, installed on writable copies
+        (a segment's first: a copy of its ids with the kernel's new arrays)."""
+        for k, presence, meta_b, xmeta_b, xmask_b in changed:
+            sid = sids[k]
+            meta, xmeta, xmask = (np.frombuffer(b, np.uint64) for b in (meta_b, xmeta_b, xmask_b))
+            s = self.cache[sid]
+            assert s is not None
+            if sid in self.dirty:
+                s.presence, s.meta, s.xmeta, s.xmask = presence, meta, xmeta, xmask
+            else:
+                self._dirty(sid, s, Segment(s.seg_id, s.window, presence, s.ns_tag,
+                                            s.ids.copy(), meta, xmeta, xmask))
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
         """`locate_arrays` as tuples (head key, position); None: present in no segment."""
