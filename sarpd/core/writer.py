@@ -112,6 +112,9 @@ class WriteTxn:
         self.stamps: dict[tuple[int, int], int] = {}
         self.cleared = 0
         self._read: dict[bytes, tuple[int, int]] = {}  # locator records read (pos -1: none)
+        # a parent's location (find_present), by id bytes: (len(_added) then, location);
+        # valid while the txn added no location (the rest of `locate` holds in a txn)
+        self._parent_at: dict[bytes, tuple[int, tuple[int, int] | None]] = {}
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -297,8 +300,10 @@ class WriteTxn:
         ids are still the ones routed here (an earlier operation of the batch may have
         moved its parent)."""
         pids = np.concatenate([self._pid(op) for op in ops])
-        sb, walked = self.geo.sb, {}  # the heads of windows that find_present walks
-        for loc in self.locate(pids, "parent"):
+        sb = self.geo.sb
+        walked: dict[int, None] = {}  # the heads of windows that find_present walks
+        for pid, loc in zip(pids, self.locate(pids, "parent"), strict=True):
+            self._parent_at[pid.tobytes()] = (len(self._added), loc)  # find_present's
             if loc is not None and not self.copies.indexed(loc[1] // sb, loc[0]):
                 walked[loc[0]] = None
         self.load(s for h in walked for s in self.router.dir.posting(h)[0][:PRELOAD].tolist())
@@ -742,14 +747,20 @@ class WriteTxn:
 
     def find_present(self, idv: IdArray) -> tuple[Segment, int] | None:
         """A segment in which block `idv` is present, and the block's position."""
-        loc = self.locate(idv.reshape(1, 2), "parent")[0]
+        key = idv.tobytes()
+        got_at = self._parent_at.get(key)
+        if got_at is not None and got_at[0] == len(self._added):
+            loc = got_at[1]
+        else:
+            loc = self.locate(idv.reshape(1, 2), "parent")[0]
+            self._parent_at[key] = (len(self._added), loc)
         if loc is None:
             return None
         head_key, pos = loc
         w, o = divmod(pos, self.geo.sb)
         # the walk's answer stands while nothing in its window changed since: segments
         # only grow, a new one is last in the walk's order, presence changes stamp it
-        memo = (idv.tobytes(), head_key, pos)
+        memo = (key, head_key, pos)
         stamp = self.cleared + self.stamps.get((w, head_key), 0)
         got = self.found.get(memo)
         if got is not None and got[1] == stamp:
@@ -875,8 +886,14 @@ class WriteTxn:
                 yield sid, cached
 
 
+_NO_OFFSETS: I64Array = np.empty(0, np.int64)
+_NO_OFFSETS.flags.writeable = False
+
+
 def _offsets(mask: int) -> I64Array:
     """The set bits of a 64-bit mask, ascending."""
+    if not mask:
+        return _NO_OFFSETS
     bits = np.unpackbits(np.frombuffer(mask.to_bytes(8, "little"), np.uint8), bitorder="little")
     return np.flatnonzero(bits)
 
