@@ -9,7 +9,11 @@ namespace counts and counters. It reads the backend only through the store.
 
 Removals, parent lookups, refills and holder adds reach every copy of a block: in a
 hot window through the store's copies map (sarpd/core/copies.py), else by walking the
-segments under the window's head key (`_walk`, the map's reference).
+segments under the window's head key (`_walk`, the map's reference). A parent lookup
+reads those candidates a few at a time, in the walk's order, and stops at the first
+that holds the parent present; a removal reads every window's candidates in one load.
+The loops of drop, refill and add_holders over a window's segments have native twins
+(the write kernel, sarpd/core/_cwrite.c), used when it is built.
 """
 
 from __future__ import annotations
