@@ -370,6 +370,26 @@ static PyObject *seg_ops(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ss
     return out;
 }
 
+/* The delta record that turns b into a (seg_encode_delta), as bytes; NULL with the
+ * reference's ValueError when a is shorter or moved. */
+static PyObject *delta_bytes(const Seg *b, const Seg *a) {
+    size_t size = 0;
+    int code = seg_encode_delta(b, a, NULL, &size);
+    if (code == SEG_DELTA_MOVED) {
+        PyErr_Format(PyExc_ValueError, "segment %llu: a delta cannot shrink it or move it",
+                     (unsigned long long)a->seg_id);
+        return NULL;
+    }
+    if (code != SEG_OK) {
+        PyErr_Format(PyExc_OverflowError, "segment %llu: its delta does not fit a record",
+                     (unsigned long long)a->seg_id);
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (out != NULL) seg_encode_delta(b, a, (unsigned char *)PyBytes_AS_STRING(out), &size);
+    return out;
+}
+
 /* delta(before, after) -> bytes: delta.encode_delta of two segment values' segments
  * (ValueError: the reference's, when after is shorter or moved). */
 static PyObject *delta(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
@@ -381,20 +401,8 @@ static PyObject *delta(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssiz
     seg_init(&b);
     seg_init(&a);
     PyObject *out = NULL;
-    size_t size = 0;
-    if (decode_arg(args[0], "before", &b) < 0 || decode_arg(args[1], "after", &a) < 0)
-        goto done;
-    int code = seg_encode_delta(&b, &a, NULL, &size);
-    if (code == SEG_DELTA_MOVED) {
-        PyErr_Format(PyExc_ValueError, "segment %llu: a delta cannot shrink it or move it",
-                     (unsigned long long)a.seg_id);
-    } else if (code != SEG_OK) {
-        PyErr_Format(PyExc_OverflowError, "segment %llu: its delta does not fit a record",
-                     (unsigned long long)a.seg_id);
-    } else if ((out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size)) != NULL) {
-        seg_encode_delta(&b, &a, (unsigned char *)PyBytes_AS_STRING(out), &size);
-    }
-done:
+    if (decode_arg(args[0], "before", &b) == 0 && decode_arg(args[1], "after", &a) == 0)
+        out = delta_bytes(&b, &a);
     seg_free(&b);
     seg_free(&a);
     return out;
@@ -429,7 +437,8 @@ done:
 
 /* -- drop: WriteTxn.drop over one window's segments --------------------------------- */
 
-static PyObject *S_PRESENCE, *S_IDS, *S_META, *S_XMETA, *S_XMASK;
+static PyObject *S_PRESENCE, *S_IDS, *S_META, *S_XMETA, *S_XMASK, *S_SEG_ID, *S_WINDOW,
+    *S_NS_TAG;
 
 /* A 1-D or (n, 2) array attribute of 8-byte words (uint64, or int64 as the tests'
  * segments may have), any strides; -1 with an exception. */
@@ -507,59 +516,106 @@ static PyObject *change_of(Py_ssize_t index, const Seg *s) {
     return out;
 }
 
-/* Per target: the first earlier target naming the same block (offset and id), or itself. */
-static int first_of_each(const Py_buffer *offs, const Py_buffer *ids, Py_ssize_t m,
-                         Py_ssize_t *first) {
-    for (Py_ssize_t t = 0; t < m; t++) {
-        first[t] = t;
-        int64_t o = (int64_t)sarp_word_at(offs, t, 0);
+/* The targets of a window kernel into t (PyMem_Malloc'd, *t NULL when there are none:
+ * the caller frees it): offsets offs (int64, 0..63), ids (m, 2) and, when metas is not
+ * NULL, a meta each (uint64); any strides. `repeats`: mark targets naming an earlier
+ * one's block (offset and id). The count into *m; -1 with an exception. */
+static int get_targets(PyObject *offs_arg, PyObject *ids_arg, PyObject *metas_arg, int repeats,
+                       SegTarget **t, Py_ssize_t *m) {
+    Py_buffer offs, ids, metas;
+    int rc = -1, got_metas = 0;
+    *t = NULL;
+    if (sarp_get_words(offs_arg, "offs", 1, 1, 0, 1, &offs) < 0) return -1;
+    if (sarp_get_words(ids_arg, "ids", 0, 2, 2, 1, &ids) < 0) goto free_offs;
+    if (metas_arg != NULL) {
+        if (sarp_get_words(metas_arg, "metas", 0, 1, 0, 1, &metas) < 0) goto free_ids;
+        got_metas = 1;
+    }
+    *m = offs.shape[0];
+    if (ids.shape[0] != *m || (got_metas && metas.shape[0] != *m)) {
+        PyErr_Format(PyExc_ValueError, "ids%s must have one row per offset (%zd), got %zd%s",
+                     got_metas ? " and metas" : "", *m, ids.shape[0],
+                     got_metas && metas.shape[0] != *m ? " and a different count of metas" : "");
+        goto done;
+    }
+    if (*m == 0) {
+        rc = 0;
+        goto done;
+    }
+    if ((size_t)*m > PY_SSIZE_T_MAX / sizeof **t || (*t = PyMem_Malloc(sizeof **t * (size_t)*m)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < *m; k++) {
+        int64_t o = (int64_t)sarp_word_at(&offs, k, 0);
         if (o < 0 || o >= SEG_MAX_BLOCKS) {
-            PyErr_Format(PyExc_ValueError, "offs[%zd] is %lld, not in 0..63", t, (long long)o);
-            return -1;
+            PyErr_Format(PyExc_ValueError, "offs[%zd] is %lld, not in 0..%d", k, (long long)o,
+                         SEG_MAX_BLOCKS - 1);
+            PyMem_Free(*t);
+            *t = NULL;
+            goto done;
         }
-        for (Py_ssize_t u = 0; u < t; u++) {
-            if (first[u] == u && (int64_t)sarp_word_at(offs, u, 0) == o &&
-                    sarp_word_at(ids, u, 0) == sarp_word_at(ids, t, 0) &&
-                    sarp_word_at(ids, u, 1) == sarp_word_at(ids, t, 1)) {
-                first[t] = u;
-                break;
-            }
+        SegTarget *x = &(*t)[k];
+        x->o = (unsigned)o;
+        x->lo = sarp_word_at(&ids, k, 0);
+        x->hi = sarp_word_at(&ids, k, 1);
+        x->meta = got_metas ? sarp_word_at(&metas, k, 0) : 0;
+        x->repeat = 0;
+        for (Py_ssize_t u = 0; repeats && u < k && !x->repeat; u++) {
+            const SegTarget *y = &(*t)[u];
+            x->repeat = !y->repeat && y->o == x->o && y->lo == x->lo && y->hi == x->hi;
         }
     }
-    return 0;
+    rc = 0;
+done:
+    if (got_metas) PyBuffer_Release(&metas);
+free_ids:
+    PyBuffer_Release(&ids);
+free_offs:
+    PyBuffer_Release(&offs);
+    return rc;
 }
 
-/* How many holders present block o has: its first holder and the table's. */
-static int64_t holders_count(const Seg *s, unsigned o) {
-    int64_t n = 1;
-    for (size_t j = 0; j < s->h; j++) n += (int64_t)(s->xmask[j] >> o & 1);
-    return n;
-}
+/* One segment's step of a window kernel: 1 when s changed, 0 when not, SEG_NOMEM. */
+typedef int (*WindowStep)(Seg *s, const SegTarget *t, size_t m, void *ctx);
 
-/* Drop `holder` (every holder when `every`) off the distinct targets in one segment,
- * in target order (WriteTxn.drop's inner loop): taken[t] (-1: not yet) is set where a
- * target is first dropped (its holders then, or 1), gone[t] where it became absent.
- * 1 when s changed, 0 when not, -1 (memory) with an exception. */
-static int drop_in(Seg *s, const Py_buffer *offs, const Py_buffer *ids, const Py_ssize_t *first,
-                   Py_ssize_t m, int every, uint64_t holder, int64_t *taken, char *gone) {
-    int changed = 0;
-    for (Py_ssize_t t = 0; t < m; t++) {
-        if (first[t] != t) continue;
-        unsigned o = (unsigned)sarp_word_at(offs, t, 0);
-        if (!seg_is_present(s, o) ||
-                !seg_has_at(s, o, sarp_word_at(ids, t, 0), sarp_word_at(ids, t, 1)))
-            continue;
-        if (!every && !seg_holds(s, o, holder)) continue;
-        if (taken[t] < 0) taken[t] = every ? holders_count(s, o) : 1;
-        int absent = every ? seg_drop_all(s, o) : seg_drop_holder(s, o, holder);
-        if (absent == SEG_NOMEM) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        if (absent) gone[t] = 1;
-        changed = 1;
+/* Run `step` on each segment of segs (a sequence of Segment, the walk's order) in turn:
+ * the list of the changes (change_of) of those it changed; NULL with an exception. */
+static PyObject *over_window(PyObject *segs_arg, const SegTarget *t, Py_ssize_t m,
+                             WindowStep step, void *ctx) {
+    PyObject *segs = PySequence_Fast(segs_arg, "segs must be a sequence of segments");
+    if (segs == NULL) return NULL;
+    PyObject *changed = PyList_New(0);
+    Seg s;
+    seg_init(&s);
+    Py_ssize_t ns = PySequence_Fast_GET_SIZE(segs);
+    for (Py_ssize_t k = 0; changed != NULL && k < ns; k++) {
+        PyObject *obj = PySequence_Fast_GET_ITEM(segs, k);
+        Py_INCREF(obj);  /* its attribute reads may run Python code */
+        int bad = seg_from_object(obj, &s);
+        Py_DECREF(obj);
+        int got = bad ? 0 : step(&s, t, (size_t)m, ctx);
+        if (got == SEG_NOMEM) PyErr_NoMemory();
+        PyObject *c = bad || got <= 0 ? NULL : change_of(k, &s);
+        if (bad || got == SEG_NOMEM || (got > 0 && (c == NULL || PyList_Append(changed, c) < 0)))
+            Py_CLEAR(changed);
+        Py_XDECREF(c);
     }
+    seg_free(&s);
+    Py_DECREF(segs);
     return changed;
+}
+
+typedef struct {  /* drop_blocks' step: seg_drop_targets' arguments */
+    int every;
+    uint64_t holder;
+    int64_t *taken;
+    unsigned char *gone;
+} DropCtx;
+
+static int drop_step(Seg *s, const SegTarget *t, size_t m, void *ctx) {
+    DropCtx *d = ctx;
+    return seg_drop_targets(s, t, m, d->every, d->holder, d->taken, d->gone);
 }
 
 /* drop_blocks(segs, offs, ids, holder) -> (changed, taken, gone): WriteTxn.drop over
@@ -577,76 +633,119 @@ static PyObject *drop_blocks(PyObject *Py_UNUSED(self), PyObject *const *args,
                      "holder), got %zd", nargs);
         return NULL;
     }
-    int every = args[3] == Py_None;
-    uint64_t holder = 0;
-    if (!every && sarp_get_uint64_arg(args[3], "holder", &holder) < 0) return NULL;
-    PyObject *segs = PySequence_Fast(args[0], "segs must be a sequence of segments");
-    if (segs == NULL) return NULL;
-    Py_buffer offs, ids;
-    if (sarp_get_words(args[1], "offs", 1, 1, 0, 1, &offs) < 0) {
-        Py_DECREF(segs);
-        return NULL;
-    }
-    if (sarp_get_words(args[2], "ids", 0, 2, 2, 1, &ids) < 0) {
-        PyBuffer_Release(&offs);
-        Py_DECREF(segs);
-        return NULL;
-    }
-    Py_ssize_t m = offs.shape[0];
-    PyObject *changed = NULL, *taken_b = NULL, *gone_b = NULL, *out = NULL;
-    Py_ssize_t *first = PyMem_Malloc(sizeof *first * (size_t)(m ? m : 1));
-    Seg s;
-    seg_init(&s);
-    if (first == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (ids.shape[0] != m) {
-        PyErr_Format(PyExc_ValueError, "ids must have one row per offset (%zd), got %zd", m,
-                     ids.shape[0]);
-        goto done;
-    }
-    if (first_of_each(&offs, &ids, m, first) < 0) goto done;
-    changed = PyList_New(0);
-    taken_b = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t));
-    gone_b = PyBytes_FromStringAndSize(NULL, m);
-    if (changed == NULL || taken_b == NULL || gone_b == NULL) goto done;
-    int64_t *taken = (int64_t *)PyBytes_AS_STRING(taken_b);
-    char *gone = PyBytes_AS_STRING(gone_b);
-    for (Py_ssize_t t = 0; t < m; t++) {
-        taken[t] = -1;
-        gone[t] = 0;
-    }
-    Py_ssize_t ns = PySequence_Fast_GET_SIZE(segs);
-    for (Py_ssize_t k = 0; k < ns; k++) {
-        PyObject *obj = PySequence_Fast_GET_ITEM(segs, k);
-        Py_INCREF(obj);  /* its attribute reads may run Python code */
-        int bad = seg_from_object(obj, &s);
-        Py_DECREF(obj);
-        if (bad) goto done;
-        int got = drop_in(&s, &offs, &ids, first, m, every, holder, taken, gone);
-        if (got < 0) goto done;
-        if (got) {
-            PyObject *c = change_of(k, &s);
-            if (c == NULL || PyList_Append(changed, c) < 0) {
-                Py_XDECREF(c);
-                goto done;
-            }
-            Py_DECREF(c);
+    DropCtx d = {args[3] == Py_None, 0, NULL, NULL};
+    if (!d.every && sarp_get_uint64_arg(args[3], "holder", &d.holder) < 0) return NULL;
+    SegTarget *t;
+    Py_ssize_t m;
+    if (get_targets(args[1], args[2], NULL, 1, &t, &m) < 0) return NULL;
+    PyObject *changed = NULL, *out = NULL;
+    PyObject *taken_b = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t));
+    PyObject *gone_b = PyBytes_FromStringAndSize(NULL, m);
+    if (taken_b != NULL && gone_b != NULL) {
+        d.taken = (int64_t *)PyBytes_AS_STRING(taken_b);
+        d.gone = (unsigned char *)PyBytes_AS_STRING(gone_b);
+        for (Py_ssize_t k = 0; k < m; k++) {
+            d.taken[k] = -1;
+            d.gone[k] = 0;
         }
+        changed = over_window(args[0], t, m, drop_step, &d);
     }
-    for (Py_ssize_t t = 0; t < m; t++)
-        if (taken[t] < 0) taken[t] = 0;
-    out = PyTuple_Pack(3, changed, taken_b, gone_b);
-done:
-    seg_free(&s);
-    PyMem_Free(first);
+    if (changed != NULL) {
+        for (Py_ssize_t k = 0; k < m; k++)
+            if (d.taken[k] < 0) d.taken[k] = 0;
+        out = PyTuple_Pack(3, changed, taken_b, gone_b);
+    }
+    PyMem_Free(t);
     Py_XDECREF(changed);
     Py_XDECREF(taken_b);
     Py_XDECREF(gone_b);
-    PyBuffer_Release(&ids);
-    PyBuffer_Release(&offs);
-    Py_DECREF(segs);
+    return out;
+}
+
+static int add_step(Seg *s, const SegTarget *t, size_t m, void *ctx) {
+    return seg_add_targets(s, t, m, ctx);
+}
+
+static int refill_step(Seg *s, const SegTarget *t, size_t m, void *ctx) {
+    return seg_refill_targets(s, t, m, ctx);
+}
+
+/* add_holders / refill_blocks (segs, offs, ids, metas) -> (changed, hit): step over the
+ * segments of one window (drop_blocks' segs, offs and ids, a meta per target): changed
+ * as drop_blocks gives it, hit: per target 1 where it changed a segment. */
+static PyObject *hit_kernel(const char *name, WindowStep step, PyObject *const *args,
+                            Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "%s takes 4 arguments (segs, offs, ids, metas), got %zd",
+                     name, nargs);
+        return NULL;
+    }
+    SegTarget *t;
+    Py_ssize_t m;
+    if (get_targets(args[1], args[2], args[3], 0, &t, &m) < 0) return NULL;
+    PyObject *changed = NULL, *out = NULL;
+    PyObject *hit_b = PyBytes_FromStringAndSize(NULL, m);
+    if (hit_b != NULL) {
+        memset(PyBytes_AS_STRING(hit_b), 0, (size_t)m);
+        changed = over_window(args[0], t, m, step, PyBytes_AS_STRING(hit_b));
+    }
+    if (changed != NULL) out = PyTuple_Pack(2, changed, hit_b);
+    PyMem_Free(t);
+    Py_XDECREF(changed);
+    Py_XDECREF(hit_b);
+    return out;
+}
+
+/* add_holders(segs, offs, ids, metas): WriteTxn.add_holders over one window's segments. */
+static PyObject *add_holders(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    return hit_kernel("add_holders", add_step, args, nargs);
+}
+
+/* refill_blocks(segs, offs, ids, metas): WriteTxn.refill over one window's segments. */
+static PyObject *refill_blocks(PyObject *Py_UNUSED(self), PyObject *const *args,
+                               Py_ssize_t nargs) {
+    return hit_kernel("refill_blocks", refill_step, args, nargs);
+}
+
+/* The header fields of Segment `obj` into s (seg_from_object reads the rest); -1 with
+ * an exception. */
+static int head_from_object(PyObject *obj, Seg *s) {
+    PyObject *const attrs[3] = {S_SEG_ID, S_WINDOW, S_NS_TAG};
+    static const char *const names[3] = {"segment seg_id", "segment window", "segment ns_tag"};
+    uint64_t *const dst[3] = {&s->seg_id, &s->window, &s->ns_tag};
+    for (int j = 0; j < 3; j++) {
+        PyObject *v = PyObject_GetAttr(obj, attrs[j]);
+        if (v == NULL) return -1;
+        int bad = sarp_get_uint64_arg(v, names[j], dst[j]);
+        Py_DECREF(v);
+        if (bad) return -1;
+    }
+    return 0;
+}
+
+/* encode_delta(before, after) -> bytes: delta.encode_delta of two Segment objects (the
+ * same segment before and after a change); ValueError, as the reference's, when after
+ * is shorter or has another window or ns tag. */
+static PyObject *encode_delta(PyObject *Py_UNUSED(self), PyObject *const *args,
+                              Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "encode_delta takes 2 arguments (before, after), got %zd",
+                     nargs);
+        return NULL;
+    }
+    Seg b, a;
+    seg_init(&b);
+    seg_init(&a);
+    int bad = 0;
+    for (int j = 0; j < 2 && !bad; j++) {
+        PyObject *obj = args[j];
+        Py_INCREF(obj);  /* its attribute reads may run Python code */
+        bad = head_from_object(obj, j ? &a : &b) < 0 || seg_from_object(obj, j ? &a : &b) < 0;
+        Py_DECREF(obj);
+    }
+    PyObject *out = bad ? NULL : delta_bytes(&b, &a);
+    seg_free(&b);
+    seg_free(&a);
     return out;
 }
 
@@ -691,10 +790,16 @@ static PyMethodDef methods[] = {
      "Run holder operations on a decoded segment value (the C segment library)."},
     {"delta", (PyCFunction)(void (*)(void))delta, METH_FASTCALL,
      "The delta record that turns one segment value's segment into another's."},
+    {"encode_delta", (PyCFunction)(void (*)(void))encode_delta, METH_FASTCALL,
+     "The delta record that turns one Segment into another (delta.encode_delta)."},
     {"apply_delta", (PyCFunction)(void (*)(void))apply_delta, METH_FASTCALL,
      "A segment value with a delta record applied, or the int of the failed check."},
     {"drop_blocks", (PyCFunction)(void (*)(void))drop_blocks, METH_FASTCALL,
      "WriteTxn.drop over one window's segments: the changed ones, holdings, blocks gone."},
+    {"add_holders", (PyCFunction)(void (*)(void))add_holders, METH_FASTCALL,
+     "WriteTxn.add_holders over one window's segments: the changed ones, targets added."},
+    {"refill_blocks", (PyCFunction)(void (*)(void))refill_blocks, METH_FASTCALL,
+     "WriteTxn.refill over one window's segments: the changed ones, targets refilled."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -713,7 +818,12 @@ PyMODINIT_FUNC PyInit__cwrite(void) {
     S_META = PyUnicode_InternFromString("meta");
     S_XMETA = PyUnicode_InternFromString("xmeta");
     S_XMASK = PyUnicode_InternFromString("xmask");
-    if (!S_PRESENCE || !S_IDS || !S_META || !S_XMETA || !S_XMASK) return NULL;
+    S_SEG_ID = PyUnicode_InternFromString("seg_id");
+    S_WINDOW = PyUnicode_InternFromString("window");
+    S_NS_TAG = PyUnicode_InternFromString("ns_tag");
+    if (!S_PRESENCE || !S_IDS || !S_META || !S_XMETA || !S_XMASK || !S_SEG_ID || !S_WINDOW ||
+        !S_NS_TAG)
+        return NULL;
     PyObject *mod = PyModule_Create(&module);
     if (mod != NULL && add_checks(mod) < 0) Py_CLEAR(mod);
     return mod;

@@ -10,7 +10,8 @@ answers "which of them can hold (offset, id)" in one vectorised compare.
 
 Layout (memory only, per indexed window, keyed (window, head key)):
     sids     (rows,) int64        the window's segments in the walk's order (posting order)
-    lows     (rows, sb) uint64    each one's block ids, low 64 bits (0 past its end)
+    lows     (sb, rows) uint64    each one's block ids, low 64 bits (0 past its end), by
+                                  offset (a target's offset is one contiguous row)
     nblocks  (rows,) int64        each one's length
     row      dict sid -> row
 The candidates of a block (o, id) are the rows reaching o whose low id at o is id's,
@@ -55,7 +56,7 @@ class _Window:
 
     def __init__(self, sb: int, cap: int) -> None:
         self.sids: I64Array = np.zeros(cap, dtype=np.int64)
-        self.lows: U64Array = np.zeros((cap, sb), dtype=np.uint64)
+        self.lows: U64Array = np.zeros((sb, cap), dtype=np.uint64)
         self.nblocks: I64Array = np.zeros(cap, dtype=np.int64)
         self.row: dict[int, int] = {}
         self.n = 0
@@ -65,27 +66,27 @@ class _Window:
         r = self.row.get(seg.seg_id)
         if r is not None:
             old, new = int(self.nblocks[r]), seg.nblocks
-            self.lows[r, old:new] = seg.ids[old:new, 0]
+            self.lows[old:new, r] = seg.ids[old:new, 0]
             self.nblocks[r] = new
             return 0
         if self.n == len(self.sids):
             cap = 2 * self.n
             self.sids = np.resize(self.sids, cap)
             self.nblocks = np.resize(self.nblocks, cap)
-            lows = np.zeros((cap, self.lows.shape[1]), dtype=np.uint64)
-            lows[: self.n] = self.lows
+            lows = np.zeros((self.lows.shape[0], cap), dtype=np.uint64)
+            lows[:, : self.n] = self.lows[:, : self.n]
             self.lows = lows
         r = self.row[seg.seg_id] = self.n
         self.sids[r] = seg.seg_id
-        self.lows[r, : seg.nblocks] = seg.ids[:, 0]
+        self.lows[: seg.nblocks, r] = seg.ids[:, 0]
         self.nblocks[r] = seg.nblocks
         self.n += 1
         return 1
 
     def candidates(self, offs: I64Array, lows: U64Array) -> list[int]:
         n = self.n
-        hit = (self.lows[:n][:, offs] == lows) & (self.nblocks[:n, None] > offs)
-        out: list[int] = self.sids[:n][hit.any(axis=1)].tolist()
+        hit = (self.lows[offs, :n] == lows[:, None]) & (self.nblocks[:n] > offs[:, None])
+        out: list[int] = self.sids[:n][hit.any(axis=0)].tolist()
         return out
 
     @property
@@ -129,6 +130,10 @@ class Copies:
         self._windows.move_to_end((w, head_key))
         self.answered += 1
         return win.candidates(offs, lows)
+
+    def indexed(self, w: int, head_key: int) -> bool:
+        """Whether window w under `head_key` is indexed (`lookup` answers it)."""
+        return (w, head_key) in self._windows
 
     # -- keeping it ----------------------------------------------------------------------
     def build(self, w: int, head_key: int, segs: Sequence[Segment]) -> None:

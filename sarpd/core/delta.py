@@ -25,6 +25,9 @@ Value, little-endian:
 
 A record that fails a check is CorruptData: the segment it belongs to is not served
 (as a bad segment value is not).
+
+`encode_delta` has a C twin (sarpd/core/_cwrite.c, native path "write", on the
+segment library's `seg_encode_delta`); `_encode_delta` is its reference.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from sarpd.core import native
+from sarpd.core.native import Kernels
 from sarpd.core.segment import Segment
 from sarpd.errors import CorruptData
 
@@ -87,9 +92,20 @@ def _bits(mask: int) -> list[int]:
     return [i for i in range(64) if (mask >> i) & 1]
 
 
-def encode_delta(before: Segment, after: Segment) -> bytes:
+def encode_delta(before: Segment, after: Segment, k: Kernels | None = None) -> bytes:
     """The record that turns `before` into `after` (the same segment, grown or with
-    presence, first holders or holder table changed; never shrunk)."""
+    presence, first holders or holder table changed; never shrunk), by the kernels `k`
+    (None: the process default): the write kernel's `encode_delta`, else
+    `_encode_delta`."""
+    c = (k or native.pick()).write
+    if c is not None:
+        out: bytes = c.encode_delta(before, after)
+        return out
+    return _encode_delta(before, after)
+
+
+def _encode_delta(before: Segment, after: Segment) -> bytes:
+    """The reference of `encode_delta`."""
     n0, n1 = before.nblocks, after.nblocks
     if n1 < n0 or after.window != before.window or after.ns_tag != before.ns_tag:
         raise ValueError(f"segment {after.seg_id}: a delta cannot shrink it or move it")

@@ -19,7 +19,9 @@ broken install, not a slower one.
                                                  sarpd.core.index (_verify_round)
     hash      sarpd.core._chash (libxxhash)      sarpd.core.ids (Python + xxhash)
     write     sarpd.core._cwrite                 sarpd.core.segment (codecs, locators),
-                                                 sarpd.core.router (segment_filters)
+                                                 sarpd.core.delta (encode_delta),
+                                                 sarpd.core.router (segment_filters),
+                                                 sarpd.core.writer (a window's loops)
     map       sarpd.core._cmap                   sarpd.core.blockmap (BlockMap)
     dir       sarpd.core._cdir                   sarpd.core.directory (Directory)
 
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
 
     I64Array = npt.NDArray[np.int64]
     BufferLike = bytes | bytearray | memoryview | npt.NDArray[Any]
+    # a segment a window kernel changed: (its index, presence, meta, xmeta, xmask)
+    Change = tuple[int, int, bytearray, bytearray, bytearray]
 
 __all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "BlockMapLike", "DirKernel", "DirectoryLike",
            "HashKernel", "Kernels", "MapKernel", "MatchKernel", "VerifyKernel", "WriteKernel",
@@ -117,9 +121,13 @@ class WriteKernel(Protocol):
     def parse_segment(self, value: bytes, /) -> tuple[int, int, int, int, int, int, int] | int: ...
     def block_keys(self, ids: U64Array, /) -> list[bytes]: ...
     def filters(self, ids: U64Array, offsets: Sequence[int], /) -> list[int]: ...
+    def encode_delta(self, before: Segment, after: Segment, /) -> bytes: ...
     def drop_blocks(self, segs: Sequence[Segment], offs: I64Array, ids: IdArray,
-                    holder: int | None, /) -> tuple[list[tuple[int, int, bytearray, bytearray,
-                                                               bytearray]], bytes, bytes]: ...
+                    holder: int | None, /) -> tuple[list[Change], bytes, bytes]: ...
+    def add_holders(self, segs: Sequence[Segment], offs: I64Array, ids: IdArray,
+                    metas: U64Array, /) -> tuple[list[Change], bytes]: ...
+    def refill_blocks(self, segs: Sequence[Segment], offs: I64Array, ids: IdArray,
+                      metas: U64Array, /) -> tuple[list[Change], bytes]: ...
 
 
 class BlockMapLike(Protocol):

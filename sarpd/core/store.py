@@ -335,8 +335,7 @@ class Store:
         if ns_blocks:
             self._ns_blocks.update(ns_blocks)
         done = {seg.seg_id: seg for seg in segments}
-        for sid, seg in done.items():
-            self.remember(sid, seg)
+        self.remember_many(done)
         for sid, k in (records or {}).items():
             self.pending_bytes -= seg_bytes(self.pending.pop(sid, None))
             if k:
@@ -507,7 +506,7 @@ class Store:
                     seg = out[sid]
                     if seg is not None:  # not cached: it goes in at the recent end
                         cache[sid] = seg
-                while len(cache) > self.cache_segments:  # `remember`'s trim, once a call
+                while len(cache) > self.cache_segments:  # `remember_many`'s trim
                     cache.popitem(last=False)
         return out
 
@@ -536,11 +535,14 @@ class Store:
             log.error("segment %d not served: %s", sid, exc)
             return None
 
-    def remember(self, sid: int, seg: Segment) -> None:
+    def remember_many(self, segs: Mapping[int, Segment]) -> None:
+        """Put segments in the cache at its recent end, in order, and trim it once (the
+        same cache as remembering each in turn: the trim takes the oldest first)."""
         cache = self._cache
         with self.lock:
-            cache[sid] = seg
-            cache.move_to_end(sid)
+            for sid, seg in segs.items():
+                cache[sid] = seg
+                cache.move_to_end(sid)
             while len(cache) > self.cache_segments:
                 cache.popitem(last=False)
 

@@ -9,7 +9,11 @@ namespace counts and counters. It reads the backend only through the store.
 
 Removals, parent lookups, refills and holder adds reach every copy of a block: in a
 hot window through the store's copies map (sarpd/core/copies.py), else by walking the
-segments under the window's head key (`_walk`, the map's reference).
+segments under the window's head key (`_walk`, the map's reference). A parent lookup
+reads those candidates a few at a time, in the walk's order, and stops at the first
+that holds the parent present; a removal reads every window's candidates in one load.
+The loops of drop, refill and add_holders over a window's segments have native twins
+(the write kernel, sarpd/core/_cwrite.c), used when it is built.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +29,7 @@ import numpy.typing as npt
 from backends.base import WriteBatch
 from sarpd.core.delta import delta_key, encode_delta
 from sarpd.core.ids import id_bytes, ns_tag, salt_ids
-from sarpd.core.native import WriteKernel
+from sarpd.core.native import BlockMapLike, WriteKernel
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
@@ -58,11 +63,17 @@ from sarpd.model import (
     U64Array,
 )
 
+if TYPE_CHECKING:
+    from sarpd.core.native import Change
+
 log = logging.getLogger(__name__)
 
 FOLD_RECORDS = 16  # a segment's delta records before it is written whole again
+# a parent's candidates read at a time (doubling): copies hold alike, so the first
+# segment of its window that holds the parent's block has it present
+PRELOAD = 4
 
-Target = tuple[int, IdArray, int]  # (offset in window, id (2,), meta)
+I64Array = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +92,12 @@ class WriteTxn:
         self.load = store.loader(self.cache)  # the router reads segments through it
         self.dirty: set[int] = set()
         self.before: dict[int, Segment] = {}  # dirty segments as committed (not created here)
-        # the txn's new locations, by block id (a map of the kernels' kind, unbounded:
-        # a later location of a block wins), for `locate`
-        self._own = store.k.block_map(1 << 62, 65_536)
         # the txn's new locations in order: (ids, head keys, positions)
         self._added: list[tuple[IdArray, U64Array, npt.NDArray[np.int64]]] = []
+        # ... by block id, for `locate` (`_own_map`: a map of the kernels' kind,
+        # unbounded, a later location of a block wins), holding the first `_owned`
+        self._own: BlockMapLike | None = None
+        self._owned = 0
         self._gone: list[IdArray] = []  # blocks left present in no segment
         self.logged: list[int] = []
         self.seq_ids: dict[int, IdArray] = {}  # id(SeqSpec) -> ids, computed once per batch
@@ -104,6 +116,9 @@ class WriteTxn:
         self.stamps: dict[tuple[int, int], int] = {}
         self.cleared = 0
         self._read: dict[bytes, tuple[int, int]] = {}  # locator records read (pos -1: none)
+        # a parent's location (find_present), by id bytes: (len(_added) then, location);
+        # valid while the txn added no location (the rest of `locate` holds in a txn)
+        self._parent_at: dict[bytes, tuple[int, tuple[int, int] | None]] = {}
         # segments created or grown in this txn, by (window, head key): the only
         # candidates a prefetched route can be missing
         self.touched: dict[tuple[int, int], list[int]] = {}
@@ -121,12 +136,14 @@ class WriteTxn:
     def mutable(self, sid: int) -> Segment:
         s = self.cache[sid]
         assert s is not None
-        if sid not in self.dirty:
-            self.before[sid] = s  # as committed: its change goes out as a delta record
-            s = s.writable()
-            self.cache[sid] = s
-            self.dirty.add(sid)
-        return s
+        return s if sid in self.dirty else self._dirty(sid, s, s.writable())
+
+    def _dirty(self, sid: int, before: Segment, work: Segment) -> Segment:
+        """`work` becomes the working copy of segment `sid`, read as `before`."""
+        self.before[sid] = before  # as committed: its change goes out as a delta record
+        self.cache[sid] = work
+        self.dirty.add(sid)
+        return work
 
     def create(self, window: int, tag: int, ids: IdArray, meta: U64Array, presence: int,
                table: tuple[U64Array, U64Array] | None = None) -> Segment:
@@ -166,10 +183,21 @@ class WriteTxn:
     def add_located(self, ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64]) -> None:
         """Blocks `ids` are present at positions `pos` of the windows whose head keys are
         `heads`: the block map holds them once committed (`commit`), and `locate` finds
-        them in this txn (`_own`)."""
+        them in this txn (`_own_map`)."""
         if len(ids) and self.cfg.block_locators:
             self._added.append((ids, heads, pos))
-            self._own.add(ids, heads, pos)
+
+    def _own_map(self) -> BlockMapLike | None:
+        """The map of the txn's new locations (None: none yet), brought up to date in
+        one add (the locations added since the last lookup, in order: the same map as
+        adding each as it came)."""
+        if self._owned < len(self._added):
+            if self._own is None:
+                self._own = self.store.k.block_map(1 << 62, 65_536)
+            ids, heads, pos = zip(*self._added[self._owned :], strict=True)
+            self._own.add(np.concatenate(ids), np.concatenate(heads), np.concatenate(pos))
+            self._owned = len(self._added)
+        return self._own
 
     def _held(self) -> tuple[IdArray, U64Array, npt.NDArray[np.int64]] | None:
         """The txn's new locations as arrays (ids, head keys, positions), in order."""
@@ -220,7 +248,7 @@ class WriteTxn:
                 store.fold_into(wb, seg)
                 out[sid] = 0
             else:
-                wb.put(delta_key(sid, k), encode_delta(before, seg))
+                wb.put(delta_key(sid, k), encode_delta(before, seg, store.k))
                 out[sid] = k + 1
         over = store.pending_bytes - self.cfg.delta_bytes
         for sid, seg in list(store.pending.items()) if over > 0 else ():  # oldest first
@@ -269,13 +297,20 @@ class WriteTxn:
 
     def _prefetch_after_parents(self, ops: list[Insert]) -> dict[int, None]:
         """Route the windows of the batch's inserts after a parent at once: the parents'
-        locators in one multi-get, the segments under their window heads in one more,
-        every window in one directory probe. The candidates to read are returned; an
-        insert uses its route only if its window's ids are still the ones routed here
-        (an earlier operation of the batch may have moved its parent)."""
+        locators in one multi-get, the first segments under the heads of their windows
+        that are walked (not in the copies map) in one more (`find_present` reads
+        further ones only if need be), every window in one directory probe. The
+        candidates to read are returned; an insert uses its route only if its window's
+        ids are still the ones routed here (an earlier operation of the batch may have
+        moved its parent)."""
         pids = np.concatenate([self._pid(op) for op in ops])
-        heads = {loc[0]: None for loc in self.locate(pids, "parent") if loc is not None}
-        self.load(s for h in heads for s in self.router.dir.posting(h)[0].tolist())
+        sb = self.geo.sb
+        walked: dict[int, None] = {}  # the heads of windows that find_present walks
+        for pid, loc in zip(pids, self.locate(pids, "parent"), strict=True):
+            self._parent_at[pid.tobytes()] = (len(self._added), loc)  # find_present's
+            if loc is not None and not self.copies.indexed(loc[1] // sb, loc[0]):
+                walked[loc[0]] = None
+        self.load(s for h in walked for s in self.router.dir.posting(h)[0][:PRELOAD].tolist())
         keys, qws = [], []
         for op in ops:
             try:
@@ -286,8 +321,12 @@ class WriteTxn:
                 keys.append((id(op), w))
                 qws.append(qw)
         wanted: dict[int, None] = {}
-        for key, qw, deepest in zip(keys, qws, self.router.deepest(qws), strict=True):
-            plan = self.router.plan_at(qw, key[1], deepest[0]) if deepest else None
+        # each window routed as a query of one window (window 0 to the router: every
+        # window in one call, the match kernel's where it is built)
+        for key, qw, plans in zip(keys, qws, self.router.plan_many(qws), strict=True):
+            plan = plans[0] if plans else None
+            if plan is not None:
+                plan.window = key[1]
             self.parent_routes[key] = (qw.tobytes(), Prefetched(plan))
             if plan is not None:
                 wanted.update(dict.fromkeys(plan.first))
@@ -404,10 +443,19 @@ class WriteTxn:
 
     def _check_holders(self, best: Segment | None, covered: int, frm: int,
                        mw: U64Array) -> None:
+        """Refuse an insert that would give a block of `best` in [frm, covered) more than
+        `max_holders` holders (a block at the limit that mw's holder is not one of)."""
         limit = self.cfg.max_holders
-        if best is None:
+        if best is None or covered <= frm:
             return
-        for i in range(frm, covered):
+        # only present blocks with `limit` holders or more (max_holders >= 1) can refuse:
+        # their holders counted vectorised, the first holder and the table's
+        held = _offsets(best.presence & ((1 << covered) - 1) & ~((1 << frm) - 1))
+        counts = np.ones(len(held), np.int64)
+        if len(best.xmask):
+            bits = (best.xmask[:, None] >> held.astype(np.uint64)) & np.uint64(1)
+            counts += bits.sum(axis=0, dtype=np.int64)
+        for i in held[counts >= limit].tolist():
             hs = best.holders_of(i)
             if len(hs) >= limit and int(mw[i - frm]) not in hs:
                 raise TooLarge(f"insert: block {best.window * self.geo.sb + i} already has "
@@ -470,18 +518,17 @@ class WriteTxn:
         covered = min(run, L)
         present = best.present_run(frm) if frm < best.nblocks else 0
         got = max(0, min(present, covered - frm))
-        absent = ~best.presence & ((1 << covered) - 1) & ~((1 << frm) - 1)
-        holes = [i for i in range(frm, covered) if (absent >> i) & 1] if absent > 0 else []
+        span = ((1 << covered) - 1) & ~((1 << frm) - 1)  # blocks [frm, covered)
+        holes = _offsets(~best.presence & span)
         if add_holder:  # copies hold alike, so only blocks `best` shows without the
             # holder need the walk over the window's copies: a worker re-inserting its
             # own prefix every turn reads nothing more
-            new_holds = [(i, qw[i], int(mw[i - frm])) for i in range(frm, covered)
-                         if best.is_present(i) and not best.holds(i, int(mw[i - frm]))]
-            if new_holds:
-                self.holdings += self.add_holders(w, int(qw[0, 0]), new_holds)
-        if holes:
-            self.holdings += self.refill(
-                w, int(qw[0, 0]), [(i, qw[i], int(mw[i - frm])) for i in holes])
+            need = _lacking(best, _offsets(best.presence & span), mw, frm)
+            if len(need):
+                self.holdings += self.add_holders(w, int(qw[0, 0]), need, qw[need],
+                                                  mw[need - frm])
+        if len(holes):
+            self.holdings += self.refill(w, int(qw[0, 0]), holes, qw[holes], mw[holes - frm])
         if run >= L:
             return got, len(holes)
         old_n = 0
@@ -506,12 +553,21 @@ class WriteTxn:
         self.holdings += L - run
         return got, (L - run) + len(holes)
 
-    def add_holders(self, w: int, head_key: int, targets: Sequence[Target]) -> int:
-        """Add each target's meta as a holder of its block in EVERY segment of window w
-        that holds the block (branch copies included). Returns the holdings added."""
+    def add_holders(self, w: int, head_key: int, offs: I64Array, ids: IdArray,
+                    metas: U64Array) -> int:
+        """Add each target's meta as a holder of its block (offsets `offs` in window w,
+        ids `ids`, metas `metas`) in EVERY segment of the window that holds the block
+        (branch copies included). Returns the holdings added (a block counted once).
+        With the write kernel: `_cwrite.add_holders`."""
+        sids = self._window_segments_at(w, head_key, offs, ids[:, 0])
+        kernel = self.store.k.write
+        if kernel is not None:
+            changed, hit = kernel.add_holders(self._segments(sids), offs, ids, metas)
+            self._install(sids, changed)
+            return len(set(offs[np.frombuffer(hit, np.bool_)].tolist()))
         added: set[int] = set()
-        wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
-        for sid in self._window_segments(w, head_key, targets):
+        wanted = list(zip(offs.tolist(), ids.tolist(), metas.tolist(), strict=True))
+        for sid in sids:
             c = self.cache[sid]
             assert c is not None
             for o, want, m in wanted:
@@ -522,42 +578,73 @@ class WriteTxn:
                     added.add(o)
         return len(added)
 
-    def _window_segments(self, w: int, head_key: int, targets: Sequence[Target]) -> list[int]:
-        """`_window_segments_at` of target blocks (offset, id, _)."""
-        offs = np.fromiter((t[0] for t in targets), np.int64, len(targets))
-        lows = np.fromiter((t[1][0] for t in targets), np.uint64, len(targets))
-        return self._window_segments_at(w, head_key, offs, lows)
-
-    def _window_segments_at(self, w: int, head_key: int, offs: npt.NDArray[np.int64],
+    def _window_segments_at(self, w: int, head_key: int, offs: I64Array,
                             lows: U64Array) -> list[int]:
         """The segments of window w under routing key `head_key` that can hold a
         target block (offsets `offs`, ids whose low words are `lows`), read, in the
         walk's order: a hot window's from the copies map (sarpd/core/copies.py), the
         others by the walk (which indexes a hot window)."""
-        got = self.copies.lookup(w, head_key, offs, lows)
-        if got is None:
-            segs = self._walk(w, head_key)
+        return self._windows_segments([(w, head_key, offs, lows)])[0]
+
+    def _windows_segments(self, wanted: Sequence[tuple[int, int, I64Array, U64Array]]
+                          ) -> list[list[int]]:
+        """`_window_segments_at` of several windows (window, head key, offsets, low
+        words), what they lack read in ONE load (a removal's windows: one multi-get)."""
+        found = [self.copies.lookup(w, h, offs, lows) for w, h, offs, lows in wanted]
+        walks = [self.router.dir.posting(h)[0].tolist() if got is None else got
+                 for (_, h, _, _), got in zip(wanted, found, strict=True)]
+        self.load(sid for sids in walks for sid in sids)
+        out = []
+        for (w, h, _, _), got, sids in zip(wanted, found, walks, strict=True):
+            if got is not None:
+                out.append([sid for sid in got if self.cache.get(sid) is not None])
+                continue
+            segs = self._in_window(sids, w)
             if len(segs) > self.copies.min_copies:  # a hot window: index it
-                self.copies.build(w, head_key, [c for sid in segs if (c := self.cache[sid])])
-            return segs
-        self.load(got)
-        return [sid for sid in got if self.cache.get(sid) is not None]
+                self.copies.build(w, h, [c for sid in segs if (c := self.cache[sid])])
+            out.append(segs)
+        return out
 
     def _walk(self, w: int, head_key: int) -> list[int]:
         """Every segment of window w under routing key `head_key`, read (the reference
         of the copies map: each of them, in posting order)."""
         segs: list[int] = self.router.dir.posting(head_key)[0].tolist()
         self.load(segs)
-        return [sid for sid in segs
-                if (c := self.cache.get(sid)) is not None and c.window == w]
+        return self._in_window(segs, w)
 
-    def refill(self, w: int, head_key: int, targets: Sequence[Target]) -> int:
-        """Make absent blocks present again, the target's meta their one holder, in EVERY
-        segment of window w that holds them (branch copies included). Returns how many
-        of the targets were absent somewhere."""
+    def _in_window(self, sids: list[int], w: int) -> list[int]:
+        """The read segments among `sids` that are of window w, in order."""
+        return [sid for sid in sids if (c := self.cache.get(sid)) is not None and c.window == w]
+
+    def refill(self, w: int, head_key: int, offs: I64Array, ids: IdArray,
+               metas: U64Array) -> int:
+        """Make absent blocks present again (offsets `offs` in window w, ids `ids`), the
+        target's meta their one holder, in EVERY segment of the window that holds them
+        (branch copies included). Returns how many of the targets were absent somewhere.
+        With the write kernel: `_cwrite.refill_blocks`."""
+        sids = self._window_segments_at(w, head_key, offs, ids[:, 0])
+        kernel = self.store.k.write
+        if kernel is not None:
+            changed, hit = kernel.refill_blocks(self._segments(sids), offs, ids, metas)
+            self._install(sids, changed)
+            self.logged.extend(sids[k] for k, *_ in changed)  # recovery re-adds their blocks
+            if changed:
+                self.stamp((w, head_key))
+            back = set(offs[np.frombuffer(hit, np.bool_)].tolist()) if hit.count(1) else set()
+        else:
+            back = self._refill_reference(w, head_key, sids, offs, ids, metas)
+        if back:
+            at = _among(offs, back)
+            self.add_located(ids[at], np.full(int(at.sum()), head_key, np.uint64),
+                             w * self.geo.sb + offs[at])
+        return len(back)
+
+    def _refill_reference(self, w: int, head_key: int, sids: list[int], offs: I64Array,
+                          ids: IdArray, metas: U64Array) -> set[int]:
+        """`refill`'s loop over the window's segments: the offsets it refilled."""
         changed: set[int] = set()
-        wanted = [(o, idv.tolist(), m) for o, idv, m in targets]
-        for sid in self._window_segments(w, head_key, targets):
+        wanted = list(zip(offs.tolist(), ids.tolist(), metas.tolist(), strict=True))
+        for sid in sids:
             c = self.cache[sid]
             assert c is not None
             for o, want, m in wanted:
@@ -568,21 +655,15 @@ class WriteTxn:
                     changed.add(o)
                     self.stamp((w, head_key))
                     self.logged.append(sid)  # recovery adds its blocks to the map again
-        back = [(o, idv) for o, idv, _ in targets if o in changed]
-        if back:
-            n, sb = len(back), self.geo.sb
-            self.add_located(np.stack([idv for _, idv in back]),
-                             np.full(n, head_key, np.uint64),
-                             np.fromiter((w * sb + o for o, _ in back), np.int64, n))
-        return len(changed)
+        return changed
 
-    def drop(self, w: int, head_key: int, offs: npt.NDArray[np.int64], ids: IdArray,
+    def drop(self, w: int, head_key: int, sids: list[int], offs: I64Array, ids: IdArray,
              holder: int | None) -> tuple[int, int]:
         """Take `holder` (None: every holder) off the target blocks (offsets `offs` in
-        window w, ids `ids`) in EVERY segment of the window that holds them. Returns
-        (blocks left with no holder, holdings taken off), each block counted once
-        however many copies hold it. With the write kernel: `_cwrite.drop_blocks`."""
-        sids = self._window_segments_at(w, head_key, offs, ids[:, 0])
+        window w, ids `ids`) in EVERY segment of the window that holds them (`sids`:
+        `_window_segments_at` of the targets). Returns (blocks left with no holder,
+        holdings taken off), each block counted once however many copies hold it.
+        With the write kernel: `_cwrite.drop_blocks`."""
         kernel = self.store.k.write
         if kernel is not None:
             return self._drop_native(kernel, w, head_key, sids, offs, ids, holder)
@@ -616,19 +697,33 @@ class WriteTxn:
                      holder: int | None) -> tuple[int, int]:
         """`drop` by the write kernel (the same loop over the window's segments, in C):
         the segments it changed are installed on their writable copies."""
-        segs = [seg for sid in sids if (seg := self.cache[sid]) is not None]
-        assert len(segs) == len(sids)  # _window_segments gives read segments only
-        changed, taken, gone = c.drop_blocks(segs, offs, ids, holder)
-        for k, presence, meta, xmeta, xmask in changed:
-            seg = self.mutable(sids[k])
-            seg.presence = presence
-            seg.meta = np.frombuffer(meta, np.uint64)
-            seg.xmeta, seg.xmask = np.frombuffer(xmeta, np.uint64), np.frombuffer(xmask, np.uint64)
-        lost = np.frombuffer(gone, np.bool_)
-        if lost.any():  # present in no copy now: the block map forgets them
+        changed, taken, gone = c.drop_blocks(self._segments(sids), offs, ids, holder)
+        self._install(sids, changed)
+        lost = gone.count(1)
+        if lost:  # present in no copy now: the block map forgets them
             self.stamp((w, head_key))
-            self._gone.append(ids[lost])
-        return int(lost.sum()), int(np.frombuffer(taken, np.int64).sum())
+            self._gone.append(ids[np.frombuffer(gone, np.bool_)])
+        return lost, sum(memoryview(taken).cast("q"))
+
+    def _segments(self, sids: list[int]) -> list[Segment]:
+        """The read segments `sids` (`_window_segments_at` gives read ones only)."""
+        segs = [seg for sid in sids if (seg := self.cache[sid]) is not None]
+        assert len(segs) == len(sids)
+        return segs
+
+    def _install(self, sids: list[int], changed: list[Change]) -> None:
+        """A window kernel's changes to segments `sids`, installed on writable copies
+        (a segment's first: a copy of its ids with the kernel's new arrays)."""
+        for k, presence, meta_b, xmeta_b, xmask_b in changed:
+            sid = sids[k]
+            meta, xmeta, xmask = (np.frombuffer(b, np.uint64) for b in (meta_b, xmeta_b, xmask_b))
+            s = self.cache[sid]
+            assert s is not None
+            if sid in self.dirty:
+                s.presence, s.meta, s.xmeta, s.xmask = presence, meta, xmeta, xmask
+            else:
+                self._dirty(sid, s, Segment(s.seg_id, s.window, presence, s.ns_tag,
+                                            s.ids.copy(), meta, xmeta, xmask))
 
     def locate(self, ids: IdArray, what: str) -> list[tuple[int, int] | None]:
         """`locate_arrays` as tuples (head key, position); None: present in no segment."""
@@ -643,7 +738,11 @@ class WriteTxn:
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
-        heads, pos = self._own.lookup(ids)
+        own = self._own_map()
+        if own is None:  # nothing located in this txn yet: all from the store
+            heads, pos = self.store.locate_arrays(ids, self._read)
+            return np.array(heads, np.uint64), np.array(pos, np.int64)
+        heads, pos = own.lookup(ids)
         heads, pos = np.array(heads, np.uint64), np.array(pos, np.int64)
         miss = pos < 0
         if miss.any():  # the map and backend do not change in a txn
@@ -652,27 +751,57 @@ class WriteTxn:
 
     def find_present(self, idv: IdArray) -> tuple[Segment, int] | None:
         """A segment in which block `idv` is present, and the block's position."""
-        loc = self.locate(idv.reshape(1, 2), "parent")[0]
+        key = idv.tobytes()
+        got_at = self._parent_at.get(key)
+        if got_at is not None and got_at[0] == len(self._added):
+            loc = got_at[1]
+        else:
+            loc = self.locate(idv.reshape(1, 2), "parent")[0]
+            self._parent_at[key] = (len(self._added), loc)
         if loc is None:
             return None
         head_key, pos = loc
         w, o = divmod(pos, self.geo.sb)
         # the walk's answer stands while nothing in its window changed since: segments
         # only grow, a new one is last in the walk's order, presence changes stamp it
-        memo = (idv.tobytes(), head_key, pos)
+        memo = (key, head_key, pos)
         stamp = self.cleared + self.stamps.get((w, head_key), 0)
         got = self.found.get(memo)
         if got is not None and got[1] == stamp:
             c = self.cache[got[0]]
             assert c is not None
             return c, pos
-        want = idv.tolist()
-        for sid in self._window_segments(w, head_key, [(o, idv, 0)]):
-            c = self.cache[sid]
-            assert c is not None
-            if c.is_present(o) and c.has_at(o, want):
-                self.found[memo] = (sid, stamp)
-                return c, pos
+        sid = self._first_present(w, head_key, o, idv)
+        if sid is None:
+            return None
+        self.found[memo] = (sid, stamp)
+        c = self.cache[sid]
+        assert c is not None
+        return c, pos
+
+    def _first_present(self, w: int, head_key: int, o: int, idv: IdArray) -> int | None:
+        """The first segment, in the walk's order, of window w under `head_key` that
+        holds block `idv` present at offset o: the candidates (the copies map's, else
+        the posting list) read PRELOAD at a time, doubling, not all of them (a hot
+        window's first copy that holds a block usually has it: copies hold alike). A
+        walk that reads more than `min_copies` finishes as `_window_segments_at` (which
+        indexes a hot window)."""
+        offs, lows = np.array([o], np.int64), idv.reshape(-1)[:1]
+        got = self.copies.lookup(w, head_key, offs, lows)
+        sids = got if got is not None else self.router.dir.posting(head_key)[0].tolist()
+        want = idv.reshape(-1).tolist()
+        at, chunk = 0, PRELOAD
+        while at < len(sids):
+            if got is None and at > self.copies.min_copies:
+                sids, at = self._window_segments_at(w, head_key, offs, lows), 0
+                got = sids
+            part = sids[at : at + chunk]
+            loaded = self.load(part)
+            for sid in part:
+                c = loaded.get(sid)
+                if c is not None and c.window == w and c.is_present(o) and c.has_at(o, want):
+                    return sid
+            at, chunk = at + len(part), chunk * 2
         return None
 
     def remove(self, op: Remove) -> RemoveResult:
@@ -689,8 +818,10 @@ class WriteTxn:
             ids = salt_ids(op.ns, op.ids)
             heads, pos = self.locate_arrays(ids, "ids")
             groups = _by_window(ids, heads, pos, sb)
-        for w, head_key, offs, gids in groups:
-            gone, off = self.drop(w, head_key, offs, gids, op.meta)
+        # the windows' segments read at once: drops change no window's segments
+        found = self._windows_segments([(w, h, offs, gids[:, 0]) for w, h, offs, gids in groups])
+        for (w, head_key, offs, gids), sids in zip(groups, found, strict=True):
+            gone, off = self.drop(w, head_key, sids, offs, gids, op.meta)
             removed, taken = removed + gone, taken + off
         self.blocks -= removed
         self.holdings -= taken
@@ -759,25 +890,61 @@ class WriteTxn:
                 yield sid, cached
 
 
+_NO_OFFSETS: I64Array = np.empty(0, np.int64)
+_NO_OFFSETS.flags.writeable = False
+
+
+def _offsets(mask: int) -> I64Array:
+    """The set bits of a 64-bit mask, ascending."""
+    if not mask:
+        return _NO_OFFSETS
+    bits = np.unpackbits(np.frombuffer(mask.to_bytes(8, "little"), np.uint8), bitorder="little")
+    return np.flatnonzero(bits)
+
+
+def _among(offs: I64Array, some: set[int]) -> npt.NDArray[np.bool_]:
+    """Which of `offs` (window offsets) are in `some` (`np.isin`, by a 64-entry table)."""
+    table = np.zeros(64, np.bool_)
+    table[list(some)] = True
+    out: npt.NDArray[np.bool_] = table[offs]
+    return out
+
+
+def _lacking(seg: Segment, offs: I64Array, metas: U64Array, frm: int) -> I64Array:
+    """The offsets among `offs` (present blocks of `seg`) whose holders lack meta
+    metas[o - frm] (`Segment.holds`, vectorised: the table is ascending)."""
+    want = metas[offs - frm]
+    held = seg.meta[offs] == want
+    if len(seg.xmeta):
+        j = np.minimum(np.searchsorted(seg.xmeta, want), len(seg.xmeta) - 1)
+        bit = (seg.xmask[j] >> offs.astype(np.uint64)) & np.uint64(1)
+        held |= (seg.xmeta[j] == want) & (bit != 0)
+    out: I64Array = offs[~held]
+    return out
+
+
 def _by_window(ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64], sb: int
                ) -> list[tuple[int, int, npt.NDArray[np.int64], IdArray]]:
     """Located blocks (position -1: nowhere, left out) grouped by (window, head key), in
     the order each group first appears, a group's blocks in their order: (window, head
-    key, offsets in the window, ids)."""
+    key, offsets in the window, ids). No sort: the runs of one key (a removal names a
+    window's blocks together) are grouped by a dict."""
     at = np.flatnonzero(pos >= 0)
     if not len(at):
         return []
     w, o = np.divmod(pos[at], sb)
-    keys = np.stack([w.astype(np.uint64), heads[at]], axis=1)
-    _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    g = rank[inv.reshape(-1)]
-    order = np.argsort(g, kind="stable")
-    bounds = np.searchsorted(g[order], np.arange(len(first) + 1))
+    h = heads[at]
+    cut = np.flatnonzero((w[1:] != w[:-1]) | (h[1:] != h[:-1])) + 1
+    bounds = [0, *cut.tolist(), len(at)]
+    runs: dict[tuple[int, int], list[int]] = {}
+    for r, key in enumerate(zip(w[bounds[:-1]].tolist(), h[bounds[:-1]].tolist(),
+                                strict=True)):
+        runs.setdefault(key, []).append(r)
     out = []
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        rows = order[lo:hi]
-        k = at[rows[0]]
-        out.append((int(pos[k]) // sb, int(heads[k]), o[rows], ids[at[rows]]))
+    for (wk, hk), rs in runs.items():
+        if len(rs) == 1:
+            rows: npt.NDArray[np.int64] | slice = slice(bounds[rs[0]], bounds[rs[0] + 1])
+        else:
+            rows = np.concatenate([np.arange(bounds[r], bounds[r + 1]) for r in rs])
+        out.append((wk, hk, o[rows], ids[at[rows]]))
     return out

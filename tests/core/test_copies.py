@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -162,7 +163,7 @@ def test_the_map_lists_every_copy_the_walk_finds(stream: Stream) -> None:
 
             want = q[p].tolist()
             walk = txn._walk(w, head)
-            got = txn._window_segments(w, head, [(o, q[p], 0)])
+            got = txn._window_segments_at(w, head, np.array([o]), q[p : p + 1, 0])
             assert holding(txn, got, o, want) == holding(txn, walk, o, want)
     assert ix.store.copies.answered > 0
 

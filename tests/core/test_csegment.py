@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sarpd.core.delta import HEAD, apply_delta, encode_delta
+from sarpd.core.delta import HEAD, _encode_delta, apply_delta
 from sarpd.core.segment import HEADER, Segment, _decode_segment, _encode_segment
 from sarpd.errors import CorruptData, FormatVersionError
 
@@ -350,7 +350,7 @@ def changes(draw: st.DrawFn) -> tuple[bytes, bytes]:
 def test_delta_records_are_the_references_bytes(change: tuple[bytes, bytes]) -> None:
     before, after = change
     record = _cwrite.delta(before, after)
-    assert record == encode_delta(_decode_segment(before), _decode_segment(after))
+    assert record == _encode_delta(_decode_segment(before), _decode_segment(after))
     assert _cwrite.apply_delta(before, record) == reference_apply(before, record)
     assert _cwrite.apply_delta(before, record) == after  # the change, exactly
     if after == before:
@@ -362,7 +362,7 @@ def test_delta_records_are_the_references_bytes(change: tuple[bytes, bytes]) -> 
 def test_damaged_records_are_refused_by_the_references_check(
         change: tuple[bytes, bytes], data: st.DataObject) -> None:
     before, after = change
-    raw = bytearray(encode_delta(_decode_segment(before), _decode_segment(after)))
+    raw = bytearray(_encode_delta(_decode_segment(before), _decode_segment(after)))
     target = before
     how = data.draw(st.sampled_from(["flip", "truncate", "extend", "header", "body", "other"]))
     if how == "flip":
@@ -438,10 +438,24 @@ def test_a_delta_cannot_shrink_or_move_a_segment_as_in_the_reference() -> None:
     retagged = value_of(8, 0xFF, [1] * 8, {}, header=(5, 3, 8))
     for before, after in ((big, small), (big, moved), (big, retagged)):
         with pytest.raises(ValueError) as ref:
-            encode_delta(_decode_segment(before), _decode_segment(after))
+            _encode_delta(_decode_segment(before), _decode_segment(after))
         with pytest.raises(ValueError) as got:
             _cwrite.delta(before, after)
         assert str(got.value) == str(ref.value)
+        with pytest.raises(ValueError) as got:
+            _cwrite.encode_delta(_decode_segment(before), _decode_segment(after))
+        assert str(got.value) == str(ref.value)
+
+
+@SETTINGS
+@given(changes())
+def test_encode_delta_of_segment_objects_is_the_references(change: tuple[bytes, bytes]) -> None:
+    """The writer's form (Segment objects: read-only views as decoded, or writable
+    copies) writes the reference's bytes."""
+    before, after = (_decode_segment(v) for v in change)
+    assert _cwrite.encode_delta(before, after) == _encode_delta(before, after)
+    assert _cwrite.encode_delta(before.writable(), after.writable()) == \
+        _encode_delta(before, after)
 
 
 def test_bad_arguments_are_refused() -> None:

@@ -339,3 +339,100 @@ def test_drop_blocks_refuses_bad_arguments_by_name() -> None:
         CW.drop_blocks([seg], one, np.ones((1, 2), np.uint64), -1)
     with pytest.raises(TypeError, match="segs must be a sequence"):
         CW.drop_blocks(3, one, np.ones((1, 2), np.uint64), None)
+
+
+# -- add_holders, refill_blocks: WriteTxn.add_holders' and refill's loops ----------------
+Targets = list[tuple[int, int, int, int]]  # (offset, id lo, id hi, meta)
+
+
+def reference_add(segs: list[Segment], targets: Targets) -> tuple[list[Segment], set[int],
+                                                                  set[int]]:
+    """WriteTxn.add_holders' reference loop (sarpd/core/writer.py) on writable copies:
+    the segments after it, which changed, the targets that added a holder."""
+    segs = [s.writable() for s in segs]
+    changed, hit = set(), set()
+    for k, c in enumerate(segs):
+        for t, (o, lo, hi, m) in enumerate(targets):
+            if c.is_present(o) and not c.holds(o, m) and c.has_at(o, [lo, hi]):
+                c.add_holder(o, m)
+                changed.add(k)
+                hit.add(t)
+    return segs, changed, hit
+
+
+def reference_refill(segs: list[Segment], targets: Targets) -> tuple[list[Segment], set[int],
+                                                                     set[int]]:
+    """WriteTxn.refill's reference loop, on writable copies (as reference_add)."""
+    segs = [s.writable() for s in segs]
+    changed, hit = set(), set()
+    for k, c in enumerate(segs):
+        for t, (o, lo, hi, m) in enumerate(targets):
+            if not c.is_present(o) and c.has_at(o, [lo, hi]):
+                c.presence |= 1 << o
+                c.meta[o] = m
+                changed.add(k)
+                hit.add(t)
+    return segs, changed, hit
+
+
+def window_targets(segs: list[Segment], data: st.DataObject) -> Targets:
+    """Targets mostly naming the segments' blocks (repeats, siblings' ids, absent and
+    present blocks), with a holder they have, another, or any."""
+    held = sorted({h for s in segs for o in range(s.nblocks) for h in s.holders_of(o)})
+    out: Targets = []
+    for _ in range(data.draw(st.integers(0, 12))):
+        seg = data.draw(st.sampled_from(segs))
+        o = data.draw(st.integers(0, seg.nblocks - 1))
+        lo, hi = (int(x) for x in seg.ids[o])
+        if data.draw(st.integers(0, 4)) == 0:
+            hi ^= 1  # a sibling's id at the same offset
+        out.append((o, lo, hi, data.draw(st.one_of(st.sampled_from(held or [7]), U64))))
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["add_holders", "refill_blocks"])
+@settings(max_examples=300, deadline=None)
+@given(segs=st.lists(segments(max_holders=6), min_size=1, max_size=4), data=st.data())
+def test_add_and_refill_are_the_writers_loops(kernel: str, segs: list[Segment],
+                                              data: st.DataObject) -> None:
+    """Random window segments (no presence bits past their blocks: the writer's never
+    have them, and there the reference raises IndexError where the C sees absent
+    blocks), targets from window_targets."""
+    assert CW is not None
+    for seg in segs:
+        seg.presence &= (1 << seg.nblocks) - 1
+    targets = window_targets(segs, data)
+    ref = reference_add if kernel == "add_holders" else reference_refill
+    want_segs, want_changed, want_hit = ref(segs, targets)
+    offs = np.array([t[0] for t in targets], np.int64)
+    ids = np.array([[t[1], t[2]] for t in targets], np.uint64).reshape(-1, 2)
+    metas = np.array([t[3] for t in targets], np.uint64)
+    changed, hit = getattr(CW, kernel)(segs, offs, ids, metas)
+    assert {k for k, *_ in changed} == want_changed
+    assert set(np.flatnonzero(np.frombuffer(hit, np.bool_)).tolist()) == want_hit
+    for k, presence, meta, xmeta, xmask in changed:
+        w = want_segs[k]
+        assert presence == w.presence
+        assert np.frombuffer(meta, np.uint64).tolist() == w.meta.tolist()
+        assert np.frombuffer(xmeta, np.uint64).tolist() == w.xmeta.tolist()
+        assert np.frombuffer(xmask, np.uint64).tolist() == w.xmask.tolist()
+
+
+def test_add_and_refill_refuse_bad_arguments_by_name() -> None:
+    assert CW is not None
+    seg = Segment(1, 0, 1, 2, np.ones((1, 2), np.uint64), np.ones(1, np.uint64))
+    one, ids = np.zeros(1, np.int64), np.ones((1, 2), np.uint64)
+    for f in (CW.add_holders, CW.refill_blocks):
+        with pytest.raises(ValueError, match=r"offs\[0\] is -1, not in 0..63"):
+            f([seg], np.array([-1]), ids, np.ones(1, np.uint64))
+        with pytest.raises(ValueError, match="metas must have one row per offset"):
+            f([seg], one, ids, np.ones(2, np.uint64))
+        with pytest.raises(TypeError, match="metas must be a"):
+            f([seg], one, ids, [1])
+        with pytest.raises(TypeError, match="4 arguments"):
+            f([seg], one, ids)
+        with pytest.raises(TypeError, match="segs must be a sequence"):
+            f(3, one, ids, np.ones(1, np.uint64))
+        bad = Segment(1, 0, 1, 2, np.ones((1, 2), np.uint64), np.ones(2, np.uint64))
+        with pytest.raises(ValueError, match="a meta each"):
+            f([bad], one, ids, np.ones(1, np.uint64))

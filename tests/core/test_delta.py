@@ -9,9 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sarpd.core import native
 from sarpd.core.delta import HEAD, apply_delta, delta_key, delta_key_id, encode_delta
+from sarpd.core.native import Kernels
 from sarpd.core.segment import Segment
 from sarpd.errors import CorruptData
+
+# the default kernels (the C encode_delta where it is built) and the reference
+KERNELS = [native.pick(), native.pick(reference=True)]
 
 
 def segment(n: int, seed: int, table: int = 0) -> Segment:
@@ -30,12 +35,13 @@ def same(a: Segment, b: Segment) -> bool:
             and np.array_equal(a.xmask, b.xmask))
 
 
+@pytest.mark.parametrize("k", KERNELS, ids=lambda k: k.name)
 @settings(max_examples=200, deadline=None)
 @given(n0=st.integers(1, 60), grow=st.integers(0, 4), seed=st.integers(0, 2**16),
        flips=st.integers(0, 2**64 - 1), metas=st.lists(st.integers(0, 63), max_size=4),
        table=st.integers(0, 3), new_table=st.booleans())
-def test_a_change_round_trips(n0: int, grow: int, seed: int, flips: int, metas: list[int],
-                              table: int, new_table: bool) -> None:
+def test_a_change_round_trips(k: Kernels, n0: int, grow: int, seed: int, flips: int,
+                              metas: list[int], table: int, new_table: bool) -> None:
     before = segment(n0, seed, table)
     after = before.writable()
     n1 = min(64, n0 + grow)
@@ -49,17 +55,18 @@ def test_a_change_round_trips(n0: int, grow: int, seed: int, flips: int, metas: 
     if new_table:
         t = segment(n1, seed + 2, 2)
         after.xmeta, after.xmask = t.xmeta, t.xmask
-    record = encode_delta(before, after)
+    record = encode_delta(before, after, k)
     assert same(apply_delta(before, record, "d"), after)
     if n1 == n0 and not metas and not new_table:
         assert len(record) == HEAD.size  # a presence change is its header alone
 
 
-def test_a_record_applies_to_its_segment_only_and_checks_itself() -> None:
+@pytest.mark.parametrize("k", KERNELS, ids=lambda k: k.name)
+def test_a_record_applies_to_its_segment_only_and_checks_itself(k: Kernels) -> None:
     before = segment(8, 1)
     after = before.writable()
     after.presence &= ~1
-    record = encode_delta(before, after)
+    record = encode_delta(before, after, k)
     with pytest.raises(CorruptData, match="does not apply to a segment of 9 blocks"):
         apply_delta(segment(9, 1), record, "d")
     for i in (0, 5, 12, 30):
@@ -70,7 +77,7 @@ def test_a_record_applies_to_its_segment_only_and_checks_itself() -> None:
     with pytest.raises(CorruptData, match="shorter"):
         apply_delta(before, record[:10], "d")
     with pytest.raises(ValueError, match="shrink"):
-        encode_delta(after, segment(4, 1))
+        encode_delta(after, segment(4, 1), k)
 
 
 def test_keys_sort_by_segment_then_record() -> None:

@@ -335,6 +335,56 @@ uint64_t seg_holdings(const Seg *s) {
     return total;
 }
 
+/* -- a window's targets ------------------------------------------------------------ */
+
+/* How many holders present block i has: its first holder and the table's. */
+static int64_t holders_count(const Seg *s, unsigned i) {
+    int64_t k = 1;
+    for (size_t j = 0; j < s->h; j++) k += (int64_t)(s->xmask[j] >> i & 1);
+    return k;
+}
+
+int seg_drop_targets(Seg *s, const SegTarget *t, size_t m, int every, uint64_t holder,
+                     int64_t *taken, unsigned char *gone) {
+    int changed = 0;
+    for (size_t k = 0; k < m; k++) {
+        unsigned o = t[k].o;
+        if (t[k].repeat || !present(s, o) || !seg_has_at(s, o, t[k].lo, t[k].hi)) continue;
+        if (!every && !seg_holds(s, o, holder)) continue;
+        if (taken[k] < 0) taken[k] = every ? holders_count(s, o) : 1;
+        if (drop(s, o, every, holder)) gone[k] = 1;
+        changed = 1;
+    }
+    return changed;
+}
+
+int seg_add_targets(Seg *s, const SegTarget *t, size_t m, unsigned char *hit) {
+    int changed = 0;
+    for (size_t k = 0; k < m; k++) {
+        unsigned o = t[k].o;  /* is_present, not holds, has_at: add_holder adds */
+        if (!present(s, o) || seg_holds(s, o, t[k].meta) || !seg_has_at(s, o, t[k].lo, t[k].hi))
+            continue;
+        int got = seg_add_holder(s, o, t[k].meta);
+        if (got == SEG_NOMEM) return SEG_NOMEM;
+        hit[k] = 1;
+        changed = 1;
+    }
+    return changed;
+}
+
+int seg_refill_targets(Seg *s, const SegTarget *t, size_t m, unsigned char *hit) {
+    int changed = 0;
+    for (size_t k = 0; k < m; k++) {
+        unsigned o = t[k].o;
+        if (seg_is_present(s, o) || !seg_has_at(s, o, t[k].lo, t[k].hi)) continue;
+        s->presence |= (uint64_t)1 << o;
+        s->meta[o] = t[k].meta;
+        hit[k] = 1;
+        changed = 1;
+    }
+    return changed;
+}
+
 /* -- delta records ------------------------------------------------------------------- */
 
 static int same_table(const Seg *a, const Seg *b) {  /* np.array_equal of both arrays */

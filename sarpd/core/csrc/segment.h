@@ -138,6 +138,33 @@ size_t seg_keep_head(const Seg *s, unsigned run, uint64_t *xmeta, uint64_t *xmas
 /* holdings(): block-holder pairs (presence bits plus table mask bits). */
 uint64_t seg_holdings(const Seg *s);
 
+/* -- a window's targets (the writer's loops over the segments of one window) --------- */
+
+/* A target block of a window: its offset (< SEG_MAX_BLOCKS), its id, a holder (the meta
+ * that add / refill give it; unused by drop), and whether an earlier target names the
+ * same block (offset and id: drop counts a block once). */
+typedef struct SegTarget {
+    uint64_t lo, hi, meta;
+    unsigned o;
+    int repeat;
+} SegTarget;
+
+/* WriteTxn.drop's inner loop on one segment: in target order, each target not a repeat
+ * whose block is present here with its id (and, unless every, held by holder) loses
+ * holder (every: every holder); taken[t] (-1: not yet) is set where target t is first
+ * dropped (its holders then when every, else 1) and gone[t] = 1 where the block became
+ * absent. 1 when s changed, else 0. */
+int seg_drop_targets(Seg *s, const SegTarget *t, size_t m, int every, uint64_t holder,
+                     int64_t *taken, unsigned char *gone);
+/* WriteTxn.add_holders' inner loop: in target order, a block present here with the
+ * target's id that its meta does not hold gains it as a holder; hit[t] = 1 where it
+ * did. 1 when s changed, 0 when not, SEG_NOMEM (s partly changed: drop it). */
+int seg_add_targets(Seg *s, const SegTarget *t, size_t m, unsigned char *hit);
+/* WriteTxn.refill's inner loop: in target order, a block absent here with the target's
+ * id becomes present, the target's meta its one holder; hit[t] = 1 where it did. 1 when
+ * s changed, else 0. */
+int seg_refill_targets(Seg *s, const SegTarget *t, size_t m, unsigned char *hit);
+
 /* -- delta records (sarpd/core/delta.py) --------------------------------------------- */
 
 /* delta.encode_delta(before, after): the record that turns before into after (the same
