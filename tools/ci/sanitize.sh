@@ -32,7 +32,7 @@ TESTS=(
     tests/core/test_kernel.py tests/core/test_cwrite.py tests/core/test_chash.py
     tests/core/test_verify.py tests/core/test_native.py tests/core/test_write_batches.py
     tests/core/test_index.py tests/core/test_blockmap.py tests/core/test_cmap.py
-    tests/core/test_csegment.py tests/core/test_cdir.py
+    tests/core/test_csegment.py tests/core/test_cdir.py tests/core/test_delta.py
     tests/fuzz
 )
 (($#)) && TESTS=("$@")
