@@ -189,16 +189,17 @@ def plot(points: Sequence[GrowthPoint], path: Path) -> None:
 
 def merge_pause_ms(base_entries: int, delta_entries: int = 8193, repeat: int = 5) -> float:
     """Best of `repeat` merges of a full delta into a base of `base_entries` random
-    keys: the pause one merge costs at that directory size (100M blocks ~ 1.6M)."""
-    from sarpd.core import Directory, DirectoryArrays
+    keys: the pause one merge costs at that directory size (100M blocks ~ 1.6M), on
+    the directory an index gets (`native.pick().directory`: the C one when built)."""
+    from sarpd.core import DirectoryArrays, native
 
     rng = np.random.default_rng(0)
     keys = np.sort(rng.integers(1, 2**63, base_entries, dtype=np.uint64))
     segs, filts = np.full(keys.size, 3, np.uint64), np.zeros(keys.size, np.uint64)
     best = float("inf")
     for _ in range(repeat):
-        d = Directory(delta_entries)
-        d.load_arrays(DirectoryArrays(keys, segs, filts))
+        d = native.pick().directory(delta_entries)
+        d.load_arrays(DirectoryArrays(keys.copy(), segs.copy(), filts.copy()))
         for k in rng.integers(1, 2**63, delta_entries, dtype=np.uint64).tolist():
             d.add(k, 9, 1)
         d.merge()
