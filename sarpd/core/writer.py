@@ -466,7 +466,10 @@ class WriteTxn:
         """The candidate whose ids run furthest along `qw` (the longer segment on a tie),
         and that run: the first round of the window's plan (`routed`: prefetched for the
         batch, plus the segments the batch created there; None: routed now), then, with
-        exact matching, further rounds while an unread candidate's bound beats the run."""
+        exact matching, further rounds while an unread candidate's bound beats the run.
+        A next block indexed nowhere (no locator: present in no segment) settles it
+        from the window's copies that hold its id absent (removed): only they can run
+        further, and the insert must refill them, not lay the block out anew."""
         if routed is None:
             plan = self.router.plan_window(qw, w)
             cands = plan.first if plan is not None else []
@@ -481,7 +484,9 @@ class WriteTxn:
             if self.router.cfg.block_locators and plan.checked_at != run:
                 plan.checked_at = run  # is the next block indexed anywhere? (one read)
                 if self.locate(qw[run : run + 1], "ids")[0] is None:
-                    break
+                    held = self._window_segments_at(w, int(qw[0, 0]), np.array([run]),
+                                                    qw[run : run + 1, 0])
+                    return self._pick(w, qw, held, best, run)
             more = plan.more(run)
             if not more:
                 break

@@ -12,12 +12,23 @@ from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
 from sarpd.core.delta import DELTA_PREFIX, apply_delta
 from sarpd.core.ids import ns_tag, salt_ids, token_ids
+from sarpd.core.index import SarpIndex
 from sarpd.core.router import Router
+from sarpd.core.routing import fingerprints
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Segment, decode_segment
 from sarpd.core.store import Store
 from sarpd.core.writer import WriteTxn
 from sarpd.errors import BadRequest, UnknownParent
-from sarpd.model import Clear, Insert, InsertResult, Remove, RemoveResult, SeqSpec
+from sarpd.model import (
+    Clear,
+    Insert,
+    InsertResult,
+    Match,
+    MatchResult,
+    Remove,
+    RemoveResult,
+    SeqSpec,
+)
 
 TINY = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, refine_threshold=2,
                    prune_max_pred=1, window_cap=64)
@@ -197,3 +208,38 @@ def test_the_inputs_are_checked() -> None:
     with pytest.raises(BadRequest, match="parent: this index keeps no block locators"):
         txn.apply(Insert(0, SeqSpec("", tokens=toks(1, 1)), meta=0,
                          parent=np.zeros((1, 2), np.uint64)))
+
+
+def test_an_insert_refills_the_copy_that_holds_a_removed_block() -> None:
+    """A block removed everywhere has no locator, but its id stays in its segment: an
+    insert that reaches it again refills that copy (its run goes on there) rather than
+    settle at the block before it and lay the block out anew beside the absent copy,
+    whose later blocks a match then never reaches. Regression: the insert's window was
+    settled by "the next block is indexed nowhere", a proof about present blocks, for
+    a run of ids (found after failed commits: the reload makes the block map exact,
+    where a cleared block's stale entry had hidden the bug)."""
+    cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1,
+                      refine_threshold=2, prune_max_pred=1, window_cap=2)
+    ix = SarpIndex(MemoryBackend(), cfg, sync=False)
+
+    def ids(hashes: list[int]) -> np.ndarray:
+        return np.array([[h, 0] for h in hashes], np.uint64)
+
+    def seq(hashes: list[int]) -> SeqSpec:
+        return SeqSpec("", hashes=ids(hashes))
+
+    def fp(h: int) -> int:  # a block's fingerprint at offset 4, as the filters hold it
+        return int(fingerprints(salt_ids("", ids([h])), 0)[0])
+
+    # branches off [1, 2, 3, 4] whose block 4 ties with block 5's fingerprint: the first
+    # round of [1..5] reads them (the newest of equal agreement), not the segment of 5
+    tied = [h for h in range(100, 400) if fp(h) == fp(5)][:2]
+    ix.write_many([Insert(0, seq([1, 2, 3, 4, 5, 6, 7, 8]), meta=1)])
+    ix.write_many([Insert(0, seq([1, 2, 3, 4, h]), meta=2) for h in tied])
+    assert ix.write_many([Remove(0, seq=seq([1, 2, 3, 4, 5]), start=4)]) == [RemoveResult(1)]
+    assert ix.store.indexed(salt_ids("", ids([5]))) == [False]  # present nowhere
+    assert ix.write_many([Insert(0, seq([1, 2, 3, 4, 5]), meta=3)]) == [InsertResult(5, 1, 4)]
+    [m] = ix.match_many([Match(0, seq([1, 2, 3, 4, 5, 6, 7, 8]))])
+    assert isinstance(m, MatchResult) and m.blocks == 8  # blocks 6..8 were never removed
+    assert m.meta.tolist() == [1, 1, 1, 1, 3, 1, 1, 1]
+    assert ix.counters.segments == 3 and ix.check().problems == []
