@@ -131,14 +131,22 @@ def _pipeline_inserts(path: str, worker: int, out: dict[int, Any]) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     sock.settimeout(30)
+    sending = True
     try:
         rid = 0
         while True:
-            while len(sent) - len(answers) < 16:
+            while sending and len(sent) - len(answers) < 16:
                 rid += 1
                 tokens = toks(128, worker * 10_000_000 + rid * 1000)
                 msg = {"id": rid, "op": "insert", "tokens": tokens, "meta": rid, "ns": "load"}
-                sock.sendall(msgpack.packb(msg))
+                try:
+                    sock.sendall(msgpack.packb(msg))
+                except (BrokenPipeError, ConnectionResetError):
+                    # the server closed with our later requests unread: it did not read
+                    # this one, but answers to earlier ones may still be in our buffer
+                    # (rejections go out at once, durable writes after their sync)
+                    sending = False
+                    break
                 sent.append(rid)
             data = sock.recv(1 << 16)
             if not data:
@@ -147,8 +155,8 @@ def _pipeline_inserts(path: str, worker: int, out: dict[int, Any]) -> None:
             for resp in unpacker:
                 assert resp["id"] not in answers, resp
                 answers[resp["id"]] = resp
-    except (BrokenPipeError, ConnectionResetError):
-        pass
+    except ConnectionResetError:
+        pass  # read to the end of what the server sent
     finally:
         sock.close()
     out[worker] = (sent, answers)
