@@ -180,7 +180,7 @@ static void buffer_release(void *ctx) {
 
 /* -- the type ----------------------------------------------------------------------- */
 
-enum { C_BKEYS, C_BSEGS, C_BFILTS, C_DKEYS, C_DSEGS, C_DFILTS, C_ORDER, NCACHE };
+enum { C_BKEYS, C_BSEGS, C_BFILTS, C_DKEYS, C_DSEGS, C_DFILTS, C_ORDER, C_KF, NCACHE };
 
 typedef struct {
     PyObject_HEAD
@@ -190,6 +190,8 @@ typedef struct {
     unsigned long owner;      /* the thread running it */
     PyObject *cache[NCACHE];  /* a numpy array over each vec in use (or NULL) */
     dir_vec *cached[NCACHE];  /* the vec each was made over (held by it) */
+    PyObject *flat;           /* the last flat() answer (or NULL), while its version is */
+    uint64_t flat_version;    /* the directory's: the same arrays, the same contents */
 } DirObject;
 
 /* Wait until no merge runs (another thread's); -1 (RuntimeError) from that merge's
@@ -233,9 +235,13 @@ static void drop_stale(DirObject *self) {
     dir_base(self->dir, &b);
     dir_delta(self->dir, &dl);
     dir_vec *now[NCACHE] = {b.keys, b.segs, b.filts, dl.keys, dl.segs, dl.filts,
-                            dir_order_now(self->dir)};
-    PyObject *gone[NCACHE];
+                            dir_order_now(self->dir), dir_keyfilter_now(self->dir)};
+    PyObject *gone[NCACHE + 1];
     int ngone = 0;
+    if (self->flat != NULL && self->flat_version != dir_version(self->dir)) {
+        gone[ngone++] = self->flat;  /* it holds what the directory no longer uses */
+        self->flat = NULL;
+    }
     for (int i = 0; i < NCACHE; i++) {
         if (self->cache[i] != NULL && self->cached[i] != now[i]) {
             gone[ngone++] = self->cache[i];
@@ -316,6 +322,7 @@ static PyObject *d_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static void d_dealloc(DirObject *self) {
     for (int i = 0; i < NCACHE; i++) Py_CLEAR(self->cache[i]);
+    Py_CLEAR(self->flat);
     dir_free(self->dir);
     if (self->lock != NULL) PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -465,6 +472,8 @@ static int base_arrays(DirObject *self, PyObject **out) {
 static PyObject *d_flat(DirObject *self, PyObject *unused) {
     (void)unused;
     IDLE_OR(NULL);
+    if (self->flat != NULL && self->flat_version == dir_version(self->dir))
+        return Py_NewRef(self->flat);  /* unchanged since: the same answer */
     dir_vec *order;
     if (dir_order(self->dir, &order) != DIR_OK) return PyErr_NoMemory();
     dir_part dl;
@@ -480,8 +489,17 @@ static PyObject *d_flat(DirObject *self, PyObject *unused) {
         ok = out[C_DKEYS + i] != NULL;
     }
     for (int i = 0; i < 4; i++) dir_vec_unref(v[i]);
+    dir_vec *kf = ok ? dir_keyfilter(self->dir) : NULL;  /* NULL: no memory, no filter */
+    if (ok) {
+        out[C_KF] = kf != NULL ? vec_array(self, C_KF, kf) : Py_NewRef(empty_u64);
+        ok = out[C_KF] != NULL;
+    }
     PyObject *res = ok ? make_result("FlatDirectory", out, NCACHE) : NULL;
     for (int i = 0; i < NCACHE; i++) Py_XDECREF(out[i]);
+    if (res != NULL) {
+        Py_XSETREF(self->flat, Py_NewRef(res));
+        self->flat_version = dir_version(self->dir);
+    }
     return res;
 }
 

@@ -73,6 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "directory.h"  /* its key filter's hash (inline: no directory.c here) */
 #include "holders.h"
 #include "rounds.h"
 #include "sarp.h"
@@ -133,6 +134,8 @@ typedef struct {
     const uint64_t *bkeys, *bsegs, *bfilts, *dkeys, *dsegs, *dfilts;
     const int64_t *dorder;
     Py_ssize_t nb, nd;
+    const uint64_t *kf;  /* the key filter (csrc/directory.h), nkf words; 0: none */
+    Py_ssize_t nkf;
 } Dir;
 
 static Py_ssize_t base_lower(const Dir *d, uint64_t key) {
@@ -171,11 +174,16 @@ static Py_ssize_t delta_upper(const Dir *d, uint64_t key, Py_ssize_t lo) {
     return lo;
 }
 
-static int has_key(const Dir *d, uint64_t key) {
-    Py_ssize_t b = base_lower(d, key);
-    if (b < d->nb && d->bkeys[b] == key) return 1;
-    Py_ssize_t r = delta_lower(d, key);
-    return r < d->nd && d->dkeys[d->dorder[r]] == key;
+/* Whether `key` has entries in the base or the delta; its lower bounds in both. */
+static int find_key(const Dir *d, uint64_t key, Py_ssize_t *blo, Py_ssize_t *dlo) {
+    if (d->nkf) {  /* the key filter: dir_kf_may_have, read as any argument is (load_u64) */
+        uint64_t h = dir_kf_hash(key), bits = dir_kf_bits(h);
+        if ((load_u64(d->kf + ((size_t)(h >> 32) & (size_t)(d->nkf - 1))) & bits) != bits)
+            return 0;  /* held nowhere */
+    }
+    Py_ssize_t b = *blo = base_lower(d, key);
+    Py_ssize_t r = *dlo = delta_lower(d, key);
+    return (b < d->nb && d->bkeys[b] == key) || (r < d->nd && d->dkeys[d->dorder[r]] == key);
 }
 
 /* -- growable output --------------------------------------------------------------- */
@@ -280,20 +288,22 @@ static int route_all(const Dir *d, const Batch *b, int64_t *rows, Py_ssize_t *nr
         for (Py_ssize_t w = 0; w * b->sb < len; w++) {
             Py_ssize_t ws = w * b->sb, we = ws + b->sb < len ? ws + b->sb : len;
             Py_ssize_t p = ((we - 1) / b->gap) * b->gap, hit = -1;  /* lattice positions */
-            for (; p >= ws; p -= b->gap) {
-                if (has_key(d, load_u64(qi + 2 * p))) { hit = p; break; }
+            Py_ssize_t blo = 0, dlo = 0;
+            uint64_t key = 0;
+            for (; p >= ws; p -= b->gap) {  /* the deepest indexed point, and the lower */
+                key = load_u64(qi + 2 * p);  /* bounds of its key the row keeps */
+                if (find_key(d, key, &blo, &dlo)) { hit = p; break; }
             }
             if (hit < 0) break;  /* windows are contiguous from 0 */
             int64_t *row = rows + ROW_FIELDS * r;
-            uint64_t key = load_u64(qi + 2 * hit);
             row[R_Q] = q;
             row[R_W] = w;
             row[R_OFF] = hit - ws;
             row[R_LEN] = we - ws;
-            row[R_BLO] = base_lower(d, key);
-            row[R_BHI] = base_upper(d, key, row[R_BLO]);
-            row[R_DLO] = delta_lower(d, key);
-            row[R_DHI] = delta_upper(d, key, row[R_DLO]);
+            row[R_BLO] = blo;
+            row[R_BHI] = base_upper(d, key, blo);
+            row[R_DLO] = dlo;
+            row[R_DHI] = delta_upper(d, key, dlo);
             if (first_round(d, qi + 2 * ws, row, b->cap, first, &s) < 0) { rc = -1; break; }
             r++;
         }
@@ -304,21 +314,36 @@ static int route_all(const Dir *d, const Batch *b, int64_t *rows, Py_ssize_t *nr
     return rc;
 }
 
-enum { A_QIDS, A_QLENS, A_BKEYS, A_BSEGS, A_BFILTS, A_DKEYS, A_DSEGS, A_DFILTS, A_DORDER, NBUF };
+enum { A_QIDS, A_QLENS, A_BKEYS, A_BSEGS, A_BFILTS, A_DKEYS, A_DSEGS, A_DFILTS, A_DORDER, NBUF,
+       A_KF = NBUF };  /* the key filter: an optional argument after the others */
 static const char *const ROUTE_NAMES[NBUF] = {"qids", "qlens", "bkeys", "bsegs", "bfilts",
                                               "dkeys", "dsegs", "dfilts", "dorder"};
 
 static void release_all(Py_buffer *v, int n) {
-    for (int i = 0; i < n; i++) PyBuffer_Release(&v[i]);
+    for (int i = 0; i < n; i++) PyBuffer_Release(&v[i]);  /* a zeroed one: nothing */
 }
 
-/* Checks every argument of route; on error an exception and -1 (buffers released). */
-static int route_args(PyObject *const *args, Py_buffer *v, Dir *d, Batch *b) {
+/* Checks every argument of route (`kf`: the optional key filter, NULL when not
+ * given; a 1-D uint64 array of a power-of-two length, or empty: none); on error an
+ * exception and -1 (buffers released). */
+static int route_args(PyObject *const *args, PyObject *kf, Py_buffer *v, Dir *d, Batch *b) {
     int i;
+    v[A_KF] = (Py_buffer){0};
+    if (kf != NULL && kf != Py_None) {
+        if (get_buf(kf, "kfilter", 0, 1, 0, &v[A_KF]) < 0) return -1;
+        Py_ssize_t n = rows_of(&v[A_KF]);
+        if (n & (n - 1)) {
+            PyErr_Format(PyExc_ValueError, "kfilter must have a power-of-two length, or none; "
+                         "got %zd words", n);
+            PyBuffer_Release(&v[A_KF]);
+            return -1;
+        }
+    }
     for (i = 0; i < NBUF; i++) {
         int sign = i == A_QLENS || i == A_DORDER;
         if (get_buf(args[i], ROUTE_NAMES[i], sign, i == A_QIDS ? 2 : 1, 2, &v[i]) < 0) {
             release_all(v, i);
+            PyBuffer_Release(&v[A_KF]);
             return -1;
         }
     }
@@ -368,25 +393,25 @@ static int route_args(PyObject *const *args, Py_buffer *v, Dir *d, Batch *b) {
         goto fail;
     }
     *d = (Dir){v[A_BKEYS].buf, v[A_BSEGS].buf, v[A_BFILTS].buf, v[A_DKEYS].buf,
-               v[A_DSEGS].buf, v[A_DFILTS].buf, order, nb, nd};
+               v[A_DSEGS].buf, v[A_DFILTS].buf, order, nb, nd, v[A_KF].buf, rows_of(&v[A_KF])};
     *b = (Batch){v[A_QIDS].buf, lens, nq, sb, gap, cap};
     return 0;
 fail:
-    release_all(v, NBUF);
+    release_all(v, NBUF + 1);
     return -1;
 }
 
 static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != NBUF + 3) {
-        PyErr_Format(PyExc_TypeError, "route takes %d arguments (qids, qlens, bkeys, bsegs, "
-                     "bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap), got %zd",
-                     NBUF + 3, nargs);
+    if (nargs != NBUF + 3 && nargs != NBUF + 4) {
+        PyErr_Format(PyExc_TypeError, "route takes %d or %d arguments (qids, qlens, bkeys, "
+                     "bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap[, kfilter]), "
+                     "got %zd", NBUF + 3, NBUF + 4, nargs);
         return NULL;
     }
-    Py_buffer v[NBUF];
+    Py_buffer v[NBUF + 1];
     Dir d;
     Batch b;
-    if (route_args(args, v, &d, &b) < 0) return NULL;
+    if (route_args(args, nargs > NBUF + 3 ? args[NBUF + 3] : NULL, v, &d, &b) < 0) return NULL;
     Py_ssize_t maxrows = 0;
     for (Py_ssize_t q = 0; q < b.nq; q++) maxrows += (b.qlens[q] + b.sb - 1) / b.sb;
     int64_t *rows = malloc((size_t)(maxrows ? maxrows : 1) * ROW_FIELDS * sizeof *rows);
@@ -411,7 +436,7 @@ static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     free(rows);
     free(first.v);
-    release_all(v, NBUF);
+    release_all(v, NBUF + 1);
     return out;
 }
 
@@ -1219,10 +1244,10 @@ done:
 }
 
 static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != NBUF + 7) {
-        PyErr_Format(PyExc_TypeError, "match takes %d arguments (qids, qlens, bkeys, bsegs, "
-                     "bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap, read, indexed, ks, "
-                     "exact), got %zd", NBUF + 7, nargs);
+    if (nargs != NBUF + 7 && nargs != NBUF + 8) {
+        PyErr_Format(PyExc_TypeError, "match takes %d or %d arguments (qids, qlens, bkeys, "
+                     "bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap, read, indexed, "
+                     "ks, exact[, kfilter]), got %zd", NBUF + 7, NBUF + 8, nargs);
         return NULL;
     }
     PyObject *read = args[NBUF + 3], *indexed = args[NBUF + 4];
@@ -1232,10 +1257,10 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     int exact = PyObject_IsTrue(args[NBUF + 6]);
     if (exact < 0) return NULL;
-    Py_buffer v[NBUF], ks;
+    Py_buffer v[NBUF + 1], ks;
     Dir d;
     Batch b;
-    if (route_args(args, v, &d, &b) < 0) return NULL;
+    if (route_args(args, nargs > NBUF + 7 ? args[NBUF + 7] : NULL, v, &d, &b) < 0) return NULL;
     PyObject *out = NULL;
     if (get_buf(args[NBUF + 5], "ks", 1, 1, 0, &ks) == 0) {
         if (ks.shape[0] != b.nq)
@@ -1248,7 +1273,7 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             out = match_batch(&d, &b, read, indexed, ks.buf, exact);
         PyBuffer_Release(&ks);
     }
-    release_all(v, NBUF);
+    release_all(v, NBUF + 1);
     return out;
 }
 
@@ -1330,6 +1355,44 @@ static PyObject *set_gil_free_min(PyObject *self, PyObject *arg) {
     return PyLong_FromSsize_t(was);
 }
 
+/* -- salting (ids.py: salt_ids) ------------------------------------------------------ */
+
+/* salt(ids, out, lo, hi): out[i] = ids[i] ^ (lo, hi) for every row; `ids` (n, 2) uint64
+ * with any strides, `out` a writable C-contiguous (n, 2) uint64 array (it may be ids). */
+static PyObject *salt(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "salt takes 4 arguments (ids, out, lo, hi), got %zd",
+                     nargs);
+        return NULL;
+    }
+    uint64_t lo, hi;
+    if (sarp_get_uint64_arg(args[2], "lo", &lo) < 0 || sarp_get_uint64_arg(args[3], "hi", &hi) < 0)
+        return NULL;
+    Py_buffer src, dst;
+    if (get_strided(args[0], "ids", 2, 2, &src) < 0) return NULL;
+    if (get_buf(args[1], "out", 0, 2, 2, &dst) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (dst.readonly || dst.shape[0] != src.shape[0]) {
+        PyErr_Format(PyExc_ValueError, "out must be writable with the %zd rows of ids, got %zd%s",
+                     src.shape[0], dst.shape[0], dst.readonly ? " (read-only)" : "");
+    } else {
+        uint64_t *o = dst.buf;  /* C-contiguous; sarp_load_u64 reads any alignment */
+        for (Py_ssize_t i = 0; i < src.shape[0]; i++) {
+            uint64_t a = sarp_word_at(&src, i, 0) ^ lo, b = sarp_word_at(&src, i, 1) ^ hi;
+            memcpy(o + 2 * i, &a, sizeof a);
+            memcpy(o + 2 * i + 1, &b, sizeof b);
+        }
+        out = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"route", (PyCFunction)(void (*)(void))route, METH_FASTCALL,
      "Every routed window of a batch and its first round (module docstring)."},
@@ -1340,6 +1403,8 @@ static PyMethodDef methods[] = {
     {"match", (PyCFunction)(void (*)(void))match, METH_FASTCALL,
      "A whole batch: route, read, verify, bound-and-verify rounds, answers (module "
      "docstring)."},
+    {"salt", (PyCFunction)(void (*)(void))salt, METH_FASTCALL,
+     "salt(ids, out, lo, hi, /)\n--\n\nout = ids ^ (lo, hi), row by row (sarpd.core.ids.salt_ids)."},
     {"merge_order", (PyCFunction)(void (*)(void))merge_order, METH_FASTCALL,
      "The delta's stable key order with its appended rows merged in (module docstring)."},
     {"_set_gil_free_min", set_gil_free_min, METH_O,

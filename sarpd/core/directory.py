@@ -24,7 +24,7 @@ twin, and a later change writes through both alike (tests/core/test_cdir.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -133,11 +133,17 @@ class DirectoryArrays:
     filts: U64Array
 
 
+_NO_FILTER = np.empty(0, dtype=np.uint64)
+_NO_FILTER.flags.writeable = False
+
+
 @dataclass(frozen=True, slots=True)
 class FlatDirectory:
     """The base and the delta as flat arrays: a posting list is the base slice of its
     key, then the delta rows of its key in insertion order (`dorder[lo:hi]` of the
-    delta's rows sorted by key, stably)."""
+    delta's rows sorted by key, stably). `kfilter`: the C directory's key filter (a
+    Bloom filter over a superset of the keys, csrc/directory.h) that lets the match
+    kernel skip the searches of a key held nowhere; empty: none (the reference's)."""
 
     keys: U64Array
     segs: U64Array
@@ -146,6 +152,7 @@ class FlatDirectory:
     dsegs: U64Array
     dfilts: U64Array
     dorder: npt.NDArray[np.int64]
+    kfilter: U64Array = field(default_factory=lambda: _NO_FILTER)
 
 
 _EMPTY = np.empty(0, dtype=np.uint64)

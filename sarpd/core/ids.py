@@ -133,21 +133,33 @@ def token_ids(ns: str, tokens: U32Array, block_tokens: int, k: Kernels | None = 
     return chain_ids(ns_root(ns), tokens, block_tokens, k)
 
 
-def salt_ids(ns: str, ids: IdArray) -> IdArray:
-    """Caller ids -> internal ids (and back: XOR is its own inverse). A column at a time:
+@functools.lru_cache(maxsize=4096)
+def _salt_words(ns: str) -> tuple[int, int]:
+    lo, hi = _salt(ns)[0].tolist()
+    return lo, hi
+
+
+def salt_ids(ns: str, ids: IdArray, k: Kernels | None = None) -> IdArray:
+    """Caller ids -> internal ids (and back: XOR is its own inverse). The match kernel's
+    `salt` (one C loop) where it runs and `ids` are uint64; else a column at a time:
     numpy's (n, 2) ^ (1, 2) broadcast runs an inner loop of two."""
-    salt = _salt(ns)
     out: IdArray = np.empty((len(ids), 2), np.uint64)
+    c = (k or native.pick()).match
+    if c is not None and ids.dtype == np.uint64 and ids.ndim == 2:
+        c.salt(ids, out, *_salt_words(ns))
+        return out
+    salt = _salt(ns)
     np.bitwise_xor(ids[:, 0], salt[0, 0], out=out[:, 0], casting="unsafe")
     np.bitwise_xor(ids[:, 1], salt[0, 1], out=out[:, 1], casting="unsafe")
     return out
 
 
-def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray]) -> list[IdArray]:
+def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray], k: Kernels | None = None
+                  ) -> list[IdArray]:
     """`salt_ids` of a batch: one copy and one XOR for all of it, not two numpy calls
     per sequence (the results are disjoint views of one array)."""
     if len(ids) <= 1:  # a lone query: no batch to share the calls with
-        return [salt_ids(ns, a) for ns, a in zip(nss, ids, strict=True)]
+        return [salt_ids(ns, a, k) for ns, a in zip(nss, ids, strict=True)]
     lens = [len(a) for a in ids]
     flat: IdArray = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
     if len(set(nss)) == 1:

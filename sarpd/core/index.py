@@ -274,9 +274,9 @@ class SarpIndex:
             matched += total
             top = ([(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
                    if r.holders else None)
-            ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
+            ids = salt_ids(r.seq.ns, q[:total], self.k) if r.with_ids else None
             out.append(MatchResult(total, meta[start : start + total], ids, top))
-        self._count(len(reqs) - len(errors), matched, int(lens.sum()), rounds)
+        self._count(len(reqs) - len(errors), matched, len(qids), rounds)
         return out
 
     def _indexed(self, raw: bytes) -> list[bool]:
@@ -351,7 +351,7 @@ class SarpIndex:
                 break
         self._count(1, total, len(q))
         meta, top = match_holders(matched, r.holders)
-        ids = salt_ids(r.seq.ns, q[:total]) if r.with_ids else None
+        ids = salt_ids(r.seq.ns, q[:total], self.k) if r.with_ids else None
         return MatchResult(total, meta, ids, top)
 
     def _count(self, matches: int, matched: int, queried: int, rounds: int = 0) -> None:

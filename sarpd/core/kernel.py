@@ -89,7 +89,7 @@ def route(kernel: MatchKernel, qs: Sequence[IdArray], flat: FlatDirectory, sb: i
     qids = (np.ascontiguousarray(np.concatenate(qs), dtype=np.uint64) if len(qs)
             else np.empty((0, 2), np.uint64))
     rows, first = kernel.route(qids, lens, flat.keys, flat.segs, flat.filts, flat.dkeys,
-                               flat.dsegs, flat.dfilts, flat.dorder, sb, gap, cap)
+                               flat.dsegs, flat.dfilts, flat.dorder, sb, gap, cap, flat.kfilter)
     starts = lens.cumsum() - lens
     return Routed(qids, starts, np.frombuffer(rows, np.int64).reshape(-1, ROW_FIELDS),
                   np.frombuffer(first, np.uint64), flat)
@@ -109,7 +109,7 @@ def match(kernel: MatchKernel, qids: IdArray, lens: I64Array, flat: FlatDirector
     the extra rounds run."""
     res, meta, tops, rounds = kernel.match(
         qids, lens, flat.keys, flat.segs, flat.filts, flat.dkeys, flat.dsegs, flat.dfilts,
-        flat.dorder, sb, gap, cap, read, indexed, ks, exact)
+        flat.dorder, sb, gap, cap, read, indexed, ks, exact, flat.kfilter)
     return (np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64),
             np.frombuffer(tops, np.uint64).reshape(-1, 2), rounds)
 

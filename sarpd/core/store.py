@@ -434,7 +434,7 @@ class Store:
             return chain_ids(parent or ns_root(seq.ns), seq.tokens, self.cfg.block_tokens,
                              self.k)
         assert seq.hashes is not None
-        return salt_ids(seq.ns, seq.hashes)
+        return salt_ids(seq.ns, seq.hashes, self.k)
 
     def seq_ids_many(self, seqs: Sequence[SeqSpec]) -> list[IdArray | TooLarge]:
         """`seq_ids` of a batch (no parents): every token sequence of it hashed in ONE
@@ -459,7 +459,7 @@ class Store:
             out.update(zip(todo, ids, strict=True))
         if salted:  # caller ids: salted in one pass for the batch (`salt_ids_many`)
             hashes = [h for h in (seqs[i].hashes for i in salted) if h is not None]
-            out.update(zip(salted, salt_ids_many([seqs[i].ns for i in salted], hashes),
+            out.update(zip(salted, salt_ids_many([seqs[i].ns for i in salted], hashes, self.k),
                            strict=True))
         return [out[i] for i in range(len(seqs))]
 

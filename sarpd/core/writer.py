@@ -384,7 +384,7 @@ class WriteTxn:
         got = self.pids.get(id(op))
         if got is None:
             assert op.parent is not None
-            got = self.pids[id(op)] = salt_ids(op.seq.ns, op.parent)
+            got = self.pids[id(op)] = salt_ids(op.seq.ns, op.parent, self.store.k)
         return got
 
     def _windows(self, full: IdArray, start: int, n: int
@@ -820,7 +820,7 @@ class WriteTxn:
                 lo, hi = max(op.start, ws), min(len(q), ws + sb)
                 groups.append((w, int(q[ws, 0]), np.arange(lo - ws, hi - ws), q[lo:hi]))
         elif op.ids is not None and len(op.ids):
-            ids = salt_ids(op.ns, op.ids)
+            ids = salt_ids(op.ns, op.ids, self.store.k)
             heads, pos = self.locate_arrays(ids, "ids")
             groups = _by_window(ids, heads, pos, sb)
         # the windows' segments read at once: drops change no window's segments

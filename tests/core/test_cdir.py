@@ -141,6 +141,24 @@ def from_flat(f: FlatDirectory, key: int) -> tuple[list[int], list[int]]:
             f.filts[a:b].tolist() + f.dfilts[rows].tolist())
 
 
+M64 = (1 << 64) - 1
+
+
+def may_have(kfilter: U64Array, key: int) -> bool:
+    """csrc/directory.h's dir_kf_may_have in Python: whether the key filter may hold
+    `key` (an empty filter: any key may be held)."""
+    if not len(kfilter):
+        return True
+    h = key ^ (key >> 30)
+    h = h * 0xBF58476D1CE4E5B9 & M64
+    h ^= h >> 27
+    h = h * 0x94D049BB133111EB & M64
+    h ^= h >> 31
+    bits = (1 << (h & 63)) | (1 << ((h >> 6) & 63)) | (1 << ((h >> 12) & 63)) \
+        | (1 << ((h >> 18) & 63))
+    return int(kfilter[(h >> 32) & (len(kfilter) - 1)]) & bits == bits
+
+
 def observe(d: DirectoryLike) -> dict[str, object]:
     """Everything a caller can see without changing the directory."""
     keys = POOL + ABSENT
@@ -157,6 +175,8 @@ def observe(d: DirectoryLike) -> dict[str, object]:
     }
     rebuilt = [from_flat(flat, k) for k in keys]
     assert rebuilt == out["posting"]
+    held_keys = [k for k, c in zip(keys, out["count"], strict=True) if c]  # type: ignore[call-overload]
+    assert all(may_have(flat.kfilter, k) for k in held_keys), "a held key the filter lacks"
     assert out["probe"] == [bool(c) for c in out["count"]]  # type: ignore[attr-defined]
     return out
 
@@ -236,6 +256,29 @@ def test_a_big_base_uses_the_range_cache_and_answers_alike() -> None:
     r.merge()  # the cache is emptied with the base
     assert [a.tolist() for a in c.posting(int(keys[5]))] == \
         [a.tolist() for a in r.posting(int(keys[5]))]
+
+
+def test_the_key_filter_holds_every_key_and_few_others() -> None:
+    """flat().kfilter: every key held passes it (loaded, added, past the room it was
+    sized for, merged); of keys never held, few do (else it skips nothing)."""
+    rng = np.random.default_rng(2)
+    keys = np.unique(rng.integers(0, 1 << 62, 5000, dtype=np.uint64))
+    c, _ = pair(64)
+    c.load_arrays(DirectoryArrays(keys.copy(), np.arange(1, keys.size + 1, dtype=np.uint64),
+                                  np.zeros(keys.size, np.uint64)))
+    added = rng.integers(0, 1 << 62, 3000, dtype=np.uint64).tolist()
+    first = c.flat().kfilter
+    for i, k in enumerate(added):  # past the filter's room: it is rebuilt when asked
+        c.add(k, i + 1, 0)
+        if c.needs_merge() and i % 2:
+            c.merge()
+    f = c.flat()
+    assert len(first) and len(f.kfilter) and len(f.kfilter) & (len(f.kfilter) - 1) == 0
+    assert all(may_have(f.kfilter, k) for k in keys.tolist() + added)
+    absent = rng.integers(1 << 62, 1 << 63, 20_000, dtype=np.uint64).tolist()
+    assert sum(may_have(f.kfilter, k) for k in absent) < 0.03 * len(absent)
+    c.clear()
+    assert not any(may_have(c.flat().kfilter, k) for k in keys.tolist()[:2000])
 
 
 # -- arrays handed out -------------------------------------------------------------------

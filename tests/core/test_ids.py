@@ -9,6 +9,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sarpd.core import native
 from sarpd.core.ids import (
     HASH_NAME,
     chain_ids,
@@ -89,6 +90,34 @@ def test_salt_ids_many_is_salt_ids_of_each(batch: list[tuple[str, np.ndarray]],
     for (ns, ids), g in zip(batch, got, strict=True):
         assert g.dtype == np.uint64 and g.shape == ids.shape
         assert (g == salt_ids(ns, ids)).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ids_arrays, st.sampled_from(["", "a", "\u00e9"]), st.booleans())
+def test_salt_ids_is_the_same_natively_and_in_numpy(ids: np.ndarray, ns: str,
+                                                     strided: bool) -> None:
+    """The match kernel's `salt` (C) and the numpy reference agree, on strided input
+    too (every other row of a bigger array)."""
+    if strided:
+        ids = np.repeat(ids, 2, axis=0)[::2]
+    got = salt_ids(ns, ids, native.pick())
+    want = salt_ids(ns, ids, native.pick(reference=True))
+    assert got.dtype == want.dtype == np.uint64 and (got == want).all()
+
+
+@pytest.mark.skipif(native.pick().match is None, reason="the match kernel is not built")
+def test_the_salt_kernel_refuses_a_bad_out_by_name() -> None:
+    c = native.pick().match
+    assert c is not None
+    ids = np.zeros((3, 2), np.uint64)
+    with pytest.raises(ValueError, match="out must be writable with the 3 rows of ids, got 2"):
+        c.salt(ids, np.zeros((2, 2), np.uint64), 1, 2)
+    frozen = np.zeros((3, 2), np.uint64)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        c.salt(ids, frozen, 1, 2)
+    with pytest.raises(OverflowError, match="hi must be in"):
+        c.salt(ids, np.zeros((3, 2), np.uint64), 1, 2**64)
 
 
 def test_id_bytes_is_the_little_endian_form() -> None:

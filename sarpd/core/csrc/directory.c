@@ -30,6 +30,12 @@
  * the dead leave is unused), then a new empty delta. `merges` counts merges that
  * folded a delta in; `version` grows at every merge, add, found set_filter.
  *
+ * Key filter (dir_keyfilter; the layout and hash are directory.h's): built on demand
+ * from the base and the delta keys, sized for the keys then held, a quarter more and a full
+ * delta; dir_add sets its key's bits, and drops the filter (to be rebuilt at the next
+ * dir_keyfilter) once more keys were added than it was sized for. A merge keeps it
+ * (what a merge drops stays a harmless superset); a load drops it.
+ *
  * Every operation allocates all it needs (new vecs, a grown table, the order, a new
  * delta) before it changes anything, so DIR_NOMEM leaves the directory as it was. */
 #include "directory.h"
@@ -202,6 +208,8 @@ struct dir_t {
     int64_t delta_max;
     uint64_t version, merges;
     double ms_max, ms_total;
+    dir_vec *kf;          /* the key filter, or NULL: none built */
+    size_t kf_room;       /* keys it may take before it is rebuilt */
 };
 
 dir_t *dir_new(int64_t delta_max_entries) {
@@ -234,6 +242,7 @@ void dir_free(dir_t *d) {
     dir_vec_unref(d->bfilts);
     delta_release(&d->dl);
     order_reset(d);
+    dir_vec_unref(d->kf);
     free(d->rc);
     free(d);
 }
@@ -479,7 +488,31 @@ size_t dir_nbytes(const dir_t *d) {
     n += d->dl.keys->len * sizeof(size_t) + d->dl.nslots * sizeof(slot_t);
     if (d->order != NULL) n += sizeof(dir_vec) + 2 * d->on * sizeof(uint64_t);
     if (d->rc != NULL) n += RC_SLOTS * sizeof(rc_t);
+    if (d->kf != NULL) n += sizeof(dir_vec) + d->kf->len * sizeof(uint64_t);
     return n;
+}
+
+static void kf_set(dir_vec *kf, uint64_t key) {
+    uint64_t h = dir_kf_hash(key);
+    kf->data[(size_t)(h >> 32) & (kf->len - 1)] |= dir_kf_bits(h);
+}
+
+dir_vec *dir_keyfilter_now(const dir_t *d) { return d->kf; }
+
+dir_vec *dir_keyfilter(dir_t *d) {
+    if (d->kf != NULL) return d->kf;
+    size_t held = d->bn + d->dl.n, full = d->delta_max > 0 ? (size_t)d->delta_max : 0;
+    if (held > MAX_ITEMS / 2 || full > MAX_ITEMS / 2) return NULL;
+    size_t keys = held + held / 4 + full + 256, words = 64;
+    while (words < keys / 4 + 1) words *= 2;  /* 16 bits a key, at least */
+    dir_vec *kf = dir_vec_new(words);
+    if (kf == NULL) return NULL;
+    memset(kf->data, 0, words * sizeof(uint64_t));
+    for (size_t i = 0; i < d->bn; i++) kf_set(kf, d->bkeys->data[i]);
+    for (size_t r = 0; r < d->dl.n; r++) kf_set(kf, d->dl.keys->data[r]);
+    d->kf = kf;
+    d->kf_room = keys - held;
+    return kf;
 }
 
 /* -- writing ------------------------------------------------------------------------------- */
@@ -526,6 +559,13 @@ int dir_add(dir_t *d, uint64_t key, uint64_t seg, uint64_t filt) {
         s->first = s->last = r;
         s->rows = 1;
         t->nkeys++;
+    }
+    if (d->kf != NULL && d->kf_room > 0) {
+        d->kf_room--;
+        kf_set(d->kf, key);
+    } else if (d->kf != NULL) {  /* full: rebuilt, for what is held then, when asked */
+        dir_vec_unref(d->kf);
+        d->kf = NULL;
     }
     d->version++;
     return DIR_OK;
@@ -666,6 +706,8 @@ int dir_load(dir_t *d, dir_vec *keys, dir_vec *segs, dir_vec *filts) {
     delta_release(&d->dl);
     d->dl = dl;
     order_reset(d);
+    dir_vec_unref(d->kf);
+    d->kf = NULL;
     plan_t p;
     merge_prepare(d, 0, &p);  /* nothing to fold: allocates nothing */
     merge_timed(d, &p, t0);

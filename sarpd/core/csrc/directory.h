@@ -68,6 +68,31 @@ typedef struct dir_part {
     size_t n;
 } dir_part;
 
+/* The key filter: a blocked Bloom filter over every key the directory holds (and
+ * perhaps keys it held before: a superset), so that a reader skips the binary
+ * searches of a key in neither part. One 64-bit word per key, four bits set in it
+ * (dir_kf_bits); a power-of-two number of words, at least 16 bits a key. A word's
+ * bits are only ever set in place, so a reader's vec stays a superset of what the
+ * directory held when the reader took it. */
+static inline uint64_t dir_kf_hash(uint64_t key) {  /* splitmix64's finaliser */
+    key ^= key >> 30;
+    key *= 0xbf58476d1ce4e5b9ULL;
+    key ^= key >> 27;
+    key *= 0x94d049bb133111ebULL;
+    return key ^ (key >> 31);
+}
+
+static inline uint64_t dir_kf_bits(uint64_t h) {
+    return (1ULL << (h & 63)) | (1ULL << ((h >> 6) & 63)) | (1ULL << ((h >> 12) & 63))
+           | (1ULL << ((h >> 18) & 63));
+}
+
+/* Whether `key` may be in a filter of `nwords` words (a power of two, > 0). */
+static inline int dir_kf_may_have(const uint64_t *words, size_t nwords, uint64_t key) {
+    uint64_t h = dir_kf_hash(key), bits = dir_kf_bits(h);
+    return (words[(size_t)(h >> 32) & (nwords - 1)] & bits) == bits;
+}
+
 dir_t *dir_new(int64_t delta_max_entries);  /* NULL: no memory */
 void dir_free(dir_t *d);                    /* NULL: nothing */
 
@@ -88,6 +113,11 @@ int dir_has(dir_t *d, uint64_t key, uint64_t seg);
 /* hit[i] = 1 if keys[i] is in the base or the delta, else 0. */
 void dir_probe(const dir_t *d, size_t n, const uint64_t *keys, uint8_t *hit);
 
+/* The key filter (borrowed: dir_vec_ref to keep it), built when the directory has
+ * none (after a load, or once more keys were added than it was sized for); NULL when
+ * out of memory (then any key may be there). */
+dir_vec *dir_keyfilter(dir_t *d);
+dir_vec *dir_keyfilter_now(const dir_t *d);  /* the filter as it is: NULL when none is built */
 void dir_base(const dir_t *d, dir_part *out);   /* the sorted base */
 void dir_delta(const dir_t *d, dir_part *out);  /* the delta, insertion order */
 /* *order (borrowed, len = the delta's rows, int64 values): a stable argsort of the
