@@ -257,9 +257,13 @@ class SarpIndex:
         bound-and-verify rounds (`_exact_rounds`' twin: their reads and locator checks
         call back into the store) and assembles every answer, holders included."""
         geo = self.router.geo
-        lens = np.fromiter((len(q) for q in qs), np.int64, len(qs))
-        qids = np.ascontiguousarray(qs[0] if len(qs) == 1 else np.concatenate(qs), np.uint64)
-        ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
+        if len(qs) == 1:  # a lone query (the fleet's): no generator, no concatenation
+            lens, ks = np.array([len(qs[0])], np.int64), np.array([reqs[0].holders], np.int64)
+            qids = np.ascontiguousarray(qs[0], np.uint64)
+        else:
+            lens = np.fromiter((len(q) for q in qs), np.int64, len(qs))
+            ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
+            qids = np.ascontiguousarray(np.concatenate(qs), np.uint64)
         res, meta, tops, rounds = kernel.match(
             k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
             self.store.fetch, self._indexed if self.cfg.block_locators else None, ks,

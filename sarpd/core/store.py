@@ -440,6 +440,8 @@ class Store:
         """`seq_ids` of a batch (no parents): every token sequence of it hashed in ONE
         call (native hashing: one C call per batch); a sequence `seq_ids` refuses gets
         its error in its place."""
+        if len(seqs) == 1 and seqs[0].hashes is not None and seqs[0].tokens is None:
+            return [salt_ids(seqs[0].ns, seqs[0].hashes, self.k)]  # a lone caller-id query
         out: dict[int, IdArray | TooLarge] = {}
         todo: list[int] = []
         salted: list[int] = []
