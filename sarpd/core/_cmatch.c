@@ -450,17 +450,86 @@ static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
  * so the arrays outlive the call whatever Python does meanwhile. */
 
 
-static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS, *S_META, *S_XMETA, *S_XMASK;
+static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS, *S_META, *S_XMETA, *S_XMASK, *S_CVIEW;
+
+/* What the kernel reads of a segment, kept ON the segment (its `_cview` slot) from the
+ * first call that reads it for as long as the segment lives: a segment the store
+ * hands out never changes (the writer edits copies, WriteTxn.mutable; a delta makes a
+ * new Segment), so later calls take its fields and its arrays' buffers from here, not
+ * from six attribute reads and four buffer exports a call. Each part is read the first
+ * time a call needs it, in the reference's order and with the errors a fresh read
+ * gives; a part that failed is read again next time. An object without the slot (a
+ * test's stand-in) gets a view for the call only. */
+enum { CV_INTS = 1, CV_IDS = 2, CV_TAIL = 4 };
+
+typedef struct {
+    PyObject_HEAD
+    int parts;            /* CV_*: the parts read (and the buffers held) */
+    long long window;
+    int far;              /* its window is past int64: no row's (the reference skips it) */
+    uint64_t presence;    /* read with the window unless far */
+    Py_ssize_t present;   /* with the ids: the run of present blocks from 0 */
+    Py_buffer ids, meta, xmeta, xmask;
+} CView;
+
+static void cview_dealloc(CView *v) {
+    if (v->parts & CV_IDS) PyBuffer_Release(&v->ids);
+    if (v->parts & CV_TAIL) {
+        PyBuffer_Release(&v->meta);
+        PyBuffer_Release(&v->xmeta);
+        PyBuffer_Release(&v->xmask);
+    }
+    PyObject_Free(v);
+}
+
+static PyTypeObject CViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sarpd.core._cmatch.SegmentView",
+    .tp_basicsize = sizeof(CView),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)cview_dealloc,
+    .tp_doc = "What the match kernel read of a segment (kept on it: Segment._cview).",
+};
+
+/* The view of `seg` (a new reference), attached to it where it has the slot; NULL with
+ * an exception. */
+static CView *cview_of(PyObject *seg) {
+    PyObject *v = PyObject_GetAttr(seg, S_CVIEW);
+    if (v != NULL && Py_IS_TYPE(v, &CViewType)) return (CView *)v;
+    int slot = v != NULL;
+    Py_XDECREF(v);
+    if (!slot) {  /* no slot, or a stand-in whose __getattr__ refuses the name */
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+        PyErr_Clear();
+    }
+    CView *cv = PyObject_New(CView, &CViewType);
+    if (cv == NULL) return NULL;
+    cv->parts = 0;
+    cv->window = 0;
+    cv->far = 0;
+    cv->presence = 0;
+    cv->present = 0;
+    if (slot && PyObject_SetAttr(seg, S_CVIEW, (PyObject *)cv) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)
+                && !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            Py_DECREF(cv);
+            return NULL;
+        }
+        PyErr_Clear();  /* read-only slot: a view for this call only */
+    }
+    return cv;
+}
 
 typedef struct {
     uint64_t sid;
     PyObject *seg;        /* a reference; NULL: not in segs */
+    CView *cv;            /* a reference: the segment's view, once a part was read */
     long long window;
     int far;              /* its window is past int64: no row's (the reference skips it) */
     uint64_t presence;
     Py_ssize_t present;   /* its run of present blocks from 0 (Segment.present_run) */
-    int have_ids, have_meta, table;
-    Py_buffer ids, meta;  /* held while have_ids / have_meta */
+    int have_ids;
+    Py_buffer ids;        /* while have_ids: a copy of cv->ids (the view holds the export) */
 } SegView;
 
 #define VIEW_CHUNK 64  /* views live in chunks: a view never moves (its buffers) */
@@ -483,8 +552,7 @@ static inline size_t slot_of(uint64_t sid, size_t mask) {
 static void table_free(SegTable *t) {
     for (Py_ssize_t i = 0; i < t->n; i++) {
         SegView *e = view_at(t, i);
-        if (e->have_ids) PyBuffer_Release(&e->ids);
-        if (e->have_meta) PyBuffer_Release(&e->meta);
+        Py_XDECREF(e->cv);
         Py_XDECREF(e->seg);
     }
     for (Py_ssize_t c = 0; c < t->nchunks; c++) free(t->chunks[c]);
@@ -591,27 +659,58 @@ static int seg_ints(PyObject *seg, uint64_t sid, long long *window, int *far,
  * read, -2 when it does not count (missing, another window), -1 with an exception.
  * Read in the order the reference reads them: window and presence once, ids once
  * a window of its own asks. */
+/* The view of a table entry's segment (e->seg not NULL), made on first use. */
+static CView *entry_view(SegView *e) {
+    if (e->cv == NULL) e->cv = cview_of(e->seg);
+    return e->cv;
+}
+
+/* A view's window and presence (seg_ints, once a segment). */
+static int view_ints(CView *cv, PyObject *seg, uint64_t sid) {
+    if (!(cv->parts & CV_INTS)) {
+        if (seg_ints(seg, sid, &cv->window, &cv->far, &cv->presence) < 0) return -1;
+        cv->parts |= CV_INTS;
+    }
+    return 0;
+}
+
+/* A view's ids (a strided (n, 2) uint64 buffer) and its present run, once a segment. */
+static int view_ids(CView *cv, PyObject *seg) {
+    if (cv->parts & CV_IDS) return 0;
+    PyObject *ids = PyObject_GetAttr(seg, S_IDS);
+    if (ids == NULL) return -1;
+    int bad = get_strided(ids, "segment ids", 2, 2, &cv->ids);
+    Py_DECREF(ids);
+    if (bad < 0) return -1;
+    Py_ssize_t nblocks = cv->ids.shape[0], present = 0;
+    while (present < nblocks && present < 64 && ((cv->presence >> present) & 1u)) present++;
+    cv->present = present;
+    cv->parts |= CV_IDS;
+    return 0;
+}
+
 static Py_ssize_t candidate(SegTable *t, PyObject *segs, uint64_t sid, long long w) {
     Py_ssize_t known = t->n;
     Py_ssize_t i = table_get(t, segs, sid);
     if (i < 0) return -1;
     SegView *e = view_at(t, i);
     if (e->seg == NULL) return -2;
-    if (i == known && seg_ints(e->seg, sid, &e->window, &e->far, &e->presence) < 0) {
-        Py_CLEAR(e->seg);  /* the view stays, as missing; the call fails anyway */
-        return -1;
+    if (i == known) {
+        CView *cv = entry_view(e);
+        if (cv == NULL || view_ints(cv, e->seg, sid) < 0) {
+            Py_CLEAR(e->seg);  /* the view stays, as missing; the call fails anyway */
+            return -1;
+        }
+        e->window = cv->window;
+        e->far = cv->far;
+        e->presence = cv->presence;
     }
     if (e->far || e->window != w) return -2;
     if (!e->have_ids) {
-        PyObject *ids = PyObject_GetAttr(e->seg, S_IDS);
-        if (ids == NULL) return -1;
-        int bad = get_strided(ids, "segment ids", 2, 2, &e->ids);
-        Py_DECREF(ids);
-        if (bad < 0) return -1;
+        if (view_ids(e->cv, e->seg) < 0) return -1;
+        e->ids = e->cv->ids;
+        e->present = e->cv->present;
         e->have_ids = 1;
-        Py_ssize_t nblocks = e->ids.shape[0], present = 0;
-        while (present < nblocks && present < 64 && ((e->presence >> present) & 1u)) present++;
-        e->present = present;
     }
     return i;
 }
@@ -789,43 +888,51 @@ static int copy_window(SegTable *t, PyObject *segs, uint64_t sid, int64_t length
                      (unsigned long long)sid);
         return -1;
     }
-    PyObject *p = PyObject_GetAttr(e->seg, S_PRESENCE);
-    if (p == NULL) return -1;
-    out->presence = PyLong_AsUnsignedLongLongMask(p);
-    Py_DECREF(p);
-    if (PyErr_Occurred()) return -1;
-    Py_buffer b[3];
-    PyObject *names[3] = {S_META, S_XMETA, S_XMASK};
-    static const char *const what[3] = {"segment meta", "segment xmeta", "segment xmask"};
-    int got = 0, rc = -1;
-    for (; got < 3; got++) {
-        PyObject *a = PyObject_GetAttr(e->seg, names[got]);
-        if (a == NULL) goto done;
-        int bad = get_strided(a, what[got], 1, 0, &b[got]);
-        Py_DECREF(a);
-        if (bad < 0) goto done;
+    CView *cv = entry_view(e);
+    if (cv == NULL) return -1;
+    if ((cv->parts & CV_INTS) && !cv->far) {
+        out->presence = cv->presence;
+    } else {  /* not read as a candidate's: as the reference reads it */
+        PyObject *p = PyObject_GetAttr(e->seg, S_PRESENCE);
+        if (p == NULL) return -1;
+        out->presence = PyLong_AsUnsignedLongLongMask(p);
+        Py_DECREF(p);
+        if (PyErr_Occurred()) return -1;
     }
-    if (length < 0 || length > b[0].shape[0] || length > 64 || b[1].shape[0] != b[2].shape[0]) {
+    if (!(cv->parts & CV_TAIL)) {  /* meta and the holder table, once a segment */
+        Py_buffer *b[3] = {&cv->meta, &cv->xmeta, &cv->xmask};
+        PyObject *names[3] = {S_META, S_XMETA, S_XMASK};
+        static const char *const what[3] = {"segment meta", "segment xmeta", "segment xmask"};
+        for (int got = 0; got < 3; got++) {
+            PyObject *a = PyObject_GetAttr(e->seg, names[got]);
+            int bad = a == NULL || get_strided(a, what[got], 1, 0, b[got]) < 0;
+            Py_XDECREF(a);
+            if (bad) {
+                for (int k = 0; k < got; k++) PyBuffer_Release(b[k]);
+                return -1;
+            }
+        }
+        cv->parts |= CV_TAIL;
+    }
+    const Py_buffer *b[3] = {&cv->meta, &cv->xmeta, &cv->xmask};
+    if (length < 0 || length > b[0]->shape[0] || length > 64 || b[1]->shape[0] != b[2]->shape[0]) {
         PyErr_Format(PyExc_ValueError, "run %lld of segment %llu is past its %zd blocks (or "
                      "its holder table is uneven)", (long long)length, (unsigned long long)sid,
-                     b[0].shape[0]);
-        goto done;
+                     b[0]->shape[0]);
+        return -1;
     }
     out->length = (int)length;
-    out->h = b[1].shape[0];
+    out->h = b[1]->shape[0];
     out->meta = arena->n;
     for (Py_ssize_t k = 0; k < length; k++)
-        if (ivec_push(arena, (int64_t)at(&b[0], k, 0)) < 0) goto done;
+        if (ivec_push(arena, (int64_t)at(b[0], k, 0)) < 0) return -1;
     out->xmeta = arena->n;
     for (Py_ssize_t k = 0; k < out->h; k++)
-        if (ivec_push(arena, (int64_t)at(&b[1], k, 0)) < 0) goto done;
+        if (ivec_push(arena, (int64_t)at(b[1], k, 0)) < 0) return -1;
     out->xmask = arena->n;
     for (Py_ssize_t k = 0; k < out->h; k++)
-        if (ivec_push(arena, (int64_t)at(&b[2], k, 0)) < 0) goto done;
-    rc = 0;
-done:
-    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
-    return rc;
+        if (ivec_push(arena, (int64_t)at(b[2], k, 0)) < 0) return -1;
+    return 0;
 }
 
 /* Every query's answer from its rows' runs (module docstring: assemble), the windows
@@ -1424,8 +1531,10 @@ PyMODINIT_FUNC PyInit__cmatch(void) {
     S_META = PyUnicode_InternFromString("meta");
     S_XMETA = PyUnicode_InternFromString("xmeta");
     S_XMASK = PyUnicode_InternFromString("xmask");
+    S_CVIEW = PyUnicode_InternFromString("_cview");
     if (S_WINDOW == NULL || S_PRESENCE == NULL || S_IDS == NULL || S_META == NULL
-            || S_XMETA == NULL || S_XMASK == NULL)
+            || S_XMETA == NULL || S_XMASK == NULL || S_CVIEW == NULL
+            || PyType_Ready(&CViewType) < 0)
         return NULL;
     PyObject *mod = PyModule_Create(&module);
     if (mod == NULL) return NULL;

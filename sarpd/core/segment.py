@@ -180,6 +180,9 @@ class Segment:
     meta: U64Array  # (n,) uint64: each block's first holder
     xmeta: U64Array = field(default_factory=lambda: _NO_HOLDERS)  # (h,) ascending
     xmask: U64Array = field(default_factory=lambda: _NO_HOLDERS)  # (h,)
+    # what the match kernel read of it (sarpd/core/_cmatch.c CView), kept from its first
+    # read: a segment the store hands out is never changed (the writer edits copies)
+    _cview: object = field(default=None, repr=False, compare=False)
 
     @property
     def nblocks(self) -> int:

@@ -24,7 +24,7 @@ from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.routing import filter_at, fingerprints
 from sarpd.core.segment import Segment
-from sarpd.model import IdArray, Insert, Match, MatchResult, SeqSpec, U64Array
+from sarpd.model import IdArray, Insert, Match, MatchResult, Remove, SeqSpec, U64Array
 
 K = native.pick().match
 REF = native.pick(reference=True)
@@ -235,6 +235,40 @@ def test_match_many_answers_what_the_reference_answers(seed: int, exact: bool) -
     assert _answers(ix.match_many(queries)) == _answers(ref.match_many(queries))
     # the one-call match runs the reference's bound-and-verify rounds, round for round
     assert ix.store.activity.extra_rounds == ref.store.activity.extra_rounds
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_views_kept_on_segments_follow_every_write(seed: int) -> None:
+    """The kernel keeps what it read of a segment on it (`Segment._cview`) for later
+    calls: a segment the store hands out never changes, so matches between writes that
+    extend, refill, add holders to and remove from the same windows answer what the
+    reference answers, round after round."""
+    rng = np.random.default_rng(seed)
+    cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, window_cap=2)
+    ix, ref = (SarpIndex(MemoryBackend(), cfg, kernels=k) for k in (native.pick(), REF))
+    for index in (ix, ref):
+        index.recover()
+    trunk = ids(30, seed % 997)
+    seqs: list[IdArray] = []
+    for step in range(12):
+        ops: list[Insert | Remove] = []
+        for i in range(4):
+            cut = int(rng.integers(1, 31))
+            seq = np.concatenate([trunk[:cut], ids(int(rng.integers(0, 9)), seed + 50 * step + i)])
+            seqs.append(seq)
+            ops.append(_insert(i, seq, int(rng.integers(1, 5))))
+        if step % 3 == 2:  # blocks go: some of a sequence's, by id, one holder or all
+            victim = seqs[int(rng.integers(0, len(seqs)))]
+            take = victim[int(rng.integers(0, len(victim))):]
+            ops.append(Remove(9, ns="", ids=take, meta=None if step % 2 else 1))
+        for index in (ix, ref):
+            index.write_many(ops)
+        queries = [Match(j, SeqSpec("", hashes=s), holders=2)
+                   for j, s in enumerate([*seqs[-6:], trunk])]
+        assert _answers(ix.match_many(queries)) == _answers(ref.match_many(queries)), step
+    if native.pick().match is not None:  # the views are kept where the store caches
+        assert any(seg._cview is not None for _, seg in ix.store.cached_segments())
 
 
 @pytest.mark.parametrize("locators", [True, False])

@@ -57,8 +57,10 @@ from tools.bench.spawn import compile_bytecode
 U64 = npt.NDArray[np.uint64]
 NATIVE_PATHS = ("match", "hash", "write")  # what the bench's `native` field reports
 def segment_bytes(ix: SarpIndex) -> int:
-    """What the decoded-segment cache holds now (measured per segment)."""
+    """What the decoded-segment cache holds now (measured per segment, with the view the
+    match kernel keeps on it: `Segment._cview`)."""
     return sum(sys.getsizeof(seg) + 2 * ARRAY_HEADER + seg.ids.nbytes + seg.meta.nbytes
+               + (0 if seg._cview is None else sys.getsizeof(seg._cview))
                for _, seg in ix.store.cached_segments())
 
 
