@@ -178,7 +178,7 @@ static Py_ssize_t delta_upper(const Dir *d, uint64_t key, Py_ssize_t lo) {
 static int find_key(const Dir *d, uint64_t key, Py_ssize_t *blo, Py_ssize_t *dlo) {
     if (d->nkf) {  /* the key filter: dir_kf_may_have, read as any argument is (load_u64) */
         uint64_t h = dir_kf_hash(key), bits = dir_kf_bits(h);
-        if ((load_u64(d->kf + ((size_t)(h >> 32) & (size_t)(d->nkf - 1))) & bits) != bits)
+        if ((load_u64(d->kf + dir_kf_word(h, (size_t)d->nkf)) & bits) != bits)
             return 0;  /* held nowhere */
     }
     Py_ssize_t b = *blo = base_lower(d, key);
@@ -324,7 +324,7 @@ static void release_all(Py_buffer *v, int n) {
 }
 
 /* Checks every argument of route (`kf`: the optional key filter, NULL when not
- * given; a 1-D uint64 array of a power-of-two length, or empty: none); on error an
+ * given; a 1-D uint64 array of fewer than 2**32 words, or empty: none); on error an
  * exception and -1 (buffers released). */
 static int route_args(PyObject *const *args, PyObject *kf, Py_buffer *v, Dir *d, Batch *b) {
     int i;
@@ -332,9 +332,9 @@ static int route_args(PyObject *const *args, PyObject *kf, Py_buffer *v, Dir *d,
     if (kf != NULL && kf != Py_None) {
         if (get_buf(kf, "kfilter", 0, 1, 0, &v[A_KF]) < 0) return -1;
         Py_ssize_t n = rows_of(&v[A_KF]);
-        if (n & (n - 1)) {
-            PyErr_Format(PyExc_ValueError, "kfilter must have a power-of-two length, or none; "
-                         "got %zd words", n);
+        if ((uint64_t)n >= ((uint64_t)1 << 32)) {
+            PyErr_Format(PyExc_ValueError, "kfilter must have fewer than 2**32 words, got %zd",
+                         n);
             PyBuffer_Release(&v[A_KF]);
             return -1;
         }

@@ -31,10 +31,11 @@
  * folded a delta in; `version` grows at every merge, add, found set_filter.
  *
  * Key filter (dir_keyfilter; the layout and hash are directory.h's): built on demand
- * from the base and the delta keys, sized for the keys then held, a quarter more and a full
- * delta; dir_add sets its key's bits, and drops the filter (to be rebuilt at the next
- * dir_keyfilter) once more keys were added than it was sized for. A merge keeps it
- * (what a merge drops stays a harmless superset); a load drops it.
+ * from the base and the delta keys, sized for the entries then held, a quarter more and
+ * 64 (12 bits each: ~1 % false positives); dir_add sets its key's bits, and drops the
+ * filter (to be rebuilt at the next dir_keyfilter: O(entries) once per quarter grown)
+ * once more entries were added than it had room for. A merge keeps it (what a merge
+ * drops stays a harmless superset); a load drops it.
  *
  * Every operation allocates all it needs (new vecs, a grown table, the order, a new
  * delta) before it changes anything, so DIR_NOMEM leaves the directory as it was. */
@@ -494,17 +495,16 @@ size_t dir_nbytes(const dir_t *d) {
 
 static void kf_set(dir_vec *kf, uint64_t key) {
     uint64_t h = dir_kf_hash(key);
-    kf->data[(size_t)(h >> 32) & (kf->len - 1)] |= dir_kf_bits(h);
+    kf->data[dir_kf_word(h, kf->len)] |= dir_kf_bits(h);
 }
 
 dir_vec *dir_keyfilter_now(const dir_t *d) { return d->kf; }
 
 dir_vec *dir_keyfilter(dir_t *d) {
     if (d->kf != NULL) return d->kf;
-    size_t held = d->bn + d->dl.n, full = d->delta_max > 0 ? (size_t)d->delta_max : 0;
-    if (held > MAX_ITEMS / 2 || full > MAX_ITEMS / 2) return NULL;
-    size_t keys = held + held / 4 + full + 256, words = 64;
-    while (words < keys / 4 + 1) words *= 2;  /* 16 bits a key, at least */
+    size_t held = d->bn + d->dl.n;
+    size_t keys = held + held / 4 + 64, words = keys / 64 * 12 + (keys % 64 * 12 + 63) / 64;
+    if (held > MAX_ITEMS / 2 || words >= ((size_t)1 << 32)) return NULL;
     dir_vec *kf = dir_vec_new(words);
     if (kf == NULL) return NULL;
     memset(kf->data, 0, words * sizeof(uint64_t));

@@ -71,9 +71,9 @@ typedef struct dir_part {
 /* The key filter: a blocked Bloom filter over every key the directory holds (and
  * perhaps keys it held before: a superset), so that a reader skips the binary
  * searches of a key in neither part. One 64-bit word per key, four bits set in it
- * (dir_kf_bits); a power-of-two number of words, at least 16 bits a key. A word's
- * bits are only ever set in place, so a reader's vec stays a superset of what the
- * directory held when the reader took it. */
+ * (dir_kf_bits); the word is the key hash's high half scaled to the number of words
+ * (fewer than 2**32; about 12 bits a key). A word's bits are only ever set in place,
+ * so a reader's vec stays a superset of what the directory held when it took it. */
 static inline uint64_t dir_kf_hash(uint64_t key) {  /* splitmix64's finaliser */
     key ^= key >> 30;
     key *= 0xbf58476d1ce4e5b9ULL;
@@ -87,10 +87,15 @@ static inline uint64_t dir_kf_bits(uint64_t h) {
            | (1ULL << ((h >> 18) & 63));
 }
 
-/* Whether `key` may be in a filter of `nwords` words (a power of two, > 0). */
+/* The word of hash `h` in a filter of `nwords` words (0 < nwords < 2**32). */
+static inline size_t dir_kf_word(uint64_t h, size_t nwords) {
+    return (size_t)(((h >> 32) * (uint64_t)nwords) >> 32);
+}
+
+/* Whether `key` may be in a filter of `nwords` words (0 < nwords < 2**32). */
 static inline int dir_kf_may_have(const uint64_t *words, size_t nwords, uint64_t key) {
     uint64_t h = dir_kf_hash(key), bits = dir_kf_bits(h);
-    return (words[(size_t)(h >> 32) & (nwords - 1)] & bits) == bits;
+    return (words[dir_kf_word(h, nwords)] & bits) == bits;
 }
 
 dir_t *dir_new(int64_t delta_max_entries);  /* NULL: no memory */
