@@ -1500,6 +1500,63 @@ static PyObject *salt(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return out;
 }
 
+/* salt_runs(ids, out, ends, salts): salt(ids[a:b], out[a:b], *salts[i]) for each run i,
+ * [a, b) = [ends[i-1], ends[i]) (from 0): a batch of sequences of several namespaces,
+ * concatenated, in one call. `ends` ascending int64 (m,), its last the rows of ids;
+ * `salts` (m, 2) uint64. */
+static PyObject *salt_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "salt_runs takes 4 arguments (ids, out, ends, salts), "
+                     "got %zd", nargs);
+        return NULL;
+    }
+    Py_buffer src, dst, ends, salts;
+    if (get_strided(args[0], "ids", 2, 2, &src) < 0) return NULL;
+    if (get_buf(args[1], "out", 0, 2, 2, &dst) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (get_buf(args[2], "ends", 1, 1, 0, &ends) < 0) {
+        PyBuffer_Release(&dst);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (get_buf(args[3], "salts", 0, 2, 2, &salts) < 0) {
+        PyBuffer_Release(&ends);
+        PyBuffer_Release(&dst);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    Py_ssize_t n = src.shape[0], m = ends.shape[0];
+    const int64_t *e = ends.buf;
+    int ok = !dst.readonly && dst.shape[0] == n && salts.shape[0] == m && (m ? e[m - 1] == n : n == 0);
+    for (Py_ssize_t i = 0; ok && i < m; i++) ok = e[i] >= (i ? e[i - 1] : 0);
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "salt_runs: out must be writable with the %zd rows of "
+                     "ids, salts one row per run, ends ascending to %zd (got out %zd rows, %zd "
+                     "salts, %zd ends)", n, n, dst.shape[0], salts.shape[0], m);
+    } else {
+        uint64_t *o = dst.buf;
+        const uint64_t *sv = salts.buf;
+        for (Py_ssize_t i = 0, r = 0; i < m; i++) {
+            uint64_t lo = load_u64(sv + 2 * i), hi = load_u64(sv + 2 * i + 1);
+            for (; r < e[i]; r++) {
+                uint64_t a = sarp_word_at(&src, r, 0) ^ lo, b = sarp_word_at(&src, r, 1) ^ hi;
+                memcpy(o + 2 * r, &a, sizeof a);
+                memcpy(o + 2 * r + 1, &b, sizeof b);
+            }
+        }
+        out = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&salts);
+    PyBuffer_Release(&ends);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"route", (PyCFunction)(void (*)(void))route, METH_FASTCALL,
      "Every routed window of a batch and its first round (module docstring)."},
@@ -1512,6 +1569,9 @@ static PyMethodDef methods[] = {
      "docstring)."},
     {"salt", (PyCFunction)(void (*)(void))salt, METH_FASTCALL,
      "salt(ids, out, lo, hi, /)\n--\n\nout = ids ^ (lo, hi), row by row (sarpd.core.ids.salt_ids)."},
+    {"salt_runs", (PyCFunction)(void (*)(void))salt_runs, METH_FASTCALL,
+     "salt_runs(ids, out, ends, salts, /)\n--\n\nsalt of each run [ends[i-1], ends[i]) of "
+     "ids with salts[i] (sarpd.core.ids.salt_ids_many)."},
     {"merge_order", (PyCFunction)(void (*)(void))merge_order, METH_FASTCALL,
      "The delta's stable key order with its appended rows merged in (module docstring)."},
     {"_set_gil_free_min", set_gil_free_min, METH_O,

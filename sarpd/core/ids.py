@@ -162,14 +162,12 @@ def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray], k: Kernels | None 
         return [salt_ids(ns, a, k) for ns, a in zip(nss, ids, strict=True)]
     lens = [len(a) for a in ids]
     ends = list(itertools.accumulate(lens))
-    c = (k or native.pick()).match
-    if c is not None and all(a.dtype == np.uint64 and a.ndim == 2 for a in ids):
-        out: IdArray = np.empty((ends[-1], 2), np.uint64)  # each salted into its rows
-        for ns, a, lo, hi in zip(nss, ids, [0, *ends[:-1]], ends, strict=True):
-            c.salt(a, out[lo:hi], *_salt_words(ns))
-        return [out[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
     flat: IdArray = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
-    if len(set(nss)) == 1:
+    c = (k or native.pick()).match
+    if c is not None:  # one C loop over the runs, each with its namespace's salt
+        salts = np.array([_salt_words(ns) for ns in nss], np.uint64)
+        c.salt_runs(flat, flat, np.array(ends, np.int64), salts)
+    elif len(set(nss)) == 1:
         flat ^= _salt(nss[0])
     else:
         flat ^= np.repeat(np.concatenate([_salt(ns) for ns in nss]), lens, axis=0)

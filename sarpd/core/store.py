@@ -484,16 +484,17 @@ class Store:
         out: dict[int, Segment | None] = {}
         missing = []
         cache, pending = self._cache, self.pending
+        get, recent = cache.get, cache.move_to_end
         with self.lock:  # a hit moves to the recent end: not while another thread trims
             for sid in sids:
-                seg = cache.get(sid)
-                if seg is None and sid in pending:  # base + delta records, merged
-                    out[sid] = pending[sid]
-                elif seg is None:
-                    missing.append(sid)
-                else:
-                    cache.move_to_end(sid)
+                seg = get(sid)
+                if seg is not None:
+                    recent(sid)
                     out[sid] = seg
+                elif pending and sid in pending:  # base + delta records, merged
+                    out[sid] = pending[sid]
+                else:
+                    missing.append(sid)
         if missing:
             try:
                 values = self.get_many([seg_key(s) for s in missing])

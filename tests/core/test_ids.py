@@ -120,6 +120,14 @@ def test_the_salt_kernel_refuses_a_bad_out_by_name() -> None:
         c.salt(ids, frozen, 1, 2)
     with pytest.raises(OverflowError, match="hi must be in"):
         c.salt(ids, np.zeros((3, 2), np.uint64), 1, 2**64)
+    out, salts = np.zeros((3, 2), np.uint64), np.ones((2, 2), np.uint64)
+    for ends in ([1, 2], [2, 1], [1, 4]):  # short of the rows, descending, past them
+        with pytest.raises(ValueError, match="ends ascending to 3"):
+            c.salt_runs(ids, out, np.array(ends, np.int64), salts)
+    with pytest.raises(ValueError, match="salts one row per run"):
+        c.salt_runs(ids, out, np.array([3], np.int64), salts)
+    c.salt_runs(ids, out, np.array([1, 3], np.int64), np.array([[1, 2], [3, 4]], np.uint64))
+    assert out.tolist() == [[1, 2], [3, 4], [3, 4]]
 
 
 def test_id_bytes_is_the_little_endian_form() -> None:
