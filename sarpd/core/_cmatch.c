@@ -1464,6 +1464,18 @@ static PyObject *set_gil_free_min(PyObject *self, PyObject *arg) {
 
 /* -- salting (ids.py: salt_ids) ------------------------------------------------------ */
 
+/* out[r] = src[r] ^ (lo, hi) for rows [r0, r1): `out` C-contiguous, `src` any strides
+ * (each word read at any alignment, written with memcpy). */
+static void xor_rows(const Py_buffer *src, void *out, Py_ssize_t r0, Py_ssize_t r1,
+                     uint64_t lo, uint64_t hi) {
+    uint64_t *o = out;
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        uint64_t a = sarp_word_at(src, r, 0) ^ lo, b = sarp_word_at(src, r, 1) ^ hi;
+        memcpy(o + 2 * r, &a, sizeof a);
+        memcpy(o + 2 * r + 1, &b, sizeof b);
+    }
+}
+
 /* salt(ids, out, lo, hi): out[i] = ids[i] ^ (lo, hi) for every row; `ids` (n, 2) uint64
  * with any strides, `out` a writable C-contiguous (n, 2) uint64 array (it may be ids). */
 static PyObject *salt(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1487,12 +1499,7 @@ static PyObject *salt(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_Format(PyExc_ValueError, "out must be writable with the %zd rows of ids, got %zd%s",
                      src.shape[0], dst.shape[0], dst.readonly ? " (read-only)" : "");
     } else {
-        uint64_t *o = dst.buf;  /* C-contiguous; sarp_load_u64 reads any alignment */
-        for (Py_ssize_t i = 0; i < src.shape[0]; i++) {
-            uint64_t a = sarp_word_at(&src, i, 0) ^ lo, b = sarp_word_at(&src, i, 1) ^ hi;
-            memcpy(o + 2 * i, &a, sizeof a);
-            memcpy(o + 2 * i + 1, &b, sizeof b);
-        }
+        xor_rows(&src, dst.buf, 0, src.shape[0], lo, hi);
         out = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&dst);
@@ -1538,16 +1545,10 @@ static PyObject *salt_runs(PyObject *self, PyObject *const *args, Py_ssize_t nar
                      "ids, salts one row per run, ends ascending to %zd (got out %zd rows, %zd "
                      "salts, %zd ends)", n, n, dst.shape[0], salts.shape[0], m);
     } else {
-        uint64_t *o = dst.buf;
         const uint64_t *sv = salts.buf;
-        for (Py_ssize_t i = 0, r = 0; i < m; i++) {
-            uint64_t lo = load_u64(sv + 2 * i), hi = load_u64(sv + 2 * i + 1);
-            for (; r < e[i]; r++) {
-                uint64_t a = sarp_word_at(&src, r, 0) ^ lo, b = sarp_word_at(&src, r, 1) ^ hi;
-                memcpy(o + 2 * r, &a, sizeof a);
-                memcpy(o + 2 * r + 1, &b, sizeof b);
-            }
-        }
+        for (Py_ssize_t i = 0; i < m; i++)
+            xor_rows(&src, dst.buf, i ? e[i - 1] : 0, e[i], load_u64(sv + 2 * i),
+                     load_u64(sv + 2 * i + 1));
         out = Py_NewRef(Py_None);
     }
     PyBuffer_Release(&salts);
