@@ -176,11 +176,7 @@ static Py_ssize_t delta_upper(const Dir *d, uint64_t key, Py_ssize_t lo) {
 
 /* Whether `key` has entries in the base or the delta; its lower bounds in both. */
 static int find_key(const Dir *d, uint64_t key, Py_ssize_t *blo, Py_ssize_t *dlo) {
-    if (d->nkf) {  /* the key filter: dir_kf_may_have, read as any argument is (load_u64) */
-        uint64_t h = dir_kf_hash(key), bits = dir_kf_bits(h);
-        if ((load_u64(d->kf + dir_kf_word(h, (size_t)d->nkf)) & bits) != bits)
-            return 0;  /* held nowhere */
-    }
+    if (d->nkf && !dir_kf_may_have(d->kf, (size_t)d->nkf, key)) return 0;  /* held nowhere */
     Py_ssize_t b = *blo = base_lower(d, key);
     Py_ssize_t r = *dlo = delta_lower(d, key);
     return (b < d->nb && d->bkeys[b] == key) || (r < d->nd && d->dkeys[d->dorder[r]] == key);
@@ -442,12 +438,14 @@ static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 
 /* -- the batch's segments, read once a call ----------------------------------------------- */
 
-/* verify and assemble read each segment's Python object once a call, the GIL held
- * (a batch names a hot segment in many rows), into a SegView; then they compute every
- * row from the views and their own copies of the checked rows, the GIL released
- * (when there is enough of it to be worth a hand-over: gil_free_min), and build their
- * Python results after. A view holds the segment and a buffer of each array it read,
- * so the arrays outlive the call whatever Python does meanwhile. */
+/* verify and assemble look each segment up once a call, the GIL held (a batch names a
+ * hot segment in many rows), into a SegView, from what is kept on the segment (its
+ * CView, read from its Python object the first time a call needed each part); then
+ * they compute every row from the views and their own copies of the checked rows, the
+ * GIL released (when there is enough of it to be worth a hand-over: gil_free_min), and
+ * build their Python results after. A view holds the segment and its CView, which
+ * holds a buffer of each array it read, so the arrays outlive the call whatever Python
+ * does meanwhile. */
 
 
 static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS, *S_META, *S_XMETA, *S_XMASK, *S_CVIEW;

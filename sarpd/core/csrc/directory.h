@@ -27,6 +27,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -92,10 +93,12 @@ static inline size_t dir_kf_word(uint64_t h, size_t nwords) {
     return (size_t)(((h >> 32) * (uint64_t)nwords) >> 32);
 }
 
-/* Whether `key` may be in a filter of `nwords` words (0 < nwords < 2**32). */
+/* Whether `key` may be in a filter of `nwords` words (0 < nwords < 2**32); a word is
+ * read at any alignment (a filter handed in from Python may be unaligned). */
 static inline int dir_kf_may_have(const uint64_t *words, size_t nwords, uint64_t key) {
-    uint64_t h = dir_kf_hash(key), bits = dir_kf_bits(h);
-    return (words[dir_kf_word(h, nwords)] & bits) == bits;
+    uint64_t h = dir_kf_hash(key), bits = dir_kf_bits(h), w;
+    memcpy(&w, words + dir_kf_word(h, nwords), sizeof w);
+    return (w & bits) == bits;
 }
 
 dir_t *dir_new(int64_t delta_max_entries);  /* NULL: no memory */
