@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml setup.py sarpd/core/verify/_cverify.c sarpd/core/_chash
 		sarpd/core/csrc/sarp.h sarpd/core/csrc/segment.c sarpd/core/csrc/segment.h \
 		sarpd/core/csrc/holders.c sarpd/core/csrc/holders.h \
 		sarpd/core/csrc/rounds.c sarpd/core/csrc/rounds.h \
+		sarpd/core/csrc/segcache.c sarpd/core/csrc/segcache.h \
 		sarpd/core/_cdir.c sarpd/core/csrc/directory.c sarpd/core/csrc/directory.h
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'

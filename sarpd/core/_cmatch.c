@@ -7,10 +7,12 @@
  * tests hold each stage to its reference).
  *
  * match(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap,
- *       read, indexed, ks, exact)
+ *       read, indexed, ks, exact[, kfilter[, cache]])
  *   the first twelve as for route; read(list of seg ids) -> dict seg id -> Segment
  *   or None (missing: the store's multi-get), called once for every first round and
- *   once per extra round; indexed(bytes: 16-byte ids) -> a truth value per id (may a
+ *   once per extra round, for the segments `cache` (a SegmentCache, csrc/segcache.c,
+ *   or None) does not hold: those it holds are taken from it in C, each moved to its
+ *   recent end as the store's fetch would; indexed(bytes: 16-byte ids) -> a truth value per id (may a
  *   segment hold the block? False settles its window: no locator), or None (no block
  *   locators); ks (Q,) int64 as for assemble; exact: run the bound-and-verify rounds.
  *   -> (res, meta, tops, rounds): assemble's answers and the extra rounds read.
@@ -77,6 +79,7 @@
 #include "holders.h"
 #include "rounds.h"
 #include "sarp.h"
+#include "segcache.h"
 
 #define ROW_FIELDS 12
 enum { R_Q, R_W, R_OFF, R_LEN, R_FSTART, R_FCOUNT, R_WEAK, R_FBOUND, R_BLO, R_BHI, R_DLO, R_DHI };
@@ -866,16 +869,36 @@ static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- assemble ------------------------------------------------------------------------ */
 
-/* A matched window, copied out of its segment's arrays while the GIL is held: offsets
- * into the call's arena (meta: `length` words; the holder table: h words each). */
+/* A matched window's arrays, found while the GIL is held: each a pointer into its
+ * segment's own array where that is contiguous words (the buffer its view holds, kept
+ * by the call's table: no copy), else copied into the call's arena (`at`: its offset
+ * there, pointer NULL, resolved once the arena stops growing). Meta: `length` words;
+ * the holder table: h words each. */
 typedef struct {
-    Py_ssize_t meta, xmeta, xmask, h;
+    const uint64_t *p[3];   /* meta, xmeta, xmask */
+    Py_ssize_t at[3];
+    Py_ssize_t h;
     uint64_t presence;
     int length;
 } Copied;
 
-/* Copy the first `length` metas and the holder table of a matched segment into the
- * arena (the GIL held); -1 with an exception. */
+/* Words [0, n) of a 1-D uint64 buffer for a Copied slot: the buffer itself when its
+ * words are contiguous, else a copy into the arena. 0, or -1 with MemoryError. */
+static int window_words(const Py_buffer *b, Py_ssize_t n, IVec *arena, const uint64_t **p,
+                        Py_ssize_t *off) {
+    *off = arena->n;  /* (a NULL buffer of no words resolves to the arena too) */
+    if (b->strides[0] == (Py_ssize_t)sizeof(uint64_t)) {
+        *p = b->buf;
+        return 0;
+    }
+    *p = NULL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (ivec_push(arena, (int64_t)at(b, k, 0)) < 0) return -1;
+    return 0;
+}
+
+/* Find the first `length` metas and the holder table of a matched segment (the GIL
+ * held; `window_words`); -1 with an exception. */
 static int copy_window(SegTable *t, PyObject *segs, uint64_t sid, int64_t length, IVec *arena,
                        Copied *out) {
     Py_ssize_t i = table_get(t, segs, sid);
@@ -921,15 +944,9 @@ static int copy_window(SegTable *t, PyObject *segs, uint64_t sid, int64_t length
     }
     out->length = (int)length;
     out->h = b[1]->shape[0];
-    out->meta = arena->n;
-    for (Py_ssize_t k = 0; k < length; k++)
-        if (ivec_push(arena, (int64_t)at(b[0], k, 0)) < 0) return -1;
-    out->xmeta = arena->n;
-    for (Py_ssize_t k = 0; k < out->h; k++)
-        if (ivec_push(arena, (int64_t)at(b[1], k, 0)) < 0) return -1;
-    out->xmask = arena->n;
-    for (Py_ssize_t k = 0; k < out->h; k++)
-        if (ivec_push(arena, (int64_t)at(b[2], k, 0)) < 0) return -1;
+    for (int k = 0; k < 3; k++)
+        if (window_words(b[k], k ? out->h : length, arena, &out->p[k], &out->at[k]) < 0)
+            return -1;
     return 0;
 }
 
@@ -1002,6 +1019,9 @@ static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows,
     uint64_t *m = (uint64_t *)PyByteArray_AS_STRING(meta);
     HRun *tp = (HRun *)PyByteArray_AS_STRING(tops);
     const uint64_t *ar = (const uint64_t *)arena.v;
+    for (Py_ssize_t w = 0; w < nwins; w++)  /* the arena is done: its copies' places */
+        for (int k = 0; k < 3; k++)
+            if (wins[w].p[k] == NULL) wins[w].p[k] = ar + wins[w].at[k];
     int nomem = 0;
     PyThreadState *ts = nmeta + (Py_ssize_t)arena.n >= gil_free_min ? PyEval_SaveThread() : NULL;
     Py_ssize_t w0 = 0;
@@ -1009,7 +1029,7 @@ static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows,
         int nw = 0;
         for (; w0 < ends[q]; w0++, nw++) {
             const Copied *c = &wins[w0];
-            hw[nw] = (HWindow){ar + c->meta, 1, c->presence, ar + c->xmeta, ar + c->xmask,
+            hw[nw] = (HWindow){c->p[0], 1, c->presence, c->p[1], c->p[2],
                                c->h, c->length};
         }
         int64_t ntop = 0;
@@ -1071,10 +1091,11 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 /* -- match: a whole batch in one call ------------------------------------------------ */
 
-/* Read (`read(list of seg ids) -> dict`) the segments of ids[0..n) the table has no
- * view of yet, each once, into segs. 0, or -1 with an exception. */
-static int read_into(PyObject *read, PyObject *segs, const SegTable *t, const uint64_t *ids,
-                     Py_ssize_t n) {
+/* Read the segments of ids[0..n) the table has no view of yet, each once, into segs:
+ * those `cache` holds (NULL: none) from it, the rest through `read(list of seg ids) ->
+ * dict`. 0, or -1 with an exception. */
+static int read_into(PyObject *read, SegCache *cache, PyObject *segs, const SegTable *t,
+                     const uint64_t *ids, Py_ssize_t n) {
     PyObject *want = PyList_New(0), *seen = PySet_New(NULL), *got = NULL;
     int rc = -1;
     if (want == NULL || seen == NULL) goto done;
@@ -1082,8 +1103,15 @@ static int read_into(PyObject *read, PyObject *segs, const SegTable *t, const ui
         if (table_find(t, ids[i]) >= 0) continue;
         PyObject *sid = PyLong_FromUnsignedLongLong(ids[i]);
         if (sid == NULL) goto done;
-        int dup = PySet_Contains(seen, sid);
-        int bad = dup < 0 || (!dup && (PySet_Add(seen, sid) < 0 || PyList_Append(want, sid) < 0));
+        int dup = PySet_Contains(seen, sid), bad = dup < 0;
+        PyObject *seg = dup || bad || cache == NULL ? NULL : segcache_hit(cache, ids[i]);
+        if (seg != NULL) {  /* held: into segs (a reference: the insertion may run code) */
+            Py_INCREF(seg);
+            bad = PySet_Add(seen, sid) < 0 || PyDict_SetItem(segs, sid, seg) < 0;
+            Py_DECREF(seg);
+        } else if (!dup && !bad) {
+            bad = PySet_Add(seen, sid) < 0 || PyList_Append(want, sid) < 0;
+        }
         Py_DECREF(sid);
         if (bad) goto done;
     }
@@ -1115,6 +1143,7 @@ typedef struct {
     Py_ssize_t nr;
     SegTable *t;
     PyObject *segs, *read, *indexed;
+    SegCache *cache;
     rd_plan *plans;
 } Rounds;
 
@@ -1222,7 +1251,7 @@ static int one_round(const Rounds *x, const IVec *open, int *any) {
         goto done;
     }
     *any = 1;
-    if (read_into(x->read, x->segs, x->t, cands.v, cands.n) < 0) goto done;
+    if (read_into(x->read, x->cache, x->segs, x->t, cands.v, cands.n) < 0) goto done;
     for (Py_ssize_t i = 0; i < todo.n; i += 3) {
         int64_t r = todo.v[i];
         rd_plan *p = &x->plans[r];
@@ -1273,8 +1302,8 @@ static void query_spans(const int64_t *rows, Py_ssize_t nr, Py_ssize_t nq, int64
 
 /* Route, read and verify the first rounds, run the rounds, assemble: match's body
  * once its arguments are checked. */
-static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, PyObject *indexed,
-                             const int64_t *ks, int exact) {
+static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, SegCache *cache,
+                             PyObject *indexed, const int64_t *ks, int exact) {
     Py_ssize_t maxrows = 0, nr = 0;
     for (Py_ssize_t q = 0; q < b->nq; q++) maxrows += (b->qlens[q] + b->sb - 1) / b->sb;
     size_t nrow = (size_t)(maxrows ? maxrows : 1);
@@ -1306,7 +1335,7 @@ static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, PyObj
     }
     for (Py_ssize_t q = 0, s = 0; q < b->nq; s += b->qlens[q++]) starts[q] = s;
     query_spans(rows, nr, b->nq, spans);
-    if (read_into(read, segs, &t, first.v, first.n) < 0
+    if (read_into(read, cache, segs, &t, first.v, first.n) < 0
             || verify_rows(&t, segs, b->qids, starts[b->nq - 1] + b->qlens[b->nq - 1], starts,
                            b->nq, rows, nr, first.v, first.n, b->sb, best, bsid) < 0)
         goto done;
@@ -1321,7 +1350,8 @@ static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, PyObj
                     (row[R_BHI] - row[R_BLO]) + (row[R_DHI] - row[R_DLO]), row[R_FCOUNT],
                     best[r], bsid[r], b->cap);
         }
-        Rounds x = {d, b, starts, rows, spans, first.v, nr, &t, segs, read, indexed, plans};
+        Rounds x = {d, b, starts, rows, spans, first.v, nr, &t, segs, read, indexed, cache,
+                    plans};
         if (run_rounds(&x, &nrounds) < 0) goto done;
         for (Py_ssize_t r = 0; r < nr; r++) {
             best[r] = plans[r].best;
@@ -1349,10 +1379,10 @@ done:
 }
 
 static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != NBUF + 7 && nargs != NBUF + 8) {
-        PyErr_Format(PyExc_TypeError, "match takes %d or %d arguments (qids, qlens, bkeys, "
+    if (nargs < NBUF + 7 || nargs > NBUF + 9) {
+        PyErr_Format(PyExc_TypeError, "match takes %d to %d arguments (qids, qlens, bkeys, "
                      "bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap, read, indexed, "
-                     "ks, exact[, kfilter]), got %zd", NBUF + 7, NBUF + 8, nargs);
+                     "ks, exact[, kfilter[, cache]]), got %zd", NBUF + 7, NBUF + 9, nargs);
         return NULL;
     }
     PyObject *read = args[NBUF + 3], *indexed = args[NBUF + 4];
@@ -1360,12 +1390,19 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "read must be callable, indexed callable or None");
         return NULL;
     }
+    PyObject *cache = nargs > NBUF + 8 ? args[NBUF + 8] : Py_None;
+    if (cache != Py_None && !PyObject_TypeCheck(cache, &SegCacheType)) {
+        PyErr_Format(PyExc_TypeError, "cache must be a SegmentCache or None, got %.100s",
+                     Py_TYPE(cache)->tp_name);
+        return NULL;
+    }
     int exact = PyObject_IsTrue(args[NBUF + 6]);
     if (exact < 0) return NULL;
     Py_buffer v[NBUF + 1], ks;
     Dir d;
     Batch b;
-    if (route_args(args, nargs > NBUF + 7 ? args[NBUF + 7] : NULL, v, &d, &b) < 0) return NULL;
+    PyObject *kfilter = nargs > NBUF + 7 && args[NBUF + 7] != Py_None ? args[NBUF + 7] : NULL;
+    if (route_args(args, kfilter, v, &d, &b) < 0) return NULL;
     PyObject *out = NULL;
     if (get_buf(args[NBUF + 5], "ks", 1, 1, 0, &ks) == 0) {
         if (ks.shape[0] != b.nq)
@@ -1375,7 +1412,8 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             out = Py_BuildValue("(y#NNi)", "", (Py_ssize_t)0, PyByteArray_FromStringAndSize(NULL, 0),
                                 PyByteArray_FromStringAndSize(NULL, 0), 0);
         else
-            out = match_batch(&d, &b, read, indexed, ks.buf, exact);
+            out = match_batch(&d, &b, read, cache == Py_None ? NULL : (SegCache *)cache,
+                              indexed, ks.buf, exact);
         PyBuffer_Release(&ks);
     }
     release_all(v, NBUF + 1);
@@ -1593,11 +1631,12 @@ PyMODINIT_FUNC PyInit__cmatch(void) {
     S_CVIEW = PyUnicode_InternFromString("_cview");
     if (S_WINDOW == NULL || S_PRESENCE == NULL || S_IDS == NULL || S_META == NULL
             || S_XMETA == NULL || S_XMASK == NULL || S_CVIEW == NULL
-            || PyType_Ready(&CViewType) < 0)
+            || PyType_Ready(&CViewType) < 0 || PyType_Ready(&SegCacheType) < 0)
         return NULL;
     PyObject *mod = PyModule_Create(&module);
     if (mod == NULL) return NULL;
-    if (PyModule_AddIntConstant(mod, "ROW_FIELDS", ROW_FIELDS) < 0) {
+    if (PyModule_AddIntConstant(mod, "ROW_FIELDS", ROW_FIELDS) < 0
+            || PyModule_AddObjectRef(mod, "SegmentCache", (PyObject *)&SegCacheType) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

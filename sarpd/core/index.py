@@ -253,7 +253,8 @@ class SarpIndex:
                       errors: dict[int, SarpError], k: MatchKernel
                       ) -> list[MatchResult | SarpError]:
         """`match_many` with the match kernel (module `kernel`): ONE call routes the
-        batch, reads every first round (one multi-get), verifies it, runs the
+        batch, reads every first round (what the store's segment cache holds taken from it
+        in C, the rest in one multi-get), verifies it, runs the
         bound-and-verify rounds (`_exact_rounds`' twin: their reads and locator checks
         call back into the store) and assembles every answer, holders included."""
         geo = self.router.geo
@@ -267,7 +268,7 @@ class SarpIndex:
         res, meta, tops, rounds = kernel.match(
             k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
             self.store.fetch, self._indexed if self.cfg.block_locators else None, ks,
-            self.cfg.exact_match)
+            self.cfg.exact_match, self.store.segment_cache)
         out: list[MatchResult | SarpError] = []
         matched = 0
         for i, (r, q, (total, start, tstart, ntop)) in enumerate(

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sarpd.core.directory import FlatDirectory
-from sarpd.core.native import MatchKernel
+from sarpd.core.native import MatchKernel, SegmentCacheLike
 from sarpd.core.segment import Segment
 from sarpd.model import IdArray, U64Array
 
@@ -101,15 +101,17 @@ Indexed = Callable[[bytes], Sequence[bool]]  # 16-byte ids -> may a segment hold
 
 def match(kernel: MatchKernel, qids: IdArray, lens: I64Array, flat: FlatDirectory, sb: int,
           gap: int, cap: int, read: Read, indexed: Indexed | None, ks: I64Array,
-          exact: bool) -> tuple[I64Array, U64Array, U64Array, int]:
-    """A whole batch in one kernel call: `route`, one `read` of every first round,
-    `verify`, then (with `exact`) the bound-and-verify rounds of `SarpIndex._exact_rounds`
+          exact: bool, cache: SegmentCacheLike | None = None
+          ) -> tuple[I64Array, U64Array, U64Array, int]:
+    """A whole batch in one kernel call: `route`, one `read` of every first round (what
+    `cache`, the kernel's own `SegmentCache`, holds taken from it in C), `verify`, then
+    (with `exact`) the bound-and-verify rounds of `SarpIndex._exact_rounds`
     (`indexed` settles a window whose next block no segment holds; None: no block
     locators), and `assemble`'s answers: (res, meta, tops) as `assemble` gives them, and
     the extra rounds run."""
     res, meta, tops, rounds = kernel.match(
         qids, lens, flat.keys, flat.segs, flat.filts, flat.dkeys, flat.dsegs, flat.dfilts,
-        flat.dorder, sb, gap, cap, read, indexed, ks, exact, flat.kfilter)
+        flat.dorder, sb, gap, cap, read, indexed, ks, exact, flat.kfilter, cache)
     return (np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64),
             np.frombuffer(tops, np.uint64).reshape(-1, 2), rounds)
 

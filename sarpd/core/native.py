@@ -16,7 +16,8 @@ broken install, not a slower one.
     path      extension                          reference
     verify    sarpd.core.verify._cverify         sarpd.core.verify._numpy
     match     sarpd.core._cmatch                 sarpd.core.router (deepest, plan_at),
-                                                 sarpd.core.index (_verify_round)
+                                                 sarpd.core.index (_verify_round),
+                                                 sarpd.core.segcache (SegmentCache)
     hash      sarpd.core._chash (libxxhash)      sarpd.core.ids (Python + xxhash)
     write     sarpd.core._cwrite                 sarpd.core.segment (codecs, locators),
                                                  sarpd.core.delta (encode_delta),
@@ -58,7 +59,8 @@ if TYPE_CHECKING:
     Change = tuple[int, int, bytearray, bytearray, bytearray]
 
 __all__ = ["ENABLED", "EXTENSIONS", "XXHASH_PROBE", "BlockMapLike", "DirKernel", "DirectoryLike",
-           "HashKernel", "Kernels", "MapKernel", "MatchKernel", "VerifyKernel", "WriteKernel",
+           "HashKernel", "Kernels", "MapKernel", "MatchKernel", "SegmentCacheLike", "VerifyKernel",
+           "WriteKernel",
            "compiler", "expected", "pick", "status", "summary", "xxhash_found"]
 
 ENABLED = os.environ.get("SARPD_NO_EXTENSIONS") != "1"
@@ -108,12 +110,29 @@ class MatchKernel(Protocol):
               dorder: I64Array, sb: int, gap: int, cap: int,
               read: Callable[[list[int]], dict[int, Segment | None]],
               indexed: Callable[[bytes], Sequence[bool]] | None, ks: I64Array, exact: bool,
-              kfilter: U64Array = ..., /) -> tuple[bytes, bytearray, bytearray, int]: ...
+              kfilter: U64Array | None = ..., cache: SegmentCacheLike | None = ...,
+              /) -> tuple[bytes, bytearray, bytearray, int]: ...
+    @property
+    def SegmentCache(self) -> Callable[[int], SegmentCacheLike]: ...
     def salt(self, ids: IdArray, out: IdArray, lo: int, hi: int, /) -> None: ...
     def salt_runs(self, ids: IdArray, out: IdArray, ends: I64Array, salts: U64Array,
                   /) -> None: ...
     def merge_order(self, keys: U64Array, old: I64Array, old_keys: U64Array,
                     /) -> tuple[bytes, bytes]: ...
+
+
+class SegmentCacheLike(Protocol):
+    """The decoded-segment cache (sarpd/core/segcache.py's `SegmentCache`)."""
+
+    capacity: int
+
+    def __len__(self) -> int: ...
+    def __contains__(self, sid: object, /) -> bool: ...
+    def get(self, sid: int, /) -> Segment | None: ...
+    def hits(self, sids: Sequence[int], /) -> tuple[dict[int, Segment], list[int]]: ...
+    def put_many(self, segs: Mapping[int, Segment], /) -> None: ...
+    def items(self) -> list[tuple[int, Segment]]: ...
+    def clear(self) -> None: ...
 
 
 class WriteKernel(Protocol):
@@ -224,6 +243,16 @@ class Kernels:
         from sarpd.core.blockmap import BlockMap
 
         return BlockMap(budget_bytes, generation)
+
+    def segment_cache(self, capacity: int) -> SegmentCacheLike:
+        """A new decoded-segment cache: the match kernel's (which it reads in C), else
+        the reference (imported here, as `block_map`'s)."""
+        if self.match is not None:
+            return self.match.SegmentCache(capacity)
+        from sarpd.core.segcache import SegmentCache
+
+        cache: SegmentCache[Segment] = SegmentCache(capacity)
+        return cache
 
     def directory(self, delta_max_entries: int) -> DirectoryLike:
         """A new routing directory: the native one, else the reference (imported here,

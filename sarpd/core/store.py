@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -148,11 +147,12 @@ class Store:
         self.cfg = cfg
         self.k = kernels or native.pick()  # the index's kernels (sarpd.core.native)
         self.activity = Activity()
-        self._cache: OrderedDict[int, Segment] = OrderedDict()
+        # decoded segments between batches (sarpd/core/segcache.py): the match kernel's
+        # own when it is built, which it reads in C
+        self.segment_cache = self.k.segment_cache(SEGMENT_CACHE)
         # matches may run on several threads at once (no write meanwhile, issue 25):
-        # held while the cache's LRU order changes and while `activity` counts reads
+        # held while the cache changes and while `activity` counts reads
         self.lock = threading.Lock()
-        self.cache_segments = SEGMENT_CACHE  # the cache's size (the bench sizes it)
         self._ns_blocks: dict[int, int] = {}  # namespace tag -> indexed blocks (as stored)
         self.copies = Copies(cfg.segment_blocks)  # hot windows' copies (the writer's)
         # where recently stored blocks live, by id (issue 24): None without locators
@@ -270,8 +270,17 @@ class Store:
         with backend_errors():
             return self.backend.stats()
 
+    @property
+    def cache_segments(self) -> int:
+        """The decoded-segment cache's size (the bench sizes it)."""
+        return self.segment_cache.capacity
+
+    @cache_segments.setter
+    def cache_segments(self, value: int) -> None:
+        self.segment_cache.capacity = value
+
     def close(self) -> None:
-        self._cache.clear()
+        self.segment_cache.clear()
         with backend_errors():
             self.backend.close()
 
@@ -347,7 +356,7 @@ class Store:
 
     def reset(self) -> None:
         """Forget what memory holds of the disk and re-read the counters (a reload)."""
-        self._cache.clear()
+        self.segment_cache.clear()
         self.copies.clear()
         if self.blockmap is not None:
             self.blockmap.clear()
@@ -408,13 +417,13 @@ class Store:
     def forget_segments(self) -> None:
         """Drop the decoded-segment cache (its segments are read again when needed)
         and the copies map (`check --fix` rebuilds routing points)."""
-        self._cache.clear()
+        self.segment_cache.clear()
         self.copies.clear()
 
     def cached_segments(self) -> list[tuple[int, Segment]]:
         """The segments the cache holds, least recently used first (read-only)."""
         with self.lock:
-            return list(self._cache.items())
+            return self.segment_cache.items()
 
     def ns_blocks(self, tag: int) -> int:
         """Blocks indexed in the namespace with this tag, as committed (kept per
@@ -481,20 +490,13 @@ class Store:
         the rest in ONE backend multi-get. The cache holds committed segments only
         (a write batch's working copies enter it when the batch is durable), so a
         turn's insert finds the segments its match just read."""
-        out: dict[int, Segment | None] = {}
-        missing = []
-        cache, pending = self._cache, self.pending
-        get, recent = cache.get, cache.move_to_end
+        cache, pending = self.segment_cache, self.pending
         with self.lock:  # a hit moves to the recent end: not while another thread trims
-            for sid in sids:
-                seg = get(sid)
-                if seg is not None:
-                    recent(sid)
-                    out[sid] = seg
-                elif pending and sid in pending:  # base + delta records, merged
-                    out[sid] = pending[sid]
-                else:
-                    missing.append(sid)
+            hits, missing = cache.hits(sids)
+        out: dict[int, Segment | None] = dict(hits)
+        if pending and missing:  # base + delta records, merged
+            out.update((sid, pending[sid]) for sid in missing if sid in pending)
+            missing = [sid for sid in missing if sid not in pending]
         if missing:
             try:
                 values = self.get_many([seg_key(s) for s in missing])
@@ -505,12 +507,8 @@ class Store:
                 out[sid] = decode(sid, value)
             with self.lock:
                 self.activity.segment_reads += len(missing)
-                for sid in missing:
-                    seg = out[sid]
-                    if seg is not None:  # not cached: it goes in at the recent end
-                        cache[sid] = seg
-                while len(cache) > self.cache_segments:  # `remember_many`'s trim
-                    cache.popitem(last=False)
+                # not cached: in at the recent end, then `remember_many`'s trim
+                cache.put_many({sid: seg for sid in missing if (seg := out[sid]) is not None})
         return out
 
     def read(self, sids: list[int]) -> dict[int, Segment]:
@@ -541,13 +539,8 @@ class Store:
     def remember_many(self, segs: Mapping[int, Segment]) -> None:
         """Put segments in the cache at its recent end, in order, and trim it once (the
         same cache as remembering each in turn: the trim takes the oldest first)."""
-        cache = self._cache
         with self.lock:
-            for sid, seg in segs.items():
-                cache[sid] = seg
-                cache.move_to_end(sid)
-            while len(cache) > self.cache_segments:
-                cache.popitem(last=False)
+            self.segment_cache.put_many(segs)
 
 
 def seg_bytes(seg: Segment | None) -> int:

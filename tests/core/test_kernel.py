@@ -271,6 +271,45 @@ def test_views_kept_on_segments_follow_every_write(seed: int) -> None:
         assert any(seg._cview is not None for _, seg in ix.store.cached_segments())
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_match_takes_cached_segments_in_c_as_the_store_would(seed: int) -> None:
+    """`match` takes what the store's segment cache holds from it in C (moving each to
+    the recent end), the rest through `Store.fetch`: under a cache far smaller than the
+    index, writes and matches in turn answer, read the backend and leave the cache's
+    order exactly as the same kernel reading every segment through `Store.fetch`."""
+    rng = np.random.default_rng(seed)
+    cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, window_cap=2)
+    trunk = ids(30, seed % 991)
+    steps = []
+    for step in range(10):
+        seqs = [np.concatenate([trunk[: int(rng.integers(1, 31))],
+                                ids(int(rng.integers(0, 9)), seed + 40 * step + i)])
+                for i in range(4)]
+        cuts = [int(rng.integers(0, len(s) + 1)) for s in seqs]
+        steps.append((seqs, cuts))
+
+    def run(ix: SarpIndex) -> tuple[list[Any], list[int], int]:
+        ix.recover()
+        ix.store.cache_segments = 6
+        got: list[Any] = []
+        for step, (seqs, cuts) in enumerate(steps):
+            ix.write_many([_insert(i, s, 1 + (step + i) % 3) for i, s in enumerate(seqs)])
+            got += _answers(ix.match_many([Match(j, SeqSpec("", hashes=s[:c]), holders=2)
+                                           for j, (s, c) in enumerate(zip(seqs, cuts,
+                                                                          strict=True))]))
+        order = [sid for sid, _ in ix.store.cached_segments()]
+        return got, order, ix.store.activity.segment_reads
+
+    with_cache = run(SarpIndex(MemoryBackend(), cfg, kernels=native.pick()))
+    plain = kernel.match
+    with pytest.MonkeyPatch.context() as mp:  # no cache: every segment through fetch
+        mp.setattr(kernel, "match", lambda *args: plain(*args[:-1]))
+        through_fetch = run(SarpIndex(MemoryBackend(), cfg, kernels=native.pick()))
+    assert with_cache == through_fetch
+    assert with_cache[2] > 0 and len(with_cache[1]) == 6  # the cache was too small
+
+
 @pytest.mark.parametrize("locators", [True, False])
 def test_match_runs_the_references_rounds_on_a_hot_prefix(locators: bool) -> None:
     """Hundreds of branches of one prefix, a cap of 2: windows whose first round falls
@@ -318,8 +357,15 @@ def test_match_refuses_bad_callbacks_and_passes_their_errors_on() -> None:
 
     with pytest.raises(OSError, match="on fire"):
         k.match(*good[:12], broken, *good[13:])
-    with pytest.raises(TypeError, match="16 or 17 arguments"):
+    with pytest.raises(TypeError, match="16 to 18 arguments"):
         k.match(*good[:5])
+    with pytest.raises(TypeError, match="cache must be a SegmentCache or None, got dict"):
+        k.match(*good, None, {})
+    cache = native.pick().segment_cache(4)  # held segments are taken from it, not read
+    cache.put_many({5: Segment(5, 0, 0b111, 0, q.copy(), np.full(3, 9, np.uint64))})
+    res, meta, _, _ = k.match(*good[:12], broken, *good[13:], None, cache)
+    assert np.frombuffer(res, np.int64).tolist()[0] == 3
+    assert np.frombuffer(meta, np.uint64).tolist() == [9, 9, 9]
 
 
 def _insert(i: int, seq: IdArray, meta: int) -> Insert:

@@ -26,8 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from sarpd.core.blockmap import BlockMap
 from sarpd.core.ids import salt_ids, token_ids
 from sarpd.core.index import SarpIndex
 from sarpd.core.native import BlockMapLike
+from sarpd.core.segcache import SegmentCache
 from sarpd.core.segment import Segment
 from sarpd.core.store import open_backend
 from sarpd.errors import SarpError
@@ -323,20 +323,26 @@ def test_a_block_asked_twice_in_one_lookup_leaves_its_generation_once(impl: MapM
     assert bm.lookup(ids)[0].tolist() == list(range(8))
 
 
-class _Slow(OrderedDict[int, Segment]):
-    """A segment cache that yields the interpreter right after a hit: whatever another
-    thread does to the cache between a hit and its move to the recent end happens."""
+class _Slow(SegmentCache):
+    """The reference cache yielding the interpreter after each hit: whatever another
+    thread does to the cache between a hit and the next happens."""
 
-    def get(self, key: int, default: Segment | None = None) -> Segment | None:  # type: ignore[override]
-        seg = super().get(key, default)
-        if seg is not None:
+    def hits(self, sids: Iterable[int]) -> tuple[dict[int, Segment], list[int]]:
+        got: dict[int, Segment] = {}
+        missing: list[int] = []
+        for sid in sids:
+            hit, miss = super().hits([sid])
+            got.update(hit)
+            missing += miss
             time.sleep(0)
-        return seg
+        return got, missing
 
 
-def test_the_segment_cache_on_threads_serves_every_segment() -> None:
+@pytest.mark.parametrize("slow", [True, False], ids=["reference-yielding", "the-index's"])
+def test_the_segment_cache_on_threads_serves_every_segment(slow: bool) -> None:
     """Reads from four threads through a cache of 3 segments (every read evicts):
-    every read gets its segments, the cache keeps its size."""
+    every read gets its segments, the cache keeps its size; the reference cache
+    yielding between hits, and the index's own (the native one where it is built)."""
     ix = SarpIndex(MemoryBackend(), IndexConfig())
     ix.recover()
     rng = np.random.default_rng(5)
@@ -347,8 +353,7 @@ def test_the_segment_cache_on_threads_serves_every_segment() -> None:
     sids = list(range(1, ix.counters.next_seg))
     want = store.read(sids)
     assert len(want) == 12
-    store.cache_segments = 3
-    store._cache = _Slow()
+    store.segment_cache = _Slow(3) if slow else native.pick().segment_cache(3)
 
     def work(k: int) -> None:
         r = random.Random(k)

@@ -33,6 +33,7 @@ TESTS=(
     tests/core/test_verify.py tests/core/test_native.py tests/core/test_write_batches.py
     tests/core/test_index.py tests/core/test_blockmap.py tests/core/test_cmap.py
     tests/core/test_csegment.py tests/core/test_cdir.py tests/core/test_delta.py
+    tests/core/test_segcache.py tests/core/test_threads.py
     tests/fuzz
 )
 (($#)) && TESTS=("$@")

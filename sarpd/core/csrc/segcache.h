@@ -1,0 +1,41 @@
+/* The decoded-segment cache (sarpd/core/segcache.py is its reference and says what it
+ * keeps): segment id -> Segment object, least recently used out first, a Python type of
+ * the match kernel's module (`_cmatch.SegmentCache`) that the kernel also reads in C.
+ *
+ * Layout: entries in one array (a freed one is reused), linked oldest -> newest by
+ * index; an open-addressing table (linear probing, backward-shift deletion) of 1 + an
+ * entry's index by segment id. Each method changes the structure and only then drops
+ * a reference, so a deallocation that runs Python code finds it consistent. */
+
+#ifndef SARP_SEGCACHE_H
+#define SARP_SEGCACHE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+typedef struct {
+    uint64_t sid;
+    PyObject *seg;        /* a reference; NULL: the entry is free */
+    int32_t prev, next;   /* the order's neighbours (-1: none); next chains free ones */
+} SCEntry;
+
+typedef struct {
+    PyObject_HEAD
+    SCEntry *e;
+    int32_t used, room;   /* entries made, allocated */
+    int32_t held;         /* entries holding a segment */
+    int32_t free_head;    /* the first free entry (-1: none) */
+    int32_t oldest, newest;
+    int32_t *slots;       /* 1 + entry index, 0 empty */
+    size_t mask;
+    Py_ssize_t capacity;
+} SegCache;
+
+extern PyTypeObject SegCacheType;
+
+/* The segment held under `sid`, moved to the recent end (a borrowed reference), or
+ * NULL when none is held (no exception). */
+PyObject *segcache_hit(SegCache *c, uint64_t sid);
+
+#endif
