@@ -181,12 +181,12 @@ class Router:
             # predecessor listed once at most: pruned; refinement needs a long list)
             d.add(int(seg.ids[0, 0]), sid, segment_filters(seg.ids, [0], geo.sb, self.k)[0])
             return
-        offs = [o for o in geo.offsets if o < seg.nblocks]
-        if old_n is not None:  # points whose filter cannot have changed are left alone
-            offs = [o for o in offs if o + 16 >= old_n]
+        n = seg.nblocks
+        low = 0 if old_n is None else old_n - 16  # points whose filter cannot have
+        offs = [o for o in geo.offsets if low <= o < n]  # changed are left alone
         if not offs:
             return
-        fresh = seg.nblocks if fresh_from is None else fresh_from
+        fresh = n if fresh_from is None else fresh_from
         filts = segment_filters(seg.ids, offs, geo.sb, self.k)
         refine: list[tuple[int, int, int]] = []
         t = self.cfg.refine_threshold + 1

@@ -56,6 +56,7 @@ Cluster mode only (issue 15), labelled {shard, replica}, read from the replica's
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -148,17 +149,26 @@ def op_name(req: Request) -> str:
 class _Hist:
     """A histogram kept as numpy bucket counts (cumulative only when exported)."""
 
-    __slots__ = ("counts", "edges", "sum")
+    __slots__ = ("_edges", "counts", "edges", "sum")
 
     def __init__(self, edges: Sequence[float]) -> None:
         self.edges = np.asarray(edges, dtype=np.float64)
+        self._edges = self.edges.tolist()  # a lone value's bucket: bisect, not numpy
         self.counts = np.zeros(len(edges) + 1, dtype=np.int64)  # last: +Inf
         self.sum = 0.0
 
     def add(self, values: Sequence[float] | np.ndarray[Any, Any]) -> None:
+        """Count each value in the first bucket whose edge is >= it (numpy's
+        searchsorted, side "left"; bisect_left for a lone value: the same bucket)."""
+        if len(values) == 1:  # once per batch (its size, a ratio): no numpy call
+            v = float(values[0])  # NaN sorts last in numpy: the +Inf bucket
+            self.counts[bisect.bisect_left(self._edges, v) if v == v else -1] += 1
+            self.sum += v
+            return
         arr = np.asarray(values, dtype=np.float64)
         if arr.size:
-            np.add.at(self.counts, np.searchsorted(self.edges, arr, side="left"), 1)
+            at = np.searchsorted(self.edges, arr, side="left")
+            self.counts += np.bincount(at, minlength=self.counts.size)
             self.sum += float(arr.sum())
 
     def buckets(self) -> list[tuple[str, float]]:

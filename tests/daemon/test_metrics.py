@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sarpd.client import SyncClient
 from sarpd.core import Activity
-from sarpd.daemon.metrics import Metrics
+from sarpd.daemon.metrics import Metrics, _Hist
 from sarpd.daemon.reports import Reports
 from sarpd.errors import SarpError
 from sarpd.model import Match, MatchResult, Ping, Report, SeqSpec
@@ -243,3 +245,24 @@ def test_request_latency_is_a_histogram_by_op_added_per_batch() -> None:
     assert samples[("bucket", "0.01", "match")] == 3
     assert samples[("bucket", "1", "ping")] == 0 and samples[("bucket", "2.5", "ping")] == 1
     assert samples[("bucket", "+Inf", "insert")] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.sampled_from([0.0, 1.0, 2.5, 4.0, 64.0, float("nan")]),
+                                 st.floats(-1e9, 1e9)), max_size=20),
+       lone=st.booleans())
+def test_a_histogram_counts_each_value_where_searchsorted_puts_it(
+        values: list[float], lone: bool) -> None:
+    """`_Hist.add` counts a lone value by bisect and several by numpy: either way each
+    value lands in the first bucket whose edge is >= it (NaN: +Inf), and the sum
+    follows."""
+    edges = [1.0, 2.5, 4.0, 64.0]
+    h = _Hist(edges)
+    for chunk in ([[v] for v in values] if lone else [values]):
+        h.add(chunk)
+    want = np.zeros(len(edges) + 1, np.int64)
+    np.add.at(want, np.searchsorted(np.array(edges), np.array(values, np.float64),
+                                    side="left"), 1)
+    assert h.counts.tolist() == want.tolist()
+    total = float(np.array(values, np.float64).sum())
+    assert h.sum == pytest.approx(total, rel=1e-9, abs=1e-3, nan_ok=True)
