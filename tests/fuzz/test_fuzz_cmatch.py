@@ -12,6 +12,11 @@ helpers:
   views, presence past 64 bits or negative) is `reference_verify`'s;
 - `assemble` is `holders.match_holders` (metas and top holders);
 - `merge_order` is numpy's stable argsort (keys that collide, uint64's extremes);
+- the segment cache (`SegmentCache`, csrc/segcache.c) keeps the reference's answers
+  and order (sarpd/core/segcache.py) over random operation sequences (puts of new and
+  held ids, hits with repeats, capacities that shrink to 0 and grow, clears), and
+  refuses hostile ids (negative, past 64 bits, not ints) and values (None, not a
+  mapping) cleanly, its structure whole after (its `_audit`);
 - hostile arguments (arrays of another dtype, shape or memory order, rows, spans,
   offsets and orders out of range, lengths that do not add up, sb/gap/cap out of
   range or huge) are refused with a clean exception, or, where the kernel takes them,
@@ -19,6 +24,7 @@ helpers:
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from dataclasses import replace
@@ -33,6 +39,7 @@ from sarpd.core import kernel, native
 from sarpd.core.holders import match_holders
 from sarpd.core.index import SarpIndex
 from sarpd.core.routing import filter_at, fingerprints
+from sarpd.core.segcache import SegmentCache
 from sarpd.core.segment import Segment
 from sarpd.model import IdArray
 from tests.core.test_kernel import (
@@ -408,12 +415,64 @@ def _check_raw(src: Source) -> None:
     clean(aerr, "assemble", *SEG_ERRORS)
 
 
+def _u64(sid: object) -> bool:
+    return type(sid) is int and 0 <= sid < 2**64
+
+
+def _sid(src: Source) -> Any:
+    """A segment id: mostly a few small ones (repeats), at times hostile."""
+    if src.chance(90):
+        return src.integer(0, 24)
+    return src.pick([-1, 2**64, 2**64 - 1, "7", 1.0, None])
+
+
+def _check_cache(src: Source) -> None:
+    cap = src.integer(0, 12)
+    c, ref = K.SegmentCache(cap), SegmentCache(cap)
+    for step in range(src.integer(0, 40)):
+        op = src.integer(0, 5)
+        if op == 0:  # put_many: a mapping of ids to objects (None at times)
+            segs = {_sid(src): (None if src.chance(3) else object())
+                    for _ in range(src.integer(0, 6))}
+            arg: Any = segs if src.chance(95) else list(segs)
+            _, err = outcome(functools.partial(c.put_many, arg))
+            _, werr = outcome(functools.partial(ref.put_many, arg))
+            if not isinstance(arg, dict) or not all(_u64(k) for k in segs):
+                refused(err, "put_many(hostile ids or not a mapping)", OverflowError)
+            if err is not None or werr is not None:
+                clean(err, "put_many", TypeError, ValueError, OverflowError)
+                c.clear()  # a refused put may have applied its first entries: start over
+                ref.clear()
+        elif op == 1:
+            sids = [_sid(src) for _ in range(src.integer(0, 8))]
+            got, err = outcome(functools.partial(c.hits, sids))
+            if err is not None:
+                clean(err, "hits", TypeError, OverflowError)
+                c.clear()
+                ref.clear()
+            else:
+                want = ref.hits(sids)
+                assert list(got[0].items()) == list(want[0].items()) and got[1] == want[1]
+        elif op == 2:
+            sid = _sid(src)
+            assert (sid in c) == (_u64(sid) and sid in ref)
+            if _u64(sid):
+                assert c.get(sid) is ref.get(sid)
+        elif op == 3:
+            c.capacity = ref.capacity = src.integer(0, 12)
+        else:
+            c.clear()
+            ref.clear()
+        assert c.items() == ref.items() and len(c) == len(ref), step
+        assert c._audit()
+
+
 def one_input(data: bytes) -> None:
     if K is None:
         return
     src = Source(data)
     src.pick([_check_route, _check_verify, _check_verify, _check_assemble, _check_merge,
-              _check_match, _check_match, _check_raw, _check_raw])(src)
+              _check_match, _check_match, _check_raw, _check_raw, _check_cache])(src)
 
 
 @pytest.mark.skipif(K is None, reason="the match kernel is not built")
