@@ -1594,6 +1594,61 @@ static PyObject *salt_runs(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+/* salt_into(seqs, out, salts): the rows of every seqs[i] ((n_i, 2) uint64, any strides)
+ * salted with salts[i], one after another into `out` (a writable C-contiguous (sum n_i,
+ * 2) uint64 array): salt_ids_many's batch without a concatenated copy first. */
+static PyObject *salt_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "salt_into takes 3 arguments (seqs, out, salts), got %zd",
+                     nargs);
+        return NULL;
+    }
+    PyObject *seqs = PySequence_Fast(args[0], "salt_into: seqs must be a sequence of arrays");
+    if (seqs == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
+    Py_buffer dst, salts;
+    PyObject *out = NULL;
+    if (get_buf(args[1], "out", 0, 2, 2, &dst) < 0) goto no_dst;
+    if (get_buf(args[2], "salts", 0, 2, 2, &salts) < 0) goto no_salts;
+    if (dst.readonly || salts.shape[0] != m) {
+        PyErr_Format(PyExc_ValueError, "salt_into: out must be writable and salts have one row "
+                     "per sequence (%zd), got %zd%s", m, salts.shape[0],
+                     dst.readonly ? " (out read-only)" : "");
+        goto done;
+    }
+    const uint64_t *sv = salts.buf;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        Py_buffer src;
+        if (get_strided(PySequence_Fast_GET_ITEM(seqs, i), "ids", 2, 2, &src) < 0) goto done;
+        Py_ssize_t n = src.shape[0];
+        if (n > dst.shape[0] - at) {
+            PyBuffer_Release(&src);
+            PyErr_Format(PyExc_ValueError, "salt_into: out has %zd rows, the sequences more",
+                         dst.shape[0]);
+            goto done;
+        }
+        xor_rows(&src, (uint64_t *)dst.buf + 2 * at, 0, n, load_u64(sv + 2 * i),
+                 load_u64(sv + 2 * i + 1));
+        PyBuffer_Release(&src);
+        at += n;
+    }
+    if (at != dst.shape[0]) {
+        PyErr_Format(PyExc_ValueError, "salt_into: out has %zd rows, the sequences %zd",
+                     dst.shape[0], at);
+        goto done;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&salts);
+no_salts:
+    PyBuffer_Release(&dst);
+no_dst:
+    Py_DECREF(seqs);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"route", (PyCFunction)(void (*)(void))route, METH_FASTCALL,
      "Every routed window of a batch and its first round (module docstring)."},
@@ -1609,6 +1664,9 @@ static PyMethodDef methods[] = {
     {"salt_runs", (PyCFunction)(void (*)(void))salt_runs, METH_FASTCALL,
      "salt_runs(ids, out, ends, salts, /)\n--\n\nsalt of each run [ends[i-1], ends[i]) of "
      "ids with salts[i] (sarpd.core.ids.salt_ids_many)."},
+    {"salt_into", (PyCFunction)(void (*)(void))salt_into, METH_FASTCALL,
+     "salt_into(seqs, out, salts, /)\n--\n\nThe rows of each seqs[i] salted with salts[i], "
+     "one after another into out (sarpd.core.ids.salt_ids_many)."},
     {"merge_order", (PyCFunction)(void (*)(void))merge_order, METH_FASTCALL,
      "The delta's stable key order with its appended rows merged in (module docstring)."},
     {"_set_gil_free_min", set_gil_free_min, METH_O,

@@ -26,7 +26,7 @@ import functools
 import itertools
 import operator
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -154,24 +154,44 @@ def salt_ids(ns: str, ids: IdArray, k: Kernels | None = None) -> IdArray:
     return out
 
 
+class Joined(list[IdArray]):
+    """`salt_ids_many`'s answer: the sequences' ids, views one after another of ONE
+    array, kept as `flat` (a batch's ids for the match kernel, without a copy)."""
+
+    __slots__ = ("flat",)
+
+    def __init__(self, parts: Iterable[IdArray], flat: IdArray) -> None:
+        super().__init__(parts)
+        self.flat = flat
+
+
 def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray], k: Kernels | None = None
                   ) -> list[IdArray]:
-    """`salt_ids` of a batch: one copy and one XOR for all of it, not two numpy calls
-    per sequence (the results are disjoint views of one array)."""
+    """`salt_ids` of a batch: one pass for all of it, not two numpy calls per sequence
+    (the results are disjoint views of one array: a `Joined`). The match kernel's
+    `salt_into` copies and salts every sequence in one call where it runs and the ids
+    are uint64 pairs; else one concatenation (numpy's unsafe cast), then the salts."""
     if len(ids) <= 1:  # a lone query: no batch to share the calls with
         return [salt_ids(ns, a, k) for ns, a in zip(nss, ids, strict=True)]
     lens = [len(a) for a in ids]
     ends = list(itertools.accumulate(lens))
-    flat: IdArray = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
     c = (k or native.pick()).match
+    flat: IdArray
     if c is not None:  # one C loop over the runs, each with its namespace's salt
         salts = np.array([_salt_words(ns) for ns in nss], np.uint64)
-        c.salt_runs(flat, flat, np.array(ends, np.int64), salts)
-    elif len(set(nss)) == 1:
-        flat ^= _salt(nss[0])
+        flat = np.empty((ends[-1], 2), np.uint64)
+        try:
+            c.salt_into(ids, flat, salts)
+        except (TypeError, ValueError):  # not all (n, 2) uint64: numpy's cast first
+            flat = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
+            c.salt_runs(flat, flat, np.array(ends, np.int64), salts)
     else:
-        flat ^= np.repeat(np.concatenate([_salt(ns) for ns in nss]), lens, axis=0)
-    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        flat = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
+        if len(set(nss)) == 1:
+            flat ^= _salt(nss[0])
+        else:
+            flat ^= np.repeat(np.concatenate([_salt(ns) for ns in nss]), lens, axis=0)
+    return Joined((flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)), flat)
 
 
 def id_bytes(row: IdArray) -> bytes:

@@ -43,7 +43,7 @@ from sarpd.core import kernel, native, verify
 from sarpd.core.blockmap import MapArrays
 from sarpd.core.fsck import run_check
 from sarpd.core.holders import match_holders
-from sarpd.core.ids import HASH_NAME, salt_ids
+from sarpd.core.ids import HASH_NAME, Joined, salt_ids
 from sarpd.core.native import DirectoryLike, Kernels, MatchKernel
 from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
@@ -232,14 +232,16 @@ class SarpIndex:
             self._reload_or_raise(resume=False)
         qs: list[IdArray] = []
         errors: dict[int, SarpError] = {}
-        for i, q in enumerate(self.store.seq_ids_many([r.seq for r in reqs])):
+        got = self.store.seq_ids_many([r.seq for r in reqs])
+        for i, q in enumerate(got):
             if isinstance(q, SarpError):
                 errors[i] = q
                 q = np.empty((0, 2), np.uint64)
             qs.append(q)
         k = self.k.match
-        if k is not None:
-            return self._match_native(reqs, qs, errors, k)
+        if k is not None:  # a batch salted into one array is the kernel's as it is
+            return self._match_native(reqs, qs, errors, k,
+                                      got.flat if isinstance(got, Joined) else None)
         plans = self.router.plan_many(qs)
         first = [(qi, p, p.first) for qi, windows in enumerate(plans) for p in windows]
         segs = self._verify_round(qs, first, {})
@@ -250,13 +252,14 @@ class SarpIndex:
                 for i, (r, q, windows) in enumerate(zip(reqs, qs, plans, strict=True))]
 
     def _match_native(self, reqs: Sequence[Match], qs: Sequence[IdArray],
-                      errors: dict[int, SarpError], k: MatchKernel
-                      ) -> list[MatchResult | SarpError]:
+                      errors: dict[int, SarpError], k: MatchKernel,
+                      joined: IdArray | None = None) -> list[MatchResult | SarpError]:
         """`match_many` with the match kernel (module `kernel`): ONE call routes the
         batch, reads every first round (what the store's segment cache holds taken from it
         in C, the rest in one multi-get), verifies it, runs the
         bound-and-verify rounds (`_exact_rounds`' twin: their reads and locator checks
-        call back into the store) and assembles every answer, holders included."""
+        call back into the store) and assembles every answer, holders included.
+        `joined`: the queries' ids already one array, qs its views in order."""
         geo = self.router.geo
         if len(qs) == 1:  # a lone query (the fleet's): no generator, no concatenation
             lens, ks = np.array([len(qs[0])], np.int64), np.array([reqs[0].holders], np.int64)
@@ -264,7 +267,8 @@ class SarpIndex:
         else:
             lens = np.fromiter((len(q) for q in qs), np.int64, len(qs))
             ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
-            qids = np.ascontiguousarray(np.concatenate(qs), np.uint64)
+            qids = joined if joined is not None else np.ascontiguousarray(np.concatenate(qs),
+                                                                          np.uint64)
         res, meta, tops, rounds = kernel.match(
             k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
             self.store.fetch, self._indexed if self.cfg.block_locators else None, ks,

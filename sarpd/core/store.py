@@ -445,12 +445,16 @@ class Store:
         assert seq.hashes is not None
         return salt_ids(seq.ns, seq.hashes, self.k)
 
-    def seq_ids_many(self, seqs: Sequence[SeqSpec]) -> list[IdArray | TooLarge]:
+    def seq_ids_many(self, seqs: Sequence[SeqSpec]) -> Sequence[IdArray | TooLarge]:
         """`seq_ids` of a batch (no parents): every token sequence of it hashed in ONE
         call (native hashing: one C call per batch); a sequence `seq_ids` refuses gets
-        its error in its place."""
+        its error in its place. A batch of caller ids only (a router's) is salted in one
+        pass into one array: `salt_ids_many`'s `Joined`."""
         if len(seqs) == 1 and seqs[0].hashes is not None and seqs[0].tokens is None:
             return [salt_ids(seqs[0].ns, seqs[0].hashes, self.k)]  # a lone caller-id query
+        hashes = [seq.hashes for seq in seqs if seq.tokens is None and seq.hashes is not None]
+        if len(hashes) == len(seqs):
+            return salt_ids_many([seq.ns for seq in seqs], hashes, self.k)
         out: dict[int, IdArray | TooLarge] = {}
         todo: list[int] = []
         salted: list[int] = []

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sarpd.core import native
 from sarpd.core.ids import (
     HASH_NAME,
+    Joined,
     chain_ids,
     check_sequence_tokens,
     id_bytes,
@@ -78,20 +79,34 @@ _ids_arrays = st.lists(st.integers(0, 2**64 - 1), max_size=12).map(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["", "a", "b", "\u00e9"]), _ids_arrays), max_size=8),
-       st.booleans())
+       st.booleans(), st.sampled_from(["plain", "strided", "int64"]))
 def test_salt_ids_many_is_salt_ids_of_each(batch: list[tuple[str, np.ndarray]],
-                                           one_ns: bool) -> None:
+                                           one_ns: bool, form: str) -> None:
     """The batch form equals the rule applied one sequence at a time: one namespace
-    for the batch or mixed ones, empty sequences and an empty batch included."""
+    for the batch or mixed ones, empty sequences and an empty batch included, ids
+    strided (every other row of a bigger array: the kernel's `salt_into` reads them as
+    they are) or of another dtype (numpy's cast first). A batch's answers are views
+    one after another of the one array a `Joined` keeps."""
     if one_ns:
         batch = [("a", ids) for _, ids in batch]
+    if form == "strided":
+        batch = [(ns, np.repeat(ids, 2, axis=0)[::2]) for ns, ids in batch]
+    elif form == "int64" and len(batch) > 1:  # (a lone sequence is salt_ids': uint64)
+        batch = [(ns, ids.astype(np.int64)) for ns, ids in batch]
     got = salt_ids_many([ns for ns, _ in batch], [ids for _, ids in batch])
     ref = salt_ids_many([ns for ns, _ in batch], [ids for _, ids in batch],
                         native.pick(reference=True))  # numpy's, one XOR for the batch
     assert len(got) == len(ref) == len(batch)
     for (ns, ids), g, r in zip(batch, got, ref, strict=True):
+        want = salt_ids(ns, ids.astype(np.uint64))
         assert g.dtype == np.uint64 and g.shape == ids.shape
-        assert (g == salt_ids(ns, ids)).all() and (g == r).all()
+        assert (g == want).all() and (g == r).all()
+    if len(batch) > 1:
+        for answer in (got, ref):
+            assert isinstance(answer, Joined)
+            assert answer.flat.flags.c_contiguous and answer.flat.dtype == np.uint64
+            assert answer.flat.tolist() == [row for g in answer for row in g.tolist()]
+            assert all(np.shares_memory(g, answer.flat) for g in answer if len(g))
 
 
 @settings(max_examples=100, deadline=None)
@@ -128,6 +143,20 @@ def test_the_salt_kernel_refuses_a_bad_out_by_name() -> None:
         c.salt_runs(ids, out, np.array([3], np.int64), salts)
     c.salt_runs(ids, out, np.array([1, 3], np.int64), np.array([[1, 2], [3, 4]], np.uint64))
     assert out.tolist() == [[1, 2], [3, 4], [3, 4]]
+    two = np.array([[1, 2], [3, 4]], np.uint64)
+    with pytest.raises(ValueError, match="one row per sequence \\(2\\), got 1"):
+        c.salt_into([ids, ids], np.zeros((6, 2), np.uint64), two[:1])
+    with pytest.raises(ValueError, match="out has 5 rows, the sequences more"):
+        c.salt_into([ids, ids], np.zeros((5, 2), np.uint64), two)
+    with pytest.raises(ValueError, match="out has 7 rows, the sequences 6"):
+        c.salt_into([ids, ids], np.zeros((7, 2), np.uint64), two)
+    with pytest.raises((TypeError, ValueError), match="ids"):
+        c.salt_into([ids, ids.astype(np.int64)], np.zeros((6, 2), np.uint64), two)
+    with pytest.raises(ValueError, match="read-only"):
+        c.salt_into([ids], frozen, two[:1])
+    out = np.zeros((3, 2), np.uint64)
+    c.salt_into([ids[:1] + 5, (ids + 6)[::2]], out, two)  # the second strided
+    assert out.tolist() == [[5 ^ 1, 5 ^ 2], [6 ^ 3, 6 ^ 4], [6 ^ 3, 6 ^ 4]]
 
 
 def test_id_bytes_is_the_little_endian_form() -> None:
