@@ -269,10 +269,11 @@ class SarpIndex:
             ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
             qids = joined if joined is not None else np.ascontiguousarray(np.concatenate(qs),
                                                                           np.uint64)
+        cache = self.store.segment_cache  # read in C when it is the kernel's own type
         res, meta, tops, rounds = kernel.match(
             k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
             self.store.fetch, self._indexed if self.cfg.block_locators else None, ks,
-            self.cfg.exact_match, self.store.segment_cache)
+            self.cfg.exact_match, cache if isinstance(cache, k.SegmentCache) else None)
         out: list[MatchResult | SarpError] = []
         matched = 0
         for i, (r, q, (total, start, tstart, ntop)) in enumerate(
