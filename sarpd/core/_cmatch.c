@@ -1107,7 +1107,8 @@ static int read_into(PyObject *read, SegCache *cache, PyObject *segs, const SegT
         PyObject *seg = dup || bad || cache == NULL ? NULL : segcache_hit(cache, ids[i]);
         if (seg != NULL) {  /* held: into segs (a reference: the insertion may run code) */
             Py_INCREF(seg);
-            bad = PySet_Add(seen, sid) < 0 || PyDict_SetItem(segs, sid, seg) < 0;
+            bad = PySet_Add(seen, sid) < 0 || PyDict_SetItem(segs, sid, seg) < 0
+                  || segcache_trace(cache, sid) < 0;
             Py_DECREF(seg);
         } else if (!dup && !bad) {
             bad = PySet_Add(seen, sid) < 0 || PyList_Append(want, sid) < 0;

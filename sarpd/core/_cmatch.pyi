@@ -15,6 +15,7 @@ class SegmentCache:
     """csrc/segcache.c (reference: sarpd.core.segcache.SegmentCache)."""
 
     capacity: int
+    trace: list[int] | None
 
     def __init__(self, capacity: int) -> None: ...
     def __len__(self) -> int: ...

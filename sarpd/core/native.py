@@ -127,6 +127,7 @@ class SegmentCacheLike(Protocol):
     """The decoded-segment cache (sarpd/core/segcache.py's `SegmentCache`)."""
 
     capacity: int
+    trace: list[int] | None
 
     def __init__(self, capacity: int, /) -> None: ...
 

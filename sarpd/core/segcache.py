@@ -8,7 +8,9 @@ kernel's one call, without a call back into the store. `sarpd.core.native.Kernel
 segment_cache` picks one. Both keep the same order: `hits` moves each hit to the
 recent end in the order asked; `put_many` puts each segment there in its order, then
 drops the oldest while more than `capacity` are held (a smaller capacity takes effect
-at the next `put_many`). Each method is one step for the callers' threads: the
+at the next `put_many`). `trace`, when a list, gets the id of every hit (`hits`' and
+the kernel's): the bench's record of what a match read. Each method is one step for
+the callers' threads: the
 reference's under the store's lock, the native one's under the GIL (it calls no Python
 code while it changes its order).
 """
@@ -31,6 +33,9 @@ class SegmentCache(Generic[Segment]):
             raise ValueError(f"segment cache capacity must be >= 0, got {capacity}")
         self._d: OrderedDict[int, Segment] = OrderedDict()
         self._capacity = capacity
+        # a list the id of every hit is appended to (the bench's record of what a
+        # match read: tools/bench/sarp_index.py), or None
+        self.trace: list[int] | None = None
 
     @property
     def capacity(self) -> int:
@@ -66,6 +71,8 @@ class SegmentCache(Generic[Segment]):
             else:
                 recent(sid)
                 got[sid] = seg
+                if self.trace is not None:
+                    self.trace.append(sid)
         return got, missing
 
     def put_many(self, segs: Mapping[int, Segment]) -> None:

@@ -363,7 +363,9 @@ def test_match_refuses_bad_callbacks_and_passes_their_errors_on() -> None:
         k.match(*good, None, {})
     cache = native.pick().segment_cache(4)  # held segments are taken from it, not read
     cache.put_many({5: Segment(5, 0, 0b111, 0, q.copy(), np.full(3, 9, np.uint64))})
+    cache.trace = []  # the kernel's hits are traced as `hits`' are
     res, meta, _, _ = k.match(*good[:12], broken, *good[13:], None, cache)
+    assert cache.trace == [5]
     assert np.frombuffer(res, np.int64).tolist()[0] == 3
     assert np.frombuffer(meta, np.uint64).tolist() == [9, 9, 9]
 

@@ -111,6 +111,26 @@ def test_a_full_cache_drops_the_least_recently_used() -> None:
 
 
 @pytest.mark.parametrize("make", [native, SegmentCache], ids=["native", "reference"])
+def test_a_trace_gets_every_hit_in_order_while_it_is_set(make: type[SegmentCache]) -> None:
+    cache = make(4)
+    cache.put_many({1: Seg(1, 0), 2: Seg(2, 0)})
+    cache.hits([1, 3])  # no trace: nothing recorded anywhere
+    trace: list[int] = []
+    cache.trace = trace
+    cache.hits([2, 9, 1, 2])
+    assert trace == [2, 1, 2] and cache.trace is trace
+    cache.trace = None
+    cache.hits([1])
+    assert trace == [2, 1, 2] and cache.trace is None
+
+
+def test_the_native_trace_must_be_a_list() -> None:
+    cache = native(2)
+    with pytest.raises(TypeError, match="trace must be a list or None, got tuple"):
+        cache.trace = ()  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("make", [native, SegmentCache], ids=["native", "reference"])
 def test_bad_arguments_are_refused_with_the_value(make: type[SegmentCache]) -> None:
     with pytest.raises(ValueError, match="capacity must be >= 0, got -1"):
         make(-1)

@@ -271,8 +271,9 @@ class Reads:
 
 
 class Recording:
-    """While inside: every segment the store is asked for and every locator it looks
-    up is recorded in `reads` (a list append per call: the timed match stays sarp's)."""
+    """While inside: every segment the store is asked for (through `fetch`, or taken
+    from its segment cache by the match kernel: the cache's `trace`) and every locator
+    it looks up is recorded in `reads` (list appends: the timed match stays sarp's)."""
 
     def __init__(self, store: Store, reads: Reads) -> None:
         self.store, self.reads = store, reads
@@ -291,8 +292,10 @@ class Recording:
 
         store.fetch = fetch_rec  # type: ignore[method-assign]
         store.indexed = indexed_rec  # type: ignore[method-assign]
+        store.segment_cache.trace = reads.sids  # the cache's hits, the kernel's included
 
     def __exit__(self, *exc: object) -> None:
         del self.store.fetch, self.store.indexed  # the class's methods again
+        self.store.segment_cache.trace = None
 
 

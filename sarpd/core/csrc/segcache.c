@@ -122,6 +122,10 @@ static PyObject *sc_remove(SegCache *c, int32_t i) {
     return seg;
 }
 
+int segcache_trace(SegCache *c, PyObject *key) {
+    return c->trace == NULL ? 0 : PyList_Append(c->trace, key);
+}
+
 PyObject *segcache_hit(SegCache *c, uint64_t sid) {
     int32_t i = sc_find(c, sid);
     if (i < 0) return NULL;
@@ -194,6 +198,7 @@ static void sc_empty(SegCache *c) {
 }
 
 static void sc_dealloc(SegCache *c) {
+    Py_CLEAR(c->trace);
     sc_empty(c);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -231,7 +236,7 @@ static PyObject *sc_hits(SegCache *c, PyObject *sids) {
             continue;
         }
         Py_INCREF(seg);  /* the dict's insertion may run Python code */
-        int bad = PyDict_SetItem(got, key, seg) < 0;
+        int bad = PyDict_SetItem(got, key, seg) < 0 || segcache_trace(c, key) < 0;
         Py_DECREF(seg);
         if (bad) goto done;
     }
@@ -372,9 +377,28 @@ static PyMethodDef sc_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *sc_get_trace(SegCache *c, void *closure) {
+    return Py_NewRef(c->trace == NULL ? Py_None : c->trace);
+}
+
+static int sc_set_trace(SegCache *c, PyObject *v, void *closure) {
+    if (v != NULL && v != Py_None && !PyList_CheckExact(v)) {
+        PyErr_Format(PyExc_TypeError, "trace must be a list or None, got %.100s",
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    PyObject *old = c->trace;
+    c->trace = v == NULL || v == Py_None ? NULL : Py_NewRef(v);
+    Py_XDECREF(old);
+    return 0;
+}
+
 static PyGetSetDef sc_getset[] = {
     {"capacity", (getter)sc_get_capacity, (setter)sc_set_capacity,
      "Segments held at most after a put_many.", NULL},
+    {"trace", (getter)sc_get_trace, (setter)sc_set_trace,
+     "A list the id of every hit is appended to (hits() and the match kernel's), or None.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -30,12 +30,19 @@ typedef struct {
     int32_t *slots;       /* 1 + entry index, 0 empty */
     size_t mask;
     Py_ssize_t capacity;
+    PyObject *trace;      /* a list the ids of hits are appended to, or NULL (the
+                           * bench's record of what a match read: `trace`) */
 } SegCache;
 
 extern PyTypeObject SegCacheType;
 
 /* The segment held under `sid`, moved to the recent end (a borrowed reference), or
- * NULL when none is held (no exception). */
+ * NULL when none is held (no exception). A caller that takes it appends the id to
+ * c->trace when that is set (segcache_trace). */
 PyObject *segcache_hit(SegCache *c, uint64_t sid);
+
+/* Append `key` (a hit's id) to the cache's trace, if it has one: 0, or -1 with an
+ * exception. */
+int segcache_trace(SegCache *c, PyObject *key);
 
 #endif
