@@ -12,9 +12,10 @@
  *   or None (missing: the store's multi-get), called once for every first round and
  *   once per extra round, for the segments `cache` (a SegmentCache, csrc/segcache.c,
  *   or None) does not hold: those it holds are taken from it in C, each moved to its
- *   recent end as the store's fetch would; indexed(bytes: 16-byte ids) -> a truth value per id (may a
- *   segment hold the block? False settles its window: no locator), or None (no block
- *   locators); ks (Q,) int64 as for assemble; exact: run the bound-and-verify rounds.
+ *   recent end as the store's fetch would; indexed(bytes: 16-byte ids) -> a truth
+ *   value per id (may a segment hold the block? False settles its window: no locator),
+ *   or None (no block locators); ks (Q,) int64 as for assemble; exact: run the
+ *   bound-and-verify rounds.
  *   -> (res, meta, tops, rounds): assemble's answers and the extra rounds read.
  *
  * route(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap)
@@ -1402,8 +1403,7 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_buffer v[NBUF + 1], ks;
     Dir d;
     Batch b;
-    PyObject *kfilter = nargs > NBUF + 7 && args[NBUF + 7] != Py_None ? args[NBUF + 7] : NULL;
-    if (route_args(args, kfilter, v, &d, &b) < 0) return NULL;
+    if (route_args(args, nargs > NBUF + 7 ? args[NBUF + 7] : NULL, v, &d, &b) < 0) return NULL;
     PyObject *out = NULL;
     if (get_buf(args[NBUF + 5], "ks", 1, 1, 0, &ks) == 0) {
         if (ks.shape[0] != b.nq)

@@ -10,9 +10,8 @@ recent end in the order asked; `put_many` puts each segment there in its order, 
 drops the oldest while more than `capacity` are held (a smaller capacity takes effect
 at the next `put_many`). `trace`, when a list, gets the id of every hit (`hits`' and
 the kernel's): the bench's record of what a match read. Each method is one step for
-the callers' threads: the
-reference's under the store's lock, the native one's under the GIL (it calls no Python
-code while it changes its order).
+the callers' threads: the reference's under the store's lock, the native one's under
+the GIL (it calls no Python code while it changes its order).
 """
 
 from __future__ import annotations

@@ -205,20 +205,22 @@ static void sc_dealloc(SegCache *c) {
 
 static Py_ssize_t sc_len(SegCache *c) { return c->held; }
 
-static int sc_contains(SegCache *c, PyObject *key) {
-    uint64_t sid;
-    if (!PyLong_Check(key)) return 0;
-    sid = PyLong_AsUnsignedLongLong(key);
+/* The entry held under `key` (any object: one that is no u64 int holds nothing), or -1. */
+static int32_t sc_find_key(const SegCache *c, PyObject *key) {
+    if (!PyLong_Check(key)) return -1;
+    uint64_t sid = PyLong_AsUnsignedLongLong(key);
     if (sid == (uint64_t)-1 && PyErr_Occurred()) {
         PyErr_Clear();  /* no such id is held */
-        return 0;
+        return -1;
     }
-    return sc_find(c, sid) >= 0;
+    return sc_find(c, sid);
 }
 
+static int sc_contains(SegCache *c, PyObject *key) { return sc_find_key(c, key) >= 0; }
+
 static PyObject *sc_get(SegCache *c, PyObject *key) {
-    if (!sc_contains(c, key)) Py_RETURN_NONE;
-    return Py_NewRef(c->e[sc_find(c, PyLong_AsUnsignedLongLong(key))].seg);
+    int32_t i = sc_find_key(c, key);
+    return Py_NewRef(i < 0 ? Py_None : c->e[i].seg);
 }
 
 static PyObject *sc_hits(SegCache *c, PyObject *sids) {
