@@ -35,10 +35,10 @@ ext_modules = [
     Extension(
         "sarpd.core._cmatch",
         ["sarpd/core/_cmatch.c", "sarpd/core/csrc/holders.c", "sarpd/core/csrc/rounds.c",
-         "sarpd/core/csrc/segcache.c"],
+         "sarpd/core/csrc/segcache.c", "sarpd/core/csrc/segment.c"],
         include_dirs=["sarpd/core/csrc"],
         depends=["sarpd/core/csrc/holders.h", "sarpd/core/csrc/rounds.h", "sarpd/core/csrc/sarp.h",
-                 "sarpd/core/csrc/segcache.h"],
+                 "sarpd/core/csrc/segcache.h", "sarpd/core/csrc/segment.h"],
         extra_compile_args=["-O2"],
         optional=True,
     ),

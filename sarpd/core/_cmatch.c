@@ -81,6 +81,7 @@
 #include "rounds.h"
 #include "sarp.h"
 #include "segcache.h"
+#include "segment.h"  /* a stored value's layout and checks (segcache_view) */
 
 #define ROW_FIELDS 12
 enum { R_Q, R_W, R_OFF, R_LEN, R_FSTART, R_FCOUNT, R_WEAK, R_FBOUND, R_BLO, R_BHI, R_DLO, R_DHI };
@@ -472,14 +473,24 @@ typedef struct {
     uint64_t presence;    /* read with the window unless far */
     Py_ssize_t present;   /* with the ids: the run of present blocks from 0 */
     Py_buffer ids, meta, xmeta, xmask;
+    /* a view of a stored value (segcache_view: the segment cache's raw entries): the
+     * value (bytes) its buffers point into, which it holds instead of exports; NULL for
+     * a view read from a Segment */
+    PyObject *raw;
+    uint64_t sid;
+    Py_ssize_t dims[5], steps[5];  /* the buffers' shapes and strides (raw views) */
 } CView;
 
 static void cview_dealloc(CView *v) {
-    if (v->parts & CV_IDS) PyBuffer_Release(&v->ids);
-    if (v->parts & CV_TAIL) {
-        PyBuffer_Release(&v->meta);
-        PyBuffer_Release(&v->xmeta);
-        PyBuffer_Release(&v->xmask);
+    if (v->raw != NULL) {
+        Py_DECREF(v->raw);
+    } else {
+        if (v->parts & CV_IDS) PyBuffer_Release(&v->ids);
+        if (v->parts & CV_TAIL) {
+            PyBuffer_Release(&v->meta);
+            PyBuffer_Release(&v->xmeta);
+            PyBuffer_Release(&v->xmask);
+        }
     }
     PyObject_Free(v);
 }
@@ -493,9 +504,55 @@ static PyTypeObject CViewType = {
     .tp_doc = "What the match kernel read of a segment (kept on it: Segment._cview).",
 };
 
+/* A raw view's buffer over n words at p (ndim 1 or 2: (n, 2)), readonly, no exporter. */
+static void raw_buffer(CView *cv, Py_buffer *b, const unsigned char *p, Py_ssize_t n, int ndim,
+                       int dim) {
+    memset(b, 0, sizeof *b);
+    b->buf = (void *)p;
+    b->itemsize = 8;
+    b->len = n * 8 * (ndim == 2 ? 2 : 1);
+    b->readonly = 1;
+    b->ndim = ndim;
+    b->shape = cv->dims + dim;
+    b->strides = cv->steps + dim;
+    cv->dims[dim] = n;
+    cv->steps[dim] = ndim == 2 ? 16 : 8;
+    if (ndim == 2) {
+        cv->dims[dim + 1] = 2;
+        cv->steps[dim + 1] = 8;
+    }
+}
+
+PyObject *segcache_view(uint64_t sid, PyObject *value) {
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(value);
+    CView *cv = PyObject_New(CView, &CViewType);
+    if (cv == NULL) return NULL;
+    Py_ssize_t n = p[5], h = (Py_ssize_t)sarp_get_le32(p + 44);
+    uint64_t window = sarp_get_le64(p + 16);
+    cv->parts = CV_INTS | CV_IDS | CV_TAIL;
+    cv->far = window > (uint64_t)INT64_MAX;
+    cv->window = cv->far ? 0 : (long long)window;
+    cv->presence = sarp_get_le64(p + 24);
+    Py_ssize_t present = 0;
+    while (present < n && ((cv->presence >> present) & 1u)) present++;
+    cv->present = present;
+    cv->raw = Py_NewRef(value);
+    cv->sid = sid;
+    raw_buffer(cv, &cv->ids, p + SEG_HEADER, n, 2, 0);
+    raw_buffer(cv, &cv->meta, p + SEG_HEADER + 16 * n, n, 1, 2);
+    raw_buffer(cv, &cv->xmeta, p + SEG_HEADER + 24 * n, h, 1, 3);
+    raw_buffer(cv, &cv->xmask, p + SEG_HEADER + 24 * n + 8 * h, h, 1, 4);
+    return (PyObject *)cv;
+}
+
+PyObject *segcache_view_value(PyObject *o) {
+    return Py_IS_TYPE(o, &CViewType) ? ((CView *)o)->raw : NULL;
+}
+
 /* The view of `seg` (a new reference), attached to it where it has the slot; NULL with
- * an exception. */
+ * an exception. A view itself (a raw entry of the segment cache) is its own view. */
 static CView *cview_of(PyObject *seg) {
+    if (Py_IS_TYPE(seg, &CViewType)) return (CView *)Py_NewRef(seg);
     PyObject *v = PyObject_GetAttr(seg, S_CVIEW);
     if (v != NULL && Py_IS_TYPE(v, &CViewType)) return (CView *)v;
     int slot = v != NULL;
@@ -511,6 +568,8 @@ static CView *cview_of(PyObject *seg) {
     cv->far = 0;
     cv->presence = 0;
     cv->present = 0;
+    cv->raw = NULL;
+    cv->sid = 0;
     if (slot && PyObject_SetAttr(seg, S_CVIEW, (PyObject *)cv) < 0) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)
                 && !PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -912,7 +971,7 @@ static int copy_window(SegTable *t, PyObject *segs, uint64_t sid, int64_t length
     }
     CView *cv = entry_view(e);
     if (cv == NULL) return -1;
-    if ((cv->parts & CV_INTS) && !cv->far) {
+    if ((cv->parts & CV_INTS) && (!cv->far || cv->raw != NULL)) {
         out->presence = cv->presence;
     } else {  /* not read as a candidate's: as the reference reads it */
         PyObject *p = PyObject_GetAttr(e->seg, S_PRESENCE);

@@ -11,11 +11,16 @@ from sarpd.model import IdArray, U64Array
 
 ROW_FIELDS: int
 
+class SegmentView:
+    """What the match kernel read of a segment (a raw entry of the SegmentCache, or kept
+    on a Segment as its `_cview`); opaque."""
+
 class SegmentCache:
     """csrc/segcache.c (reference: sarpd.core.segcache.SegmentCache)."""
 
     capacity: int
     trace: list[int] | None
+    decoder: Callable[[int, bytes], Segment] | None
 
     def __init__(self, capacity: int) -> None: ...
     def __len__(self) -> int: ...
@@ -23,6 +28,8 @@ class SegmentCache:
     def get(self, sid: int, /) -> Segment | None: ...
     def hits(self, sids: Sequence[int], /) -> tuple[dict[int, Segment], list[int]]: ...
     def put_many(self, segs: Mapping[int, Segment], /) -> None: ...
+    def put_values(self, sids: Sequence[int], values: Sequence[bytes | None], /
+                   ) -> dict[int, SegmentView]: ...
     def items(self) -> list[tuple[int, Segment]]: ...
     def clear(self) -> None: ...
     def _audit(self) -> bool: ...
@@ -39,7 +46,7 @@ def assemble(rows: npt.NDArray[np.int64], span: npt.NDArray[np.int64],
 def match(qids: IdArray, qlens: npt.NDArray[np.int64], bkeys: U64Array, bsegs: U64Array,
           bfilts: U64Array, dkeys: U64Array, dsegs: U64Array, dfilts: U64Array,
           dorder: npt.NDArray[np.int64], sb: int, gap: int, cap: int,
-          read: Callable[[list[int]], dict[int, Segment | None]],
+          read: Callable[[list[int]], Mapping[int, object]],
           indexed: Callable[[bytes], Sequence[bool]] | None, ks: npt.NDArray[np.int64],
           exact: bool, kfilter: U64Array | None = ..., cache: SegmentCacheLike | None = ...,
           /) -> tuple[bytes, bytearray, bytearray, int]: ...

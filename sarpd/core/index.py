@@ -270,10 +270,12 @@ class SarpIndex:
             qids = joined if joined is not None else np.ascontiguousarray(np.concatenate(qs),
                                                                           np.uint64)
         cache = self.store.segment_cache  # read in C when it is the kernel's own type
+        own = isinstance(cache, k.SegmentCache)  # ... whose misses go in as stored values
         res, meta, tops, rounds = kernel.match(
             k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
-            self.store.fetch, self._indexed if self.cfg.block_locators else None, ks,
-            self.cfg.exact_match, cache if isinstance(cache, k.SegmentCache) else None)
+            self.store.read_views if own else self.store.fetch,
+            self._indexed if self.cfg.block_locators else None, ks,
+            self.cfg.exact_match, cache if own else None)
         out: list[MatchResult | SarpError] = []
         matched = 0
         for i, (r, q, (total, start, tstart, ntop)) in enumerate(

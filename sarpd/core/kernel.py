@@ -95,7 +95,9 @@ def route(kernel: MatchKernel, qs: Sequence[IdArray], flat: FlatDirectory, sb: i
                   np.frombuffer(first, np.uint64), flat)
 
 
-Read = Callable[[list[int]], dict[int, Segment | None]]  # seg ids -> decoded (None: missing)
+# seg ids -> each one's Segment, the kernel's view of its stored value (what the
+# kernel's SegmentCache.put_values returns), or None (missing)
+Read = Callable[[list[int]], Mapping[int, object]]
 Indexed = Callable[[bytes], Sequence[bool]]  # 16-byte ids -> may a segment hold each?
 
 

@@ -12,13 +12,22 @@ at the next `put_many`). `trace`, when a list, gets the id of every hit (`hits`'
 the kernel's): the bench's record of what a match read. Each method is one step for
 the callers' threads: the reference's under the store's lock, the native one's under
 the GIL (it calls no Python code while it changes its order).
+
+`put_values` takes a multi-get's stored values: each that passes every check of
+`decode_segment` for its id is held like a `put_many`'d segment. The native cache holds
+it as the match kernel's view of the value (checked, not decoded: no Python object per
+segment on the match path) and makes it a Segment with `decoder` only when Python code
+asks for it (`get`, `hits`, `items`); the reference decodes it at once with `decoder`.
+Either way Python code only ever sees Segments, the same ones.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
+
+from sarpd.errors import CorruptData, FormatVersionError
 
 Segment = TypeVar("Segment")  # what is cached (sarpd.core.segment.Segment: not imported,
 # that module imports sarpd.core.native, which builds this cache)
@@ -35,6 +44,8 @@ class SegmentCache(Generic[Segment]):
         # a list the id of every hit is appended to (the bench's record of what a
         # match read: tools/bench/sarp_index.py), or None
         self.trace: list[int] | None = None
+        # decoder(sid, value) -> Segment: what `put_values` makes of a stored value
+        self.decoder: Callable[[int, bytes], Segment] | None = None
 
     @property
     def capacity(self) -> int:
@@ -86,6 +97,31 @@ class SegmentCache(Generic[Segment]):
             d.move_to_end(sid)
         while len(d) > self._capacity:
             d.popitem(last=False)
+
+    def put_values(self, sids: Sequence[int], values: Sequence[bytes | None]
+                   ) -> dict[int, Segment]:
+        """Each value (bytes; a stored segment) that passes `decoder`'s checks held at the
+        recent end in order, then the trim (`put_many`); returns the held ones. The others
+        (None, not bytes, refused: CorruptData, FormatVersionError) are the caller's."""
+        decode = self.decoder
+        if decode is None:
+            raise RuntimeError("put_values: the segment cache has no decoder")
+        if len(sids) != len(values):
+            raise ValueError(f"put_values: {len(sids)} segment ids and {len(values)} values")
+        got: dict[int, Segment] = {}
+        d = self._d
+        for sid, value in zip(sids, values, strict=True):
+            if type(value) is not bytes:
+                continue
+            try:
+                seg = decode(sid, value)
+            except (CorruptData, FormatVersionError):
+                continue
+            got[sid] = d[sid] = seg
+            d.move_to_end(sid)
+        while len(d) > self._capacity:
+            d.popitem(last=False)
+        return got
 
     def items(self) -> list[tuple[int, Segment]]:
         """Every held segment, least recently used first."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +150,7 @@ class Store:
         # decoded segments between batches (sarpd/core/segcache.py): the match kernel's
         # own when it is built, which it reads in C
         self.segment_cache = self.k.segment_cache(SEGMENT_CACHE)
+        self.segment_cache.decoder = _decoder(self.k)  # what `read_views` puts becomes
         # matches may run on several threads at once (no write meanwhile, issue 25):
         # held while the cache changes and while `activity` counts reads
         self.lock = threading.Lock()
@@ -515,6 +516,34 @@ class Store:
                 cache.put_many({sid: seg for sid in missing if (seg := out[sid]) is not None})
         return out
 
+    def read_views(self, sids: list[int]) -> dict[int, object]:
+        """`fetch` for the match kernel (its `read`: the segments its cache lacks): the
+        missing ones' stored values go into the cache as they are (`put_values`: checked
+        there, decoded only when Python code asks for them) and to the kernel as its
+        views of them; a value the cache refuses (corrupt, or not bytes) is decoded here
+        as `fetch` does. No cache hits are looked for: the kernel found none."""
+        out: dict[int, object] = {}
+        pending, missing = self.pending, sids
+        if pending:  # base + delta records, merged
+            out.update((sid, pending[sid]) for sid in missing if sid in pending)
+            missing = [sid for sid in missing if sid not in pending]
+        if not missing:
+            return out
+        try:
+            values = self.get_many([seg_key(s) for s in missing])
+        except CorruptData:  # an engine page failed its checksum: find its segments
+            values = [self._get_or_none(s) for s in missing]
+        with self.lock:
+            self.activity.segment_reads += len(missing)
+            views = self.segment_cache.put_values(missing, values)
+        out.update(views)
+        if len(views) < len(missing):
+            rest = {sid: seg for sid, value in zip(missing, values, strict=True)
+                    if sid not in views and (seg := self.decode_or_none(sid, value)) is not None}
+            self.remember_many(rest)
+            out.update(rest)
+        return out
+
     def read(self, sids: list[int]) -> dict[int, Segment]:
         """`fetch`, without the segments that are missing or corrupt."""
         return {sid: seg for sid, seg in self.fetch(sids).items() if seg is not None}
@@ -545,6 +574,15 @@ class Store:
         same cache as remembering each in turn: the trim takes the oldest first)."""
         with self.lock:
             self.segment_cache.put_many(segs)
+
+
+def _decoder(k: Kernels) -> Callable[[int, bytes], Segment]:
+    """The segment cache's decoder (`put_values`): decode_segment with the index's
+    kernels. (Not a bound method of the store: the cache would hold the store.)"""
+    def decode(sid: int, value: bytes) -> Segment:
+        return decode_segment(value, sid, k)
+
+    return decode
 
 
 def seg_bytes(seg: Segment | None) -> int:

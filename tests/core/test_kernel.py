@@ -275,9 +275,10 @@ def test_views_kept_on_segments_follow_every_write(seed: int) -> None:
 @given(seed=st.integers(0, 2**32 - 1))
 def test_match_takes_cached_segments_in_c_as_the_store_would(seed: int) -> None:
     """`match` takes what the store's segment cache holds from it in C (moving each to
-    the recent end), the rest through `Store.fetch`: under a cache far smaller than the
-    index, writes and matches in turn answer, read the backend and leave the cache's
-    order exactly as the same kernel reading every segment through `Store.fetch`."""
+    the recent end), the rest through `Store.read_views` (into the cache as stored
+    values): under a cache far smaller than the index, writes and matches in turn
+    answer, read the backend and leave the cache's order exactly as the same kernel
+    reading every segment through `Store.fetch`."""
     rng = np.random.default_rng(seed)
     cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, window_cap=2)
     trunk = ids(30, seed % 991)
@@ -303,8 +304,12 @@ def test_match_takes_cached_segments_in_c_as_the_store_would(seed: int) -> None:
 
     with_cache = run(SarpIndex(MemoryBackend(), cfg, kernels=native.pick()))
     plain = kernel.match
-    with pytest.MonkeyPatch.context() as mp:  # no cache: every segment through fetch
-        mp.setattr(kernel, "match", lambda *args: plain(*args[:-1]))
+    def fetch_all(*args: Any) -> Any:  # no cache: every segment through Store.fetch
+        assert args[7].__name__ == "read_views"  # the store's read of the kernel's misses
+        return plain(*args[:7], args[7].__self__.fetch, *args[8:-1])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernel, "match", fetch_all)
         through_fetch = run(SarpIndex(MemoryBackend(), cfg, kernels=native.pick()))
     assert with_cache == through_fetch
     assert with_cache[2] > 0 and len(with_cache[1]) == 6  # the cache was too small

@@ -3,8 +3,11 @@ against its reference, sarpd/core/segcache.py: the same random operation sequenc
 (put_many with repeated and new ids, hits with repeats and misses, get, membership, a
 capacity that shrinks and grows, clear) on both; after every step the same answers and
 the same order, and the C structure's own audit (its order and its hash table agree).
-Then the argument checks and threads sharing one cache. The kernel's own reads of it
-(`match` taking hits in C) are held to the store's order in tests/core/test_kernel.py.
+Then the argument checks and threads sharing one cache; then stored values
+(`put_values`: held raw in C and decoded when Python asks, decoded at once by the
+reference), sound and damaged, among the same operations. The kernel's own reads of it
+(`match` taking hits in C, its misses put as stored values) are held to the store's
+order in tests/core/test_kernel.py.
 
 Skipped only where the extension is not built and SARPD_NO_EXTENSIONS=1; anywhere else
 a missing build fails."""
@@ -16,11 +19,13 @@ import os
 import threading
 from types import ModuleType
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sarpd.core.segcache import SegmentCache
+from sarpd.core.segment import Segment, decode_segment, encode_segment
 
 
 def _load() -> ModuleType | None:
@@ -173,3 +178,186 @@ def test_threads_sharing_the_native_cache_keep_it_whole() -> None:
         th.join()
     assert not errors
     assert cache._audit() and len(cache) == 64  # type: ignore[attr-defined]
+
+
+# -- stored values (put_values): raw entries in C, decoded at once in the reference ----
+
+def _value(sid: int, n: int, holders: int, seed: int) -> bytes:
+    """A stored segment value: n blocks, some absent, `holders` table entries."""
+    rng = np.random.default_rng(seed)
+    presence = int(rng.integers(1, 2**n, dtype=np.uint64)) if n < 64 else 2**64 - 1
+    ids = rng.integers(0, 2**63, (n, 2), dtype=np.uint64)
+    meta = rng.integers(0, 2**63, n, dtype=np.uint64)
+    xmeta = np.sort(rng.choice(2**40, holders, replace=False).astype(np.uint64))
+    xmask = np.array([presence & int(rng.integers(1, 2**63)) or (presence & -presence)
+                      for _ in range(holders)], np.uint64)
+    return encode_segment(Segment(sid, int(rng.integers(0, 2**40)), presence,
+                                  int(rng.integers(0, 2**64, dtype=np.uint64)), ids, meta,
+                                  xmeta, xmask))
+
+
+def _decode(sid: int, value: bytes) -> Segment:
+    return decode_segment(value, sid)
+
+
+def _fields(seg: object) -> object:
+    """What a cached object holds, comparable across the two caches."""
+    if isinstance(seg, Seg):
+        return seg.key
+    assert isinstance(seg, Segment)
+    return (seg.seg_id, seg.window, seg.presence, seg.ns_tag, seg.ids.tobytes(),
+            seg.meta.tobytes(), seg.xmeta.tobytes(), seg.xmask.tobytes())
+
+
+def _stored(sid: int, kind: str, seed: int) -> object:
+    """A value for segment sid of one kind: what a backend's multi-get may give."""
+    good = _value(sid, 1 + seed % 64, seed % 4, seed)
+    if kind == "good":
+        return good
+    if kind == "other id":  # a sound value stored under another key
+        return _value(sid + 1, 3, 0, seed)
+    if kind == "flipped":  # the checksum catches it
+        bad = bytearray(good)
+        bad[48 + seed % (len(good) - 48)] ^= 0x40
+        return bytes(bad)
+    if kind == "torn":
+        return good[: 48 + seed % (len(good) - 48)]
+    if kind == "not bytes":
+        return bytearray(good)
+    return None
+
+
+KINDS = st.sampled_from(["good", "good", "good", "other id", "flipped", "torn", "not bytes",
+                         "missing"])
+VALUE_OPS = st.one_of(
+    st.tuples(st.just("values"), st.lists(st.tuples(st.integers(0, 30), KINDS,
+                                                    st.integers(0, 2**16)), max_size=10)),
+    st.tuples(st.just("put"), st.lists(st.integers(0, 30), max_size=6)),
+    st.tuples(st.just("hits"), st.lists(st.integers(0, 34), max_size=12)),
+    st.tuples(st.just("get"), st.integers(0, 34)),
+    st.tuples(st.just("capacity"), st.integers(0, 16)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(0, 16), ops=st.lists(VALUE_OPS, max_size=40))
+def test_stored_values_are_held_as_the_reference_holds_their_segments(
+        capacity: int, ops: list[tuple[str, object]]) -> None:
+    """put_values among the other operations: the same ids held (what fails a check,
+    None or not bytes left to the caller), the same order, and wherever Python code
+    asks (get, hits, items) the same segments: the native cache's raw entries decoded
+    then, the reference's at once."""
+    c, ref = native(capacity), SegmentCache[object](capacity)
+    c.decoder = ref.decoder = _decode  # type: ignore[assignment]
+    for step, (op, arg) in enumerate(ops):
+        if op == "values":
+            assert isinstance(arg, list)
+            sids = [sid for sid, _, _ in arg]
+            values = [_stored(sid, kind, seed) for sid, kind, seed in arg]
+            got, want = c.put_values(sids, values), ref.put_values(sids, values)
+            assert list(got) == list(want), step
+        elif op == "put":
+            assert isinstance(arg, list)
+            segs = {sid: Seg(sid, step) for sid in arg}
+            c.put_many(segs)
+            ref.put_many(segs)
+        elif op == "hits":
+            assert isinstance(arg, list)
+            (got_h, got_m), (want_h, want_m) = c.hits(arg), ref.hits(arg)
+            assert [(k, _fields(v)) for k, v in got_h.items()] == \
+                [(k, _fields(v)) for k, v in want_h.items()] and got_m == want_m
+        elif op == "get":
+            assert isinstance(arg, int)
+            got_s, want_s = c.get(arg), ref.get(arg)
+            assert (got_s is None) == (want_s is None)
+            if got_s is not None:
+                assert _fields(got_s) == _fields(want_s)
+                assert c.get(arg) is got_s  # decoded once: the Segment took the view's place
+        else:
+            assert isinstance(arg, int)
+            c.capacity = ref.capacity = arg
+        assert [(k, _fields(v)) for k, v in c.items()] == \
+            [(k, _fields(v)) for k, v in ref.items()], (step, op)
+        assert c._audit()  # type: ignore[attr-defined]
+
+
+def test_a_raw_entry_is_decoded_once_and_keeps_its_view() -> None:
+    cache = native(4)
+    calls: list[int] = []
+
+    def decode(sid: int, value: bytes) -> Segment:
+        calls.append(sid)
+        return decode_segment(value, sid)
+
+    cache.decoder = decode
+    views = cache.put_values([7, 8], [_value(7, 5, 2, 1), None])
+    assert list(views) == [7] and type(views[7]).__name__ == "SegmentView"
+    assert calls == [] and len(cache) == 1  # checked, not decoded
+    seg = cache.get(7)
+    assert isinstance(seg, Segment) and calls == [7]
+    assert seg._cview is views[7]  # the kernel reads the Segment through the same view
+    assert cache.hits([7])[0][7] is seg and [s for _, s in cache.items()] == [seg]
+    assert calls == [7]
+
+
+def test_a_decoder_is_needed_and_its_errors_reach_the_caller() -> None:
+    for cache in (native(4), SegmentCache[object](4)):
+        with pytest.raises(RuntimeError, match="no decoder"):
+            cache.put_values([1], [_value(1, 2, 0, 0)])
+        with pytest.raises(ValueError, match="2 segment ids and 1 values"):
+            cache.decoder = _decode  # type: ignore[assignment]
+            cache.put_values([1, 2], [_value(1, 2, 0, 0)])
+    cache = native(4)
+    with pytest.raises(TypeError, match="decoder must be callable or None, got int"):
+        cache.decoder = 3  # type: ignore[assignment]
+    cache.decoder = _decode
+    cache.put_values([1], [_value(1, 2, 0, 0)])
+
+    def failing(sid: int, value: bytes) -> Segment:
+        raise OSError(f"cannot decode {sid}")
+
+    cache.decoder = failing
+    with pytest.raises(OSError, match="cannot decode 1"):
+        cache.get(1)
+    cache.decoder = None
+    with pytest.raises(RuntimeError, match="segment 1 is held as a stored value"):
+        cache.hits([1])
+    cache.decoder = _decode  # the entry is still there, raw: decoded now
+    assert _fields(cache.get(1)) == _fields(_decode(1, _value(1, 2, 0, 0)))
+    assert cache._audit()  # type: ignore[attr-defined]
+
+
+def test_a_large_batch_of_values_is_checked_as_a_small_one() -> None:
+    """Past 64 KiB the native cache checks the values without the GIL."""
+    sids = list(range(200))
+    values = [_stored(sid, "flipped" if sid % 7 == 3 else "good", sid) for sid in sids]
+    assert sum(len(v) for v in values if isinstance(v, bytes)) > 64 * 1024
+    c, ref = native(150), SegmentCache[object](150)
+    c.decoder = ref.decoder = _decode  # type: ignore[assignment]
+    assert list(c.put_values(sids, values)) == list(ref.put_values(sids, values))
+    assert [(k, _fields(v)) for k, v in c.items()] == [(k, _fields(v)) for k, v in ref.items()]
+
+
+def test_threads_putting_values_and_decoding_keep_the_cache_whole() -> None:
+    cache = native(48)
+    cache.decoder = _decode
+    stored = {sid: _value(sid, 1 + sid % 64, sid % 3, sid) for sid in range(120)}
+    errors: list[BaseException] = []
+
+    def work(me: int) -> None:
+        try:
+            for i in range(400):
+                sids = [(me * 11 + i * 17 + k) % 120 for k in range(6)]
+                hits, missing = cache.hits(sids)
+                assert all(_fields(s) == _fields(_decode(k, stored[k])) for k, s in hits.items())
+                cache.put_values(missing, [stored[s] for s in missing])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    assert not errors
+    assert cache._audit() and len(cache) == 48  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from backends import errors as be_errors
 from backends.base import WriteBatch
 from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
+from sarpd.core import native
 from sarpd.core import store as store_mod
 from sarpd.core.ids import chain_ids, id_bytes, ns_root, salt_ids, token_ids
 from sarpd.core.segment import (
@@ -173,6 +174,28 @@ def test_missing_and_corrupt_segments_are_none_and_counted() -> None:
     assert st.activity.corrupt_segments == 1
     assert [sid for sid, _ in st.cached_segments()] == [1]  # nothing bad is cached
     assert list(st.read([1, 2, 3])) == [1]
+
+
+@pytest.mark.parametrize("kernels", ["native", "reference"])
+def test_read_views_caches_what_it_reads_as_fetch_does(kernels: str) -> None:
+    """The match kernel's read of its misses: sound values cached (as stored values by
+    the kernel's own cache), missing and corrupt ones left out and counted as `fetch`
+    counts them; what Python code then gets from the cache is the decoded segment."""
+    k = native.pick(reference=kernels == "reference")
+    be = Failing()
+    st = Store(be, CFG, kernels=k)
+    put_segments(be, [1, 4])
+    wb = WriteBatch()
+    wb.put(seg_key(2), encode_segment(seg(2))[:-1])  # torn
+    be.write(wb, True)
+    got = st.read_views([1, 2, 3, 4])
+    assert list(got) == [1, 4]
+    assert st.activity.corrupt_segments == 1 and st.activity.segment_reads == 4
+    assert [sid for sid, _ in st.cached_segments()] == [1, 4]
+    assert encode_segment(st.fetch([4])[4] or seg(0)) == encode_segment(seg(4))
+    be.bad = {seg_key(5)}  # an engine page fails its checksum: only its segment is lost
+    put_segments(be, [5, 6])
+    assert list(st.read_views([5, 6])) == [6] and st.activity.corrupt_segments == 2
 
 
 def test_a_corrupt_engine_page_costs_only_its_segments() -> None:

@@ -16,7 +16,9 @@ helpers:
   and order (sarpd/core/segcache.py) over random operation sequences (puts of new and
   held ids, hits with repeats, capacities that shrink to 0 and grow, clears), and
   refuses hostile ids (negative, past 64 bits, not ints) and values (None, not a
-  mapping) cleanly, its structure whole after (its `_audit`);
+  mapping) cleanly, its structure whole after (its `_audit`); of stored values
+  (`put_values`: sound, damaged, torn, grown, another segment's, random bytes) it
+  holds exactly those the reference's decoder accepts, and decodes them alike;
 - hostile arguments (arrays of another dtype, shape or memory order, rows, spans,
   offsets and orders out of range, lengths that do not add up, sb/gap/cap out of
   range or huge) are refused with a clean exception, or, where the kernel takes them,
@@ -40,7 +42,7 @@ from sarpd.core.holders import match_holders
 from sarpd.core.index import SarpIndex
 from sarpd.core.routing import filter_at, fingerprints
 from sarpd.core.segcache import SegmentCache
-from sarpd.core.segment import Segment
+from sarpd.core.segment import Segment, decode_segment, encode_segment
 from sarpd.model import IdArray
 from tests.core.test_kernel import (
     CONFIGS,
@@ -467,12 +469,58 @@ def _check_cache(src: Source) -> None:
         assert c._audit()
 
 
+def _stored_value(src: Source, sid: int) -> object:
+    """What a multi-get may give for segment sid: a sound value, one damaged (bytes
+    flipped, torn, grown, its header's counts changed), another's, random bytes, None."""
+    n, h = src.integer(1, 64), src.integer(0, 3)
+    ids = src.u64s((n, 2), pool=4)
+    presence = src.u64() | 1
+    meta = src.u64s(n, pool=4)
+    xmeta = np.unique(src.u64s(h))
+    xmask = np.array([(src.u64() & presence) or 1 for _ in range(len(xmeta))], np.uint64)
+    value = bytearray(encode_segment(Segment(sid if src.chance(90) else sid + 1,
+                                             src.u64() >> src.integer(0, 63), presence,
+                                             src.u64(), ids, meta, xmeta, xmask)))
+    for _ in range(src.integer(0, 3) if src.chance(40) else 0):
+        value[src.integer(0, len(value) - 1)] ^= 1 << src.integer(0, 7)
+    kind = src.integer(0, 9)
+    if kind == 0:
+        return bytes(value[: src.integer(0, len(value))])
+    if kind == 1:
+        return bytes(value) + src.raw(src.integer(1, 24))
+    if kind == 2:
+        return src.raw(src.integer(0, 200))
+    if kind == 3:
+        return None if src.flag() else bytearray(value)
+    return bytes(value)
+
+
+def _check_values(src: Source) -> None:
+    """put_values of sound and hostile stored values: the native cache holds what the
+    reference's decoder accepts, no more, and decodes it to the same segment."""
+    cap = src.integer(0, 12)
+    c, ref = K.SegmentCache(cap), SegmentCache[Any](cap)
+    c.decoder = ref.decoder = lambda sid, value: decode_segment(value, sid)
+    for step in range(src.integer(1, 6)):
+        sids = [src.integer(0, 24) for _ in range(src.integer(0, 8))]
+        values = [_stored_value(src, sid) for sid in sids]
+        got, want = c.put_values(sids, values), ref.put_values(sids, values)
+        assert list(got) == list(want), step
+        for sid in sids if src.flag() else []:
+            a, b = c.get(sid), ref.get(sid)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert encode_segment(a) == encode_segment(b), sid
+        assert [k for k, _ in c.items()] == [k for k, _ in ref.items()] and c._audit()
+
+
 def one_input(data: bytes) -> None:
     if K is None:
         return
     src = Source(data)
     src.pick([_check_route, _check_verify, _check_verify, _check_assemble, _check_merge,
-              _check_match, _check_match, _check_raw, _check_raw, _check_cache])(src)
+              _check_match, _check_match, _check_raw, _check_raw, _check_cache,
+              _check_values])(src)
 
 
 @pytest.mark.skipif(K is None, reason="the match kernel is not built")

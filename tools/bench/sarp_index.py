@@ -271,8 +271,9 @@ class Reads:
 
 
 class Recording:
-    """While inside: every segment the store is asked for (through `fetch`, or taken
-    from its segment cache by the match kernel: the cache's `trace`) and every locator
+    """While inside: every segment the store is asked for (through `fetch` or
+    `read_views`, or taken from its segment cache by the match kernel: the cache's
+    `trace`) and every locator
     it looks up is recorded in `reads` (list appends: the timed match stays sarp's)."""
 
     def __init__(self, store: Store, reads: Reads) -> None:
@@ -280,22 +281,27 @@ class Recording:
 
     def __enter__(self) -> None:
         store, reads = self.store, self.reads
-        fetch, indexed = store.fetch, store.indexed
+        fetch, read_views, indexed = store.fetch, store.read_views, store.indexed
 
         def fetch_rec(sids: list[int]) -> dict[int, Segment | None]:
             reads.sids.extend(sids)
             return fetch(sids)
+
+        def read_views_rec(sids: list[int]) -> dict[int, object]:
+            reads.sids.extend(sids)
+            return read_views(sids)
 
         def indexed_rec(ids: IdArray) -> list[bool]:
             reads.ids.append(ids)
             return indexed(ids)
 
         store.fetch = fetch_rec  # type: ignore[method-assign]
+        store.read_views = read_views_rec  # type: ignore[method-assign]
         store.indexed = indexed_rec  # type: ignore[method-assign]
         store.segment_cache.trace = reads.sids  # the cache's hits, the kernel's included
 
     def __exit__(self, *exc: object) -> None:
-        del self.store.fetch, self.store.indexed  # the class's methods again
+        del self.store.fetch, self.store.read_views, self.store.indexed  # the class's again
         self.store.segment_cache.trace = None
 
 

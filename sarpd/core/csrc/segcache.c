@@ -6,8 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sarp.h"
+#include "segment.h"
+
 #define SC_GOLDEN 0x9E3779B97F4A7C15ULL
 #define SC_MAX_ENTRIES (INT32_MAX / 4)
+#define SC_GIL_FREE_BYTES (64 * 1024)  /* put_values checks this much without the GIL */
 
 static inline size_t sc_slot(uint64_t sid, size_t mask) {
     uint64_t h = sid * SC_GOLDEN;
@@ -133,6 +137,41 @@ PyObject *segcache_hit(SegCache *c, uint64_t sid) {
     return c->e[i].seg;
 }
 
+/* The Segment of `obj`, the entry of sid: a raw entry's view made a Segment by the
+ * decoder (the view kept on it as its `_cview`), which then takes the view's place in
+ * the entry if it still holds it (the decoder may run any Python code). A new
+ * reference, or NULL with an exception. */
+static PyObject *sc_segment(SegCache *c, uint64_t sid, PyObject *obj) {
+    PyObject *raw = segcache_view_value(obj);
+    if (raw == NULL) return Py_NewRef(obj);
+    if (c->decoder == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "segment cache: segment %llu is held as a stored "
+                     "value and the cache has no decoder", (unsigned long long)sid);
+        return NULL;
+    }
+    Py_INCREF(obj);
+    PyObject *decoder = Py_NewRef(c->decoder);
+    PyObject *seg = PyObject_CallFunction(decoder, "KO", (unsigned long long)sid, raw);
+    Py_DECREF(decoder);
+    if (seg != NULL && PyObject_SetAttrString(seg, "_cview", obj) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)
+                || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();  /* no slot for it: the kernel reads the Segment */
+        } else {
+            Py_CLEAR(seg);
+        }
+    }
+    if (seg != NULL) {
+        int32_t i = sc_find(c, sid);
+        if (i >= 0 && c->e[i].seg == obj) {
+            c->e[i].seg = Py_NewRef(seg);
+            Py_DECREF(obj);  /* the entry's (ours is still held) */
+        }
+    }
+    Py_DECREF(obj);
+    return seg;
+}
+
 /* A segment id argument: 0, or -1 with an exception naming it. */
 static int sid_of(PyObject *o, uint64_t *sid) {
     if (!PyLong_Check(o)) {
@@ -199,6 +238,7 @@ static void sc_empty(SegCache *c) {
 
 static void sc_dealloc(SegCache *c) {
     Py_CLEAR(c->trace);
+    Py_CLEAR(c->decoder);
     sc_empty(c);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -220,7 +260,7 @@ static int sc_contains(SegCache *c, PyObject *key) { return sc_find_key(c, key) 
 
 static PyObject *sc_get(SegCache *c, PyObject *key) {
     int32_t i = sc_find_key(c, key);
-    return Py_NewRef(i < 0 ? Py_None : c->e[i].seg);
+    return i < 0 ? Py_NewRef(Py_None) : sc_segment(c, c->e[i].sid, c->e[i].seg);
 }
 
 static PyObject *sc_hits(SegCache *c, PyObject *sids) {
@@ -232,12 +272,13 @@ static PyObject *sc_hits(SegCache *c, PyObject *sids) {
         PyObject *key = PySequence_Fast_GET_ITEM(seq, k);
         uint64_t sid;
         if (sid_of(key, &sid) < 0) goto done;
-        PyObject *seg = segcache_hit(c, sid);
-        if (seg == NULL) {
+        PyObject *held = segcache_hit(c, sid);
+        if (held == NULL) {
             if (PyList_Append(missing, key) < 0) goto done;
             continue;
         }
-        Py_INCREF(seg);  /* the dict's insertion may run Python code */
+        PyObject *seg = sc_segment(c, sid, held);  /* a reference: the insertion may run code */
+        if (seg == NULL) goto done;
         int bad = PyDict_SetItem(got, key, seg) < 0 || segcache_trace(c, key) < 0;
         Py_DECREF(seg);
         if (bad) goto done;
@@ -297,6 +338,85 @@ static PyObject *sc_put_many(SegCache *c, PyObject *segs) {
     Py_RETURN_NONE;
 }
 
+/* Does value (len bytes at p) pass every check of decode_segment for segment sid? Only
+ * a little-endian build reads values in place (the kernel reads words natively). */
+static int sc_value_ok(uint64_t sid, const unsigned char *p, size_t len) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return p != NULL && seg_check(p, len) == SEG_OK && sarp_get_le64(p + 8) == sid;
+#else
+    (void)sid, (void)p, (void)len;
+    return 0;
+#endif
+}
+
+static PyObject *sc_put_values(SegCache *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "put_values takes 2 arguments (sids, values), got %zd",
+                     nargs);
+        return NULL;
+    }
+    if (c->decoder == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "put_values: the segment cache has no decoder");
+        return NULL;
+    }
+    PyObject *keys = PySequence_Tuple(args[0]), *vals = NULL, *out = NULL;
+    uint64_t *sids = NULL;
+    const unsigned char **ps = NULL;
+    size_t *lens = NULL;
+    if (keys == NULL || (vals = PySequence_Tuple(args[1])) == NULL) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (PyTuple_GET_SIZE(vals) != n) {
+        PyErr_Format(PyExc_ValueError, "put_values: %zd segment ids and %zd values", n,
+                     PyTuple_GET_SIZE(vals));
+        goto done;
+    }
+    size_t room = (size_t)(n ? n : 1), total = 0;
+    sids = malloc(room * sizeof *sids);
+    ps = malloc(room * sizeof *ps);
+    lens = malloc(room * sizeof *lens);
+    if (sids == NULL || ps == NULL || lens == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *v = PyTuple_GET_ITEM(vals, k);
+        if (sid_of(PyTuple_GET_ITEM(keys, k), &sids[k]) < 0) goto done;
+        int bytes = PyBytes_CheckExact(v);  /* another kind: not held (the caller decodes) */
+        ps[k] = bytes ? (const unsigned char *)PyBytes_AS_STRING(v) : NULL;
+        lens[k] = bytes ? (size_t)PyBytes_GET_SIZE(v) : 0;
+        total += lens[k];
+    }
+    if (total >= SC_GIL_FREE_BYTES) {  /* the tuple holds the values meanwhile */
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t k = 0; k < n; k++)
+            if (!sc_value_ok(sids[k], ps[k], lens[k])) ps[k] = NULL;
+        Py_END_ALLOW_THREADS
+    } else {
+        for (Py_ssize_t k = 0; k < n; k++)
+            if (!sc_value_ok(sids[k], ps[k], lens[k])) ps[k] = NULL;
+    }
+    if ((out = PyDict_New()) == NULL) goto done;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (ps[k] == NULL) continue;
+        PyObject *view = segcache_view(sids[k], PyTuple_GET_ITEM(vals, k));
+        int bad = view == NULL || sc_put(c, sids[k], view) < 0
+                  || PyDict_SetItem(out, PyTuple_GET_ITEM(keys, k), view) < 0;
+        Py_XDECREF(view);
+        if (bad) {
+            Py_CLEAR(out);
+            break;
+        }
+    }
+    while (c->held > c->capacity) Py_DECREF(sc_remove(c, c->oldest));
+done:
+    free(sids);
+    free(ps);
+    free(lens);
+    Py_XDECREF(keys);
+    Py_XDECREF(vals);
+    return out;
+}
+
 static PyObject *sc_items(SegCache *c, PyObject *unused) {
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
@@ -311,7 +431,8 @@ static PyObject *sc_items(SegCache *c, PyObject *unused) {
     for (Py_ssize_t j = 0; j < k; j++) {
         int32_t i = sc_find(c, sids[j]);
         if (i < 0) continue;  /* dropped meanwhile */
-        PyObject *t = Py_BuildValue("(KO)", (unsigned long long)sids[j], c->e[i].seg);
+        PyObject *seg = sc_segment(c, sids[j], c->e[i].seg);
+        PyObject *t = seg == NULL ? NULL : Py_BuildValue("(KN)", (unsigned long long)sids[j], seg);
         if (t == NULL || PyList_Append(out, t) < 0) {
             Py_XDECREF(t);
             Py_DECREF(out);
@@ -371,6 +492,13 @@ static PyMethodDef sc_methods[] = {
     {"put_many", (PyCFunction)sc_put_many, METH_O,
      "put_many(segs, /)\n--\n\nEach segment at the recent end in order, then the oldest "
      "dropped while more than capacity are held."},
+    {"put_values", (PyCFunction)(void (*)(void))sc_put_values, METH_FASTCALL,
+     "put_values(sids, values, /)\n--\n\nEach value (a stored segment, bytes) that passes "
+     "every check of decode_segment for its id held at the recent end in order, as a raw "
+     "entry (made a Segment by `decoder` when Python code asks for it); then the oldest "
+     "dropped while more than capacity are held. Returns the held ones: seg id -> the match "
+     "kernel's view of each (what `match`'s read may return). The others (None, not bytes, "
+     "failing a check) are left to the caller."},
     {"items", (PyCFunction)sc_items, METH_NOARGS,
      "items()\n--\n\nEvery held segment, least recently used first."},
     {"clear", (PyCFunction)sc_clear, METH_NOARGS, "clear()\n--\n\nDrop every segment."},
@@ -395,7 +523,26 @@ static int sc_set_trace(SegCache *c, PyObject *v, void *closure) {
     return 0;
 }
 
+static PyObject *sc_get_decoder(SegCache *c, void *closure) {
+    return Py_NewRef(c->decoder == NULL ? Py_None : c->decoder);
+}
+
+static int sc_set_decoder(SegCache *c, PyObject *v, void *closure) {
+    if (v != NULL && v != Py_None && !PyCallable_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "decoder must be callable or None, got %.100s",
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    PyObject *old = c->decoder;
+    c->decoder = v == NULL || v == Py_None ? NULL : Py_NewRef(v);
+    Py_XDECREF(old);
+    return 0;
+}
+
 static PyGetSetDef sc_getset[] = {
+    {"decoder", (getter)sc_get_decoder, (setter)sc_set_decoder,
+     "decoder(sid, value) -> Segment: makes a raw entry (put_values) a Segment when Python "
+     "code asks for it; None: none (a raw entry asked for is a RuntimeError).", NULL},
     {"capacity", (getter)sc_get_capacity, (setter)sc_set_capacity,
      "Segments held at most after a put_many.", NULL},
     {"trace", (getter)sc_get_trace, (setter)sc_set_trace,

@@ -2,6 +2,9 @@
  * keeps): segment id -> Segment object, least recently used out first, a Python type of
  * the match kernel's module (`_cmatch.SegmentCache`) that the kernel also reads in C.
  *
+ * An entry holds a Segment, or a stored value as the kernel's view of it (a raw entry:
+ * below), which Python code never sees.
+ *
  * Layout: entries in one array (a freed one is reused), linked oldest -> newest by
  * index; an open-addressing table (linear probing, backward-shift deletion) of 1 + an
  * entry's index by segment id. Each method changes the structure and only then drops
@@ -32,6 +35,7 @@ typedef struct {
     Py_ssize_t capacity;
     PyObject *trace;      /* a list the ids of hits are appended to, or NULL (the
                            * bench's record of what a match read: `trace`) */
+    PyObject *decoder;    /* decoder(sid, value) -> Segment, for raw entries, or NULL */
 } SegCache;
 
 extern PyTypeObject SegCacheType;
@@ -44,5 +48,16 @@ PyObject *segcache_hit(SegCache *c, uint64_t sid);
 /* Append `key` (a hit's id) to the cache's trace, if it has one: 0, or -1 with an
  * exception. */
 int segcache_trace(SegCache *c, PyObject *key);
+
+/* Raw entries (put_values): a stored value that passed decode_segment's checks is held
+ * as the match kernel's view of it (its buffers over the value's bytes), which the
+ * kernel reads as it is; Python code that asks for it (get, hits, items) gets the
+ * Segment the cache's `decoder` makes of the value, which then replaces the view.
+ * Defined by the kernel (_cmatch.c), whose type the view is: */
+/* The view of a checked value (bytes) of segment sid: a new reference, or NULL with an
+ * exception. */
+PyObject *segcache_view(uint64_t sid, PyObject *value);
+/* The value (borrowed) a raw view holds; NULL when o is not one. */
+PyObject *segcache_view_value(PyObject *o);
 
 #endif
