@@ -589,6 +589,7 @@ typedef struct {
     int far;              /* its window is past int64: no row's (the reference skips it) */
     uint64_t presence;
     Py_ssize_t present;   /* its run of present blocks from 0 (Segment.present_run) */
+    int have_ints;        /* window, far and presence read */
     int have_ids;
     Py_buffer ids;        /* while have_ids: a copy of cv->ids (the view holds the export) */
 } SegView;
@@ -622,8 +623,6 @@ static void table_free(SegTable *t) {
     memset(t, 0, sizeof *t);
 }
 
-/* The view of `sid`, made (and looked up in segs) the first time; its index, or -1
- * with an exception. */
 /* The index of the view of `sid`, or -1 when it has none yet. */
 static Py_ssize_t table_find(const SegTable *t, uint64_t sid) {
     if (t->slots != NULL) {
@@ -633,9 +632,10 @@ static Py_ssize_t table_find(const SegTable *t, uint64_t sid) {
     return -1;
 }
 
-static Py_ssize_t table_get(SegTable *t, PyObject *segs, uint64_t sid) {
-    Py_ssize_t known = table_find(t, sid);
-    if (known >= 0) return known;
+/* A new view of `sid` (not in the table yet) holding `seg` (borrowed: a reference is
+ * taken; NULL or None: missing or corrupt, as absent): its index, or -1 with
+ * MemoryError. */
+static Py_ssize_t table_add(SegTable *t, uint64_t sid, PyObject *seg) {
     if (t->n >= INT32_MAX - 1) {
         PyErr_NoMemory();
         return -1;
@@ -669,11 +669,6 @@ static Py_ssize_t table_get(SegTable *t, PyObject *segs, uint64_t sid) {
         }
         t->nchunks++;
     }
-    PyObject *key = PyLong_FromUnsignedLongLong(sid);
-    if (key == NULL) return -1;
-    PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
-    Py_DECREF(key);
-    if (seg == NULL && PyErr_Occurred()) return -1;
     if (seg == Py_None) seg = NULL;  /* missing or corrupt, as absent */
     Py_ssize_t i = t->n++;
     SegView *e = view_at(t, i);
@@ -685,6 +680,19 @@ static Py_ssize_t table_get(SegTable *t, PyObject *segs, uint64_t sid) {
     while (t->slots[s]) s = (s + 1) & t->mask;
     t->slots[s] = (int32_t)(i + 1);
     return i;
+}
+
+/* The view of `sid`, made (from segs, a dict: verify's and assemble's argument) the
+ * first time: its index, or -1 with an exception. */
+static Py_ssize_t table_get(SegTable *t, PyObject *segs, uint64_t sid) {
+    Py_ssize_t known = table_find(t, sid);
+    if (known >= 0) return known;
+    PyObject *key = PyLong_FromUnsignedLongLong(sid);
+    if (key == NULL) return -1;
+    PyObject *seg = PyDict_GetItemWithError(segs, key);  /* borrowed */
+    Py_DECREF(key);
+    if (seg == NULL && PyErr_Occurred()) return -1;
+    return table_add(t, sid, seg);
 }
 
 /* -- verify --------------------------------------------------------------------------- */
@@ -751,12 +759,11 @@ static int view_ids(CView *cv, PyObject *seg) {
 }
 
 static Py_ssize_t candidate(SegTable *t, PyObject *segs, uint64_t sid, long long w) {
-    Py_ssize_t known = t->n;
     Py_ssize_t i = table_get(t, segs, sid);
     if (i < 0) return -1;
     SegView *e = view_at(t, i);
     if (e->seg == NULL) return -2;
-    if (i == known) {
+    if (!e->have_ints) {
         CView *cv = entry_view(e);
         if (cv == NULL || view_ints(cv, e->seg, sid) < 0) {
             Py_CLEAR(e->seg);  /* the view stays, as missing; the call fails anyway */
@@ -765,6 +772,7 @@ static Py_ssize_t candidate(SegTable *t, PyObject *segs, uint64_t sid, long long
         e->window = cv->window;
         e->far = cv->far;
         e->presence = cv->presence;
+        e->have_ints = 1;
     }
     if (e->far || e->window != w) return -2;
     if (!e->have_ids) {
@@ -1151,34 +1159,38 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 /* -- match: a whole batch in one call ------------------------------------------------ */
 
-/* Read the segments of ids[0..n) the table has no view of yet, each once, into segs:
- * those `cache` holds (NULL: none) from it, the rest through `read(list of seg ids) ->
- * dict`. 0, or -1 with an exception. */
-static int read_into(PyObject *read, SegCache *cache, PyObject *segs, const SegTable *t,
-                     const uint64_t *ids, Py_ssize_t n) {
-    PyObject *want = PyList_New(0), *seen = PySet_New(NULL), *got = NULL;
+/* Read the segments of ids[0..n) the table has no view of yet, each once, into the
+ * table: those `cache` holds (NULL: none) taken from it in C (no Python object made),
+ * the rest through `read(list of seg ids) -> dict` (their views are added first, as
+ * missing, and take what read returned for each). 0, or -1 with an exception. */
+static int read_into(PyObject *read, SegCache *cache, SegTable *t, const uint64_t *ids,
+                     Py_ssize_t n) {
+    IVec miss = {0};  /* the views waiting for read */
+    PyObject *want = NULL, *got = NULL;
     int rc = -1;
-    if (want == NULL || seen == NULL) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (table_find(t, ids[i]) >= 0) continue;
-        PyObject *sid = PyLong_FromUnsignedLongLong(ids[i]);
-        if (sid == NULL) goto done;
-        int dup = PySet_Contains(seen, sid), bad = dup < 0;
-        PyObject *seg = dup || bad || cache == NULL ? NULL : segcache_hit(cache, ids[i]);
-        if (seg != NULL) {  /* held: into segs (a reference: the insertion may run code) */
-            Py_INCREF(seg);
-            bad = PySet_Add(seen, sid) < 0 || PyDict_SetItem(segs, sid, seg) < 0
-                  || segcache_trace(cache, sid) < 0;
-            Py_DECREF(seg);
-        } else if (!dup && !bad) {
-            bad = PySet_Add(seen, sid) < 0 || PyList_Append(want, sid) < 0;
+        PyObject *seg = cache == NULL ? NULL : segcache_hit(cache, ids[i]);  /* borrowed */
+        Py_ssize_t v = table_add(t, ids[i], seg);
+        if (v < 0) goto done;
+        if (seg == NULL) {
+            if (ivec_push(&miss, v) < 0) goto done;
+        } else if (cache->trace != NULL) {
+            PyObject *sid = PyLong_FromUnsignedLongLong(ids[i]);
+            int bad = sid == NULL || segcache_trace(cache, sid) < 0;
+            Py_XDECREF(sid);
+            if (bad) goto done;
         }
-        Py_DECREF(sid);
-        if (bad) goto done;
     }
-    if (PyList_GET_SIZE(want) == 0) {
+    if (miss.n == 0) {
         rc = 0;
         goto done;
+    }
+    if ((want = PyList_New(miss.n)) == NULL) goto done;
+    for (Py_ssize_t k = 0; k < miss.n; k++) {
+        PyObject *sid = PyLong_FromUnsignedLongLong(view_at(t, miss.v[k])->sid);
+        if (sid == NULL) goto done;
+        PyList_SET_ITEM(want, k, sid);
     }
     got = PyObject_CallOneArg(read, want);
     if (got == NULL) goto done;
@@ -1187,10 +1199,16 @@ static int read_into(PyObject *read, SegCache *cache, PyObject *segs, const SegT
                      "%.100s", Py_TYPE(got)->tp_name);
         goto done;
     }
-    rc = PyDict_Update(segs, got);
+    for (Py_ssize_t k = 0; k < miss.n; k++) {
+        PyObject *seg = PyDict_GetItemWithError(got, PyList_GET_ITEM(want, k));  /* borrowed */
+        if (seg == NULL && PyErr_Occurred()) goto done;
+        if (seg != NULL && seg != Py_None) view_at(t, miss.v[k])->seg = Py_NewRef(seg);
+    }
+    rc = 0;
 done:
+    if (rc < 0 && !PyErr_Occurred()) PyErr_NoMemory();
+    free(miss.v);
     Py_XDECREF(want);
-    Py_XDECREF(seen);
     Py_XDECREF(got);
     return rc;
 }
@@ -1312,7 +1330,7 @@ static int one_round(const Rounds *x, const IVec *open, int *any) {
         goto done;
     }
     *any = 1;
-    if (read_into(x->read, x->cache, x->segs, x->t, cands.v, cands.n) < 0) goto done;
+    if (read_into(x->read, x->cache, x->t, cands.v, cands.n) < 0) goto done;
     for (Py_ssize_t i = 0; i < todo.n; i += 3) {
         int64_t r = todo.v[i];
         rd_plan *p = &x->plans[r];
@@ -1396,7 +1414,7 @@ static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, SegCa
     }
     for (Py_ssize_t q = 0, s = 0; q < b->nq; s += b->qlens[q++]) starts[q] = s;
     query_spans(rows, nr, b->nq, spans);
-    if (read_into(read, cache, segs, &t, first.v, first.n) < 0
+    if (read_into(read, cache, &t, first.v, first.n) < 0
             || verify_rows(&t, segs, b->qids, starts[b->nq - 1] + b->qlens[b->nq - 1], starts,
                            b->nq, rows, nr, first.v, first.n, b->sb, best, bsid) < 0)
         goto done;
