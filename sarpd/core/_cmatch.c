@@ -1672,6 +1672,15 @@ static PyObject *salt_runs(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+/* Each of the m sequences' rows salted with its salt, one after another into out. */
+static void salt_all(const Py_buffer *src, Py_ssize_t m, void *out, const uint64_t *sv) {
+    uint64_t *o = out;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        xor_rows(&src[i], o, 0, src[i].shape[0], load_u64(sv + 2 * i), load_u64(sv + 2 * i + 1));
+        o += 2 * src[i].shape[0];
+    }
+}
+
 /* salt_into(seqs, out, salts): the rows of every seqs[i] ((n_i, 2) uint64, any strides)
  * salted with salts[i], one after another into `out` (a writable C-contiguous (sum n_i,
  * 2) uint64 array): salt_ids_many's batch without a concatenated copy first. */
@@ -1696,28 +1705,41 @@ static PyObject *salt_into(PyObject *self, PyObject *const *args, Py_ssize_t nar
         goto done;
     }
     const uint64_t *sv = salts.buf;
-    Py_ssize_t at = 0;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        Py_buffer src;
-        if (get_strided(PySequence_Fast_GET_ITEM(seqs, i), "ids", 2, 2, &src) < 0) goto done;
-        Py_ssize_t n = src.shape[0];
-        if (n > dst.shape[0] - at) {
-            PyBuffer_Release(&src);
+    Py_ssize_t at = 0, got = 0;
+    /* every sequence's buffer first (the GIL held), then the copies (without it past
+     * gil_free_min rows: the buffers keep the arrays' memory) */
+    Py_buffer *src = PyMem_Malloc((size_t)(m ? m : 1) * sizeof *src);
+    if (src == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < m; got++) {
+        if (get_strided(PySequence_Fast_GET_ITEM(seqs, got), "ids", 2, 2, &src[got]) < 0)
+            goto release;
+        if (src[got].shape[0] > dst.shape[0] - at) {
+            PyBuffer_Release(&src[got]);
             PyErr_Format(PyExc_ValueError, "salt_into: out has %zd rows, the sequences more",
                          dst.shape[0]);
-            goto done;
+            goto release;
         }
-        xor_rows(&src, (uint64_t *)dst.buf + 2 * at, 0, n, load_u64(sv + 2 * i),
-                 load_u64(sv + 2 * i + 1));
-        PyBuffer_Release(&src);
-        at += n;
+        at += src[got].shape[0];
     }
     if (at != dst.shape[0]) {
         PyErr_Format(PyExc_ValueError, "salt_into: out has %zd rows, the sequences %zd",
                      dst.shape[0], at);
-        goto done;
+        goto release;
+    }
+    if (at >= gil_free_min) {
+        Py_BEGIN_ALLOW_THREADS
+        salt_all(src, m, dst.buf, sv);
+        Py_END_ALLOW_THREADS
+    } else {
+        salt_all(src, m, dst.buf, sv);
     }
     out = Py_NewRef(Py_None);
+release:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&src[i]);
+    PyMem_Free(src);
 done:
     PyBuffer_Release(&salts);
 no_salts:

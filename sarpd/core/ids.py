@@ -26,8 +26,8 @@ import functools
 import itertools
 import operator
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -134,6 +134,7 @@ def token_ids(ns: str, tokens: U32Array, block_tokens: int, k: Kernels | None = 
 
 
 @functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)
 def _salt_words(ns: str) -> tuple[int, int]:
     lo, hi = _salt(ns)[0].tolist()
     return lo, hi
@@ -154,44 +155,58 @@ def salt_ids(ns: str, ids: IdArray, k: Kernels | None = None) -> IdArray:
     return out
 
 
-class Joined(list[IdArray]):
+class Joined(Sequence[IdArray]):
     """`salt_ids_many`'s answer: the sequences' ids, views one after another of ONE
-    array, kept as `flat` (a batch's ids for the match kernel, without a copy)."""
+    array, kept as `flat` (a batch's ids for the match kernel, without a copy), with
+    their lengths (`lens`). A sequence's view is made when it is asked for: a match
+    batch asks for few (the kernel reads `flat` and `lens`)."""
 
-    __slots__ = ("flat",)
+    __slots__ = ("ends", "flat", "lens")
 
-    def __init__(self, parts: Iterable[IdArray], flat: IdArray) -> None:
-        super().__init__(parts)
-        self.flat = flat
+    def __init__(self, flat: IdArray, lens: npt.NDArray[np.int64]) -> None:
+        self.flat, self.lens = flat, lens
+        self.ends: list[int] = np.cumsum(lens).tolist()
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @overload
+    def __getitem__(self, i: int) -> IdArray: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[IdArray]: ...
+    def __getitem__(self, i: int | slice) -> IdArray | list[IdArray]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        end = self.ends[i]  # IndexError past the end, negative indices as a list's
+        return self.flat[end - int(self.lens[i]) : end]
 
 
 def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray], k: Kernels | None = None
-                  ) -> list[IdArray]:
+                  ) -> Sequence[IdArray]:
     """`salt_ids` of a batch: one pass for all of it, not two numpy calls per sequence
     (the results are disjoint views of one array: a `Joined`). The match kernel's
     `salt_into` copies and salts every sequence in one call where it runs and the ids
     are uint64 pairs; else one concatenation (numpy's unsafe cast), then the salts."""
     if len(ids) <= 1:  # a lone query: no batch to share the calls with
         return [salt_ids(ns, a, k) for ns, a in zip(nss, ids, strict=True)]
-    lens = [len(a) for a in ids]
-    ends = list(itertools.accumulate(lens))
+    lens = np.fromiter(map(len, ids), np.int64, len(ids))
     c = (k or native.pick()).match
     flat: IdArray
     if c is not None:  # one C loop over the runs, each with its namespace's salt
         salts = np.array([_salt_words(ns) for ns in nss], np.uint64)
-        flat = np.empty((ends[-1], 2), np.uint64)
+        flat = np.empty((int(lens.sum()), 2), np.uint64)
         try:
             c.salt_into(ids, flat, salts)
         except (TypeError, ValueError):  # not all (n, 2) uint64: numpy's cast first
             flat = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
-            c.salt_runs(flat, flat, np.array(ends, np.int64), salts)
+            c.salt_runs(flat, flat, np.cumsum(lens), salts)
     else:
         flat = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
         if len(set(nss)) == 1:
             flat ^= _salt(nss[0])
         else:
             flat ^= np.repeat(np.concatenate([_salt(ns) for ns in nss]), lens, axis=0)
-    return Joined((flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)), flat)
+    return Joined(flat, lens)
 
 
 def id_bytes(row: IdArray) -> bytes:

@@ -230,18 +230,19 @@ class SarpIndex:
     def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:
         if self._stale:  # the reload after a failed commit failed too: retry it
             self._reload_or_raise(resume=False)
-        qs: list[IdArray] = []
         errors: dict[int, SarpError] = {}
         got = self.store.seq_ids_many([r.seq for r in reqs])
+        k = self.k.match
+        if k is not None and isinstance(got, Joined):  # salted into one array: the kernel's
+            return self._match_native(reqs, got, errors, k, got)
+        qs: list[IdArray] = []
         for i, q in enumerate(got):
             if isinstance(q, SarpError):
                 errors[i] = q
                 q = np.empty((0, 2), np.uint64)
             qs.append(q)
-        k = self.k.match
-        if k is not None:  # a batch salted into one array is the kernel's as it is
-            return self._match_native(reqs, qs, errors, k,
-                                      got.flat if isinstance(got, Joined) else None)
+        if k is not None:
+            return self._match_native(reqs, qs, errors, k)
         plans = self.router.plan_many(qs)
         first = [(qi, p, p.first) for qi, windows in enumerate(plans) for p in windows]
         segs = self._verify_round(qs, first, {})
@@ -253,22 +254,24 @@ class SarpIndex:
 
     def _match_native(self, reqs: Sequence[Match], qs: Sequence[IdArray],
                       errors: dict[int, SarpError], k: MatchKernel,
-                      joined: IdArray | None = None) -> list[MatchResult | SarpError]:
+                      joined: Joined | None = None) -> list[MatchResult | SarpError]:
         """`match_many` with the match kernel (module `kernel`): ONE call routes the
         batch, reads every first round (what the store's segment cache holds taken from it
         in C, the rest in one multi-get), verifies it, runs the
         bound-and-verify rounds (`_exact_rounds`' twin: their reads and locator checks
         call back into the store) and assembles every answer, holders included.
-        `joined`: the queries' ids already one array, qs its views in order."""
+        `joined`: the queries' ids already one array (qs itself)."""
         geo = self.router.geo
-        if len(qs) == 1:  # a lone query (the fleet's): no generator, no concatenation
+        if joined is not None:
+            lens, qids = joined.lens, joined.flat
+            ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
+        elif len(qs) == 1:  # a lone query (the fleet's): no generator, no concatenation
             lens, ks = np.array([len(qs[0])], np.int64), np.array([reqs[0].holders], np.int64)
             qids = np.ascontiguousarray(qs[0], np.uint64)
         else:
             lens = np.fromiter((len(q) for q in qs), np.int64, len(qs))
             ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
-            qids = joined if joined is not None else np.ascontiguousarray(np.concatenate(qs),
-                                                                          np.uint64)
+            qids = np.ascontiguousarray(np.concatenate(qs), np.uint64)
         cache = self.store.segment_cache  # read in C when it is the kernel's own type
         own = isinstance(cache, k.SegmentCache)  # ... whose misses go in as stored values
         res, meta, tops, rounds = kernel.match(
@@ -278,15 +281,15 @@ class SarpIndex:
             self.cfg.exact_match, cache if own else None)
         out: list[MatchResult | SarpError] = []
         matched = 0
-        for i, (r, q, (total, start, tstart, ntop)) in enumerate(
-                zip(reqs, qs, res.tolist(), strict=True)):
+        for i, (r, (total, start, tstart, ntop)) in enumerate(zip(reqs, res.tolist(),
+                                                                  strict=True)):
             if i in errors:
                 out.append(errors[i])
                 continue
             matched += total
             top = ([(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
                    if r.holders else None)
-            ids = salt_ids(r.seq.ns, q[:total], self.k) if r.with_ids else None
+            ids = salt_ids(r.seq.ns, qs[i][:total], self.k) if r.with_ids else None
             out.append(MatchResult(total, meta[start : start + total], ids, top))
         self._count(len(reqs) - len(errors), matched, len(qids), rounds)
         return out
