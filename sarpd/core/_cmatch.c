@@ -599,6 +599,7 @@ typedef struct {
 typedef struct {
     SegView **chunks;
     Py_ssize_t n, nchunks;
+    Py_ssize_t expect;    /* views the call expects (the first table's size), or 0 */
     int32_t *slots;       /* open addressing by sid: 1 + the view's index, 0 empty */
     size_t mask;
 } SegTable;
@@ -642,6 +643,7 @@ static Py_ssize_t table_add(SegTable *t, uint64_t sid, PyObject *seg) {
     }
     if ((size_t)(t->n + 1) * 2 > t->mask + 1 || t->slots == NULL) {  /* grow: half full */
         size_t size = t->slots == NULL ? 64 : (t->mask + 1) * 2;
+        while (t->slots == NULL && size < 2 * (size_t)t->expect) size *= 2;
         int32_t *slots = calloc(size, sizeof *slots);
         if (slots == NULL) {
             PyErr_NoMemory();
@@ -676,6 +678,8 @@ static Py_ssize_t table_add(SegTable *t, uint64_t sid, PyObject *seg) {
     e->sid = sid;
     e->seg = seg;
     Py_XINCREF(seg);
+    if (seg != NULL && Py_IS_TYPE(seg, &CViewType))  /* a raw entry: its own view, read */
+        e->cv = (CView *)Py_NewRef(seg);
     size_t s = slot_of(sid, t->mask);
     while (t->slots[s]) s = (s + 1) & t->mask;
     t->slots[s] = (int32_t)(i + 1);
@@ -784,6 +788,33 @@ static Py_ssize_t candidate(SegTable *t, PyObject *segs, uint64_t sid, long long
     return i;
 }
 
+/* `candidate` where it needs no Python (the GIL may be released): the view's index,
+ * -2 when it does not count, or -3 when its entry is not read yet (not in the table,
+ * or a Segment's whose view this call has not read: `candidate` reads it, the GIL
+ * held). Only a raw view is read here: it never changes, where a Segment's view gains
+ * parts under the GIL as calls on other threads read them. */
+static Py_ssize_t candidate_ready(const SegTable *t, uint64_t sid, long long w) {
+    Py_ssize_t i = table_find(t, sid);
+    if (i < 0) return -3;
+    SegView *e = view_at(t, i);
+    if (e->seg == NULL) return -2;
+    if (!e->have_ints) {
+        if (e->cv == NULL || e->cv->raw == NULL) return -3;
+        e->window = e->cv->window;
+        e->far = e->cv->far;
+        e->presence = e->cv->presence;
+        e->have_ints = 1;
+    }
+    if (e->far || e->window != w) return -2;
+    if (!e->have_ids) {
+        if (e->cv->raw == NULL) return -3;
+        e->ids = e->cv->ids;
+        e->present = e->cv->present;
+        e->have_ids = 1;
+    }
+    return i;
+}
+
 /* The verified run of a candidate's view against a window (`qw`, `len` blocks): ids
  * equal AND present, from the window start. No Python object is touched. */
 static Py_ssize_t view_run(const SegView *e, const uint64_t *qw, Py_ssize_t len) {
@@ -849,49 +880,38 @@ static int verify_rows(SegTable *t, PyObject *segs, const uint64_t *qids, Py_ssi
                        const int64_t *starts, Py_ssize_t nq, const int64_t *rows, Py_ssize_t nr,
                        const uint64_t *first, Py_ssize_t nf, Py_ssize_t sb, int64_t *b,
                        uint64_t *bs) {
-    IVec plan = {0};  /* per row: its first candidate in cands, its window in qids, length */
-    IVec cands = {0};  /* every row's counting candidates in order: their views */
-    Py_ssize_t work = 0;
-    int rc = -1;
     for (Py_ssize_t r = 0; r < nr; r++) {
-        const int64_t *row = rows + ROW_FIELDS * r;
-        if (row_fits(row, starts, nq, nid, nf, sb) < 0) {
+        if (row_fits(rows + ROW_FIELDS * r, starts, nq, nid, nf, sb) < 0) {
             PyErr_Format(PyExc_ValueError, "rows[%zd] does not fit qids (%zd ids), qstarts (%zd "
                          "queries) and first (%zd ids) with sb %zd", r, nid, nq, nf, sb);
-            goto done;
-        }
-        int64_t len = row[R_LEN];
-        if (ivec_push(&plan, cands.n) < 0 || ivec_push(&plan, starts[row[R_Q]] + row[R_W] * sb) < 0
-                || ivec_push(&plan, len) < 0)
-            goto done;
-        for (int64_t k = row[R_FSTART]; k < row[R_FSTART] + row[R_FCOUNT]; k++) {
-            Py_ssize_t i = candidate(t, segs, first[k], row[R_W]);
-            if (i == -1) goto done;
-            if (i >= 0) {
-                if (ivec_push(&cands, i) < 0) goto done;
-                work += len;
-            }
+            return -1;
         }
     }
-    if (ivec_push(&plan, cands.n) < 0) goto done;  /* the last row's end */
-    PyThreadState *ts = work >= gil_free_min ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t r = 0; r < nr; r++) {  /* no Python object from here */
-        const int64_t *p = plan.v + 3 * r;  /* p[3]: the next row's first candidate */
-        const uint64_t *qw = qids + 2 * p[1];
+    /* Each row's candidates are looked up and run in turn, the GIL released (past
+     * gil_free_min) and taken back only for a view whose segment must be read from
+     * Python (`candidate`). */
+    PyThreadState *ts = nf * sb >= gil_free_min ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t r = 0; r < nr; r++) {
+        const int64_t *row = rows + ROW_FIELDS * r;
+        const uint64_t *qw = qids + 2 * (starts[row[R_Q]] + row[R_W] * sb);
         b[r] = 0;
         bs[r] = 0;
-        for (int64_t c = p[0]; c < p[3]; c++) {
-            const SegView *e = view_at(t, cands.v[c]);
-            Py_ssize_t run = view_run(e, qw, p[2]);
+        for (int64_t k = row[R_FSTART]; k < row[R_FSTART] + row[R_FCOUNT]; k++) {
+            Py_ssize_t i = candidate_ready(t, first[k], row[R_W]);
+            if (i == -3) {
+                if (ts != NULL) PyEval_RestoreThread(ts);
+                i = candidate(t, segs, first[k], row[R_W]);
+                if (i == -1) return -1;
+                if (ts != NULL) ts = PyEval_SaveThread();
+            }
+            if (i < 0) continue;
+            const SegView *e = view_at(t, i);
+            Py_ssize_t run = view_run(e, qw, row[R_LEN]);
             if (run > b[r]) { b[r] = run; bs[r] = e->sid; }  /* the first of equal runs */
         }
     }
     if (ts != NULL) PyEval_RestoreThread(ts);
-    rc = 0;
-done:
-    free(plan.v);
-    free(cands.v);
-    return rc;
+    return 0;
 }
 
 static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1414,6 +1434,7 @@ static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, SegCa
     }
     for (Py_ssize_t q = 0, s = 0; q < b->nq; s += b->qlens[q++]) starts[q] = s;
     query_spans(rows, nr, b->nq, spans);
+    t.expect = first.n;  /* at most one view each: no rehash while they are read */
     if (read_into(read, cache, &t, first.v, first.n) < 0
             || verify_rows(&t, segs, b->qids, starts[b->nq - 1] + b->qlens[b->nq - 1], starts,
                            b->nq, rows, nr, first.v, first.n, b->sb, best, bsid) < 0)

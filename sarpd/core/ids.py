@@ -135,6 +135,13 @@ def token_ids(ns: str, tokens: U32Array, block_tokens: int, k: Kernels | None = 
 
 @functools.lru_cache(maxsize=4096)
 @functools.lru_cache(maxsize=4096)
+def _salt_bytes(ns: str) -> bytes:
+    """The namespace's salt as the 16 bytes of its two native words (a batch's salts are
+    these joined: one numpy call)."""
+    return _salt(ns).tobytes()
+
+
+@functools.lru_cache(maxsize=4096)
 def _salt_words(ns: str) -> tuple[int, int]:
     lo, hi = _salt(ns)[0].tolist()
     return lo, hi
@@ -163,9 +170,9 @@ class Joined(Sequence[IdArray]):
 
     __slots__ = ("ends", "flat", "lens")
 
-    def __init__(self, flat: IdArray, lens: npt.NDArray[np.int64]) -> None:
-        self.flat, self.lens = flat, lens
-        self.ends: list[int] = np.cumsum(lens).tolist()
+    def __init__(self, flat: IdArray, lens: list[int], ends: list[int]) -> None:
+        self.flat, self.ends = flat, ends
+        self.lens = np.array(lens, np.int64)
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -177,8 +184,11 @@ class Joined(Sequence[IdArray]):
     def __getitem__(self, i: int | slice) -> IdArray | list[IdArray]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        end = self.ends[i]  # IndexError past the end, negative indices as a list's
-        return self.flat[end - int(self.lens[i]) : end]
+        n = len(self.ends)
+        if not -n <= i < n:
+            raise IndexError(f"sequence {i} of a batch of {n}")
+        i %= n
+        return self.flat[self.ends[i - 1] if i else 0 : self.ends[i]]
 
 
 def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray], k: Kernels | None = None
@@ -189,24 +199,26 @@ def salt_ids_many(nss: Sequence[str], ids: Sequence[IdArray], k: Kernels | None 
     are uint64 pairs; else one concatenation (numpy's unsafe cast), then the salts."""
     if len(ids) <= 1:  # a lone query: no batch to share the calls with
         return [salt_ids(ns, a, k) for ns, a in zip(nss, ids, strict=True)]
-    lens = np.fromiter(map(len, ids), np.int64, len(ids))
+    lens = [len(a) for a in ids]
+    ends = list(itertools.accumulate(lens))
     c = (k or native.pick()).match
     flat: IdArray
     if c is not None:  # one C loop over the runs, each with its namespace's salt
-        salts = np.array([_salt_words(ns) for ns in nss], np.uint64)
-        flat = np.empty((int(lens.sum()), 2), np.uint64)
+        salts = np.frombuffer(b"".join([_salt_bytes(ns) for ns in nss]),
+                              np.uint64).reshape(-1, 2)
+        flat = np.empty((ends[-1], 2), np.uint64)
         try:
             c.salt_into(ids, flat, salts)
         except (TypeError, ValueError):  # not all (n, 2) uint64: numpy's cast first
             flat = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
-            c.salt_runs(flat, flat, np.cumsum(lens), salts)
+            c.salt_runs(flat, flat, np.array(ends, np.int64), salts)
     else:
         flat = np.concatenate(ids, dtype=np.uint64, casting="unsafe").reshape(-1, 2)
         if len(set(nss)) == 1:
             flat ^= _salt(nss[0])
         else:
             flat ^= np.repeat(np.concatenate([_salt(ns) for ns in nss]), lens, axis=0)
-    return Joined(flat, lens)
+    return Joined(flat, lens, ends)
 
 
 def id_bytes(row: IdArray) -> bytes:
