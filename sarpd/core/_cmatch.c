@@ -1038,6 +1038,28 @@ static int copy_window(SegTable *t, PyObject *segs, uint64_t sid, int64_t length
     return 0;
 }
 
+/* copy_window where it needs no Python (the GIL may be released): a raw view's words,
+ * in its value. 1 when done; 0 when the window needs copy_window (the GIL held: not
+ * in the table yet, a Segment's view, or a run copy_window refuses). */
+static int copy_window_ready(const SegTable *t, uint64_t sid, int64_t length, Copied *out) {
+    Py_ssize_t i = table_find(t, sid);
+    if (i < 0) return 0;
+    const SegView *e = view_at(t, i);
+    const CView *cv = e->cv;
+    if (e->seg == NULL || cv == NULL || cv->raw == NULL || length < 0
+            || length > cv->meta.shape[0] || length > 64)
+        return 0;
+    out->presence = cv->presence;
+    out->length = (int)length;
+    out->h = cv->xmeta.shape[0];
+    const Py_buffer *b[3] = {&cv->meta, &cv->xmeta, &cv->xmask};
+    for (int k = 0; k < 3; k++) {  /* a raw view's words are contiguous: no arena */
+        out->p[k] = b[k]->buf;
+        out->at[k] = 0;
+    }
+    return 1;
+}
+
 /* Every query's answer from its rows' runs (module docstring: assemble), the windows
  * read through the table: (res, meta, tops), or NULL with an exception. */
 static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows, Py_ssize_t nr,
@@ -1056,9 +1078,6 @@ static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows,
         goto done;
     }
     int64_t *rs = (int64_t *)PyBytes_AS_STRING(res);
-    /* the GIL held: each query's windows from 0 through the first short one, the
-     * matched segments' metas and tables copied; the answers' sizes counted */
-    Py_ssize_t nmeta = 0, ntops = 0, widest = 0;
     for (Py_ssize_t q = 0; q < nq; q++) {
         Py_ssize_t lo = spans[2 * q], hi = spans[2 * q + 1];
         if (lo < 0 || hi < lo || hi > nr) {
@@ -1066,21 +1085,35 @@ static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows,
                          "rows", q, lo, hi, nr);
             goto done;
         }
+    }
+    /* each query's windows from 0 through the first short one, the matched segments'
+     * metas and tables found (copy_window_ready: a raw view's, without the GIL past
+     * gil_free_min; the others with the GIL taken back); the answers' sizes counted */
+    Py_ssize_t nmeta = 0, ntops = 0, widest = 0;
+    PyThreadState *ts = nr * 8 >= gil_free_min ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        Py_ssize_t lo = spans[2 * q], hi = spans[2 * q + 1];
         int64_t total = 0;
         Py_ssize_t from = nwins;
         for (Py_ssize_t r = lo; r < hi; r++) {
             int64_t b = best[r], len = rows[ROW_FIELDS * r + R_LEN];
             if (sids[r]) {
                 if (nwins == capwins) {
-                    capwins = capwins ? 2 * capwins : 64;
-                    Copied *more = realloc(wins, (size_t)capwins * sizeof *wins);
+                    Py_ssize_t cap = capwins ? 2 * capwins : 64;
+                    Copied *more = realloc(wins, (size_t)cap * sizeof *wins);
                     if (more == NULL) {
+                        if (ts != NULL) PyEval_RestoreThread(ts);
                         PyErr_NoMemory();
                         goto done;
                     }
                     wins = more;
+                    capwins = cap;
                 }
-                if (copy_window(t, segs, sids[r], b, &arena, &wins[nwins]) < 0) goto done;
+                if (!copy_window_ready(t, sids[r], b, &wins[nwins])) {
+                    if (ts != NULL) PyEval_RestoreThread(ts);
+                    if (copy_window(t, segs, sids[r], b, &arena, &wins[nwins]) < 0) goto done;
+                    if (ts != NULL) ts = PyEval_SaveThread();
+                }
                 nwins++;
             }
             total += b;
@@ -1097,6 +1130,7 @@ static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows,
             if (wins[w].length > 0) most = wins[w].length + wins[w].h;
         ntops += k < most ? k : most;
     }
+    if (ts != NULL) PyEval_RestoreThread(ts);
     meta = PyByteArray_FromStringAndSize(NULL, nmeta * (Py_ssize_t)sizeof(uint64_t));
     tops = PyByteArray_FromStringAndSize(NULL, ntops * (Py_ssize_t)sizeof(HRun));
     hw = malloc((size_t)(widest ? widest : 1) * sizeof *hw);
@@ -1111,7 +1145,7 @@ static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows,
         for (int k = 0; k < 3; k++)
             if (wins[w].p[k] == NULL) wins[w].p[k] = ar + wins[w].at[k];
     int nomem = 0;
-    PyThreadState *ts = nmeta + (Py_ssize_t)arena.n >= gil_free_min ? PyEval_SaveThread() : NULL;
+    ts = nmeta + (Py_ssize_t)arena.n >= gil_free_min ? PyEval_SaveThread() : NULL;
     Py_ssize_t w0 = 0;
     for (Py_ssize_t q = 0; q < nq && !nomem; q++) {  /* no Python object from here */
         int nw = 0;
