@@ -8,11 +8,13 @@
  *
  * match(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap,
  *       read, indexed, ks, exact[, kfilter[, cache]])
- *   the first twelve as for route; read(list of seg ids) -> dict seg id -> Segment
- *   or None (missing: the store's multi-get), called once for every first round and
- *   once per extra round, for the segments `cache` (a SegmentCache, csrc/segcache.c,
- *   or None) does not hold: those it holds are taken from it in C, each moved to its
- *   recent end as the store's fetch would; indexed(bytes: 16-byte ids) -> a truth
+ *   the first twelve as for route; read(list of seg ids) -> dict seg id -> Segment,
+ *   the kernel's view of its stored value (what SegmentCache.put_values returns), or
+ *   None (missing: the store's multi-get, Store.read_views), called once for every
+ *   first round and once per extra round, for the segments `cache` (a SegmentCache,
+ *   csrc/segcache.c, or None) does not hold: those it holds are taken from it in C
+ *   (into the call's table, no Python object made), each moved to its recent end as
+ *   the store's fetch would; indexed(bytes: 16-byte ids) -> a truth
  *   value per id (may a segment hold the block? False settles its window: no locator),
  *   or None (no block locators); ks (Q,) int64 as for assemble; exact: run the
  *   bound-and-verify rounds.
@@ -443,14 +445,18 @@ static PyObject *route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 
 /* -- the batch's segments, read once a call ----------------------------------------------- */
 
-/* verify and assemble look each segment up once a call, the GIL held (a batch names a
- * hot segment in many rows), into a SegView, from what is kept on the segment (its
- * CView, read from its Python object the first time a call needed each part); then
- * they compute every row from the views and their own copies of the checked rows, the
- * GIL released (when there is enough of it to be worth a hand-over: gil_free_min), and
- * build their Python results after. A view holds the segment and its CView, which
- * holds a buffer of each array it read, so the arrays outlive the call whatever Python
- * does meanwhile. */
+/* A call looks each segment up once (a batch names a hot segment in many rows) into a
+ * SegView of its table: `match` reads the batch's segments straight into it (read_into),
+ * verify and assemble alone from their `segs` dict. A view's CView is what is kept on
+ * the segment (read from its Python object the first time a call needed each part), or
+ * the segment cache's raw entry itself: a stored value's view, every part read, which
+ * never changes. The rows are computed from the views and the calls' own copies of the
+ * checked rows with the GIL released (when there is enough work to be worth a
+ * hand-over: gil_free_min), taken back only where a Segment's view must be read from
+ * Python (candidate_ready, copy_window_ready say so); the Python results are built
+ * after. A view holds the segment and its CView, which holds a buffer of each array it
+ * read (a raw one: the value), so the arrays outlive the call whatever Python does
+ * meanwhile. */
 
 
 static PyObject *S_WINDOW, *S_PRESENCE, *S_IDS, *S_META, *S_XMETA, *S_XMASK, *S_CVIEW;

@@ -169,3 +169,16 @@ def test_the_sequence_length_rule_names_the_value_and_the_limit() -> None:
     check_sequence_tokens(100, 100)
     with pytest.raises(TooLarge, match=r"^tokens: 101 tokens exceeds max_sequence_tokens \(100\)$"):
         check_sequence_tokens(101, 100)
+
+
+def test_a_joined_batch_is_a_sequence_of_views_made_when_asked() -> None:
+    parts = [np.arange(2 * n, dtype=np.uint64).reshape(n, 2) + 100 * n for n in (3, 0, 2)]
+    got = salt_ids_many(["a", "b", "a"], parts)
+    assert isinstance(got, Joined) and len(got) == 3 and got.lens.tolist() == [3, 0, 2]
+    for i in range(-3, 3):
+        assert (got[i] == salt_ids(["a", "b", "a"][i], parts[i])).all()
+        assert np.shares_memory(got[i], got.flat) or not len(got[i])
+    assert [len(v) for v in got[1:]] == [0, 2] and len(got[::-1]) == 3
+    for bad in (3, -4):
+        with pytest.raises(IndexError, match="of a batch of 3"):
+            got[bad]
