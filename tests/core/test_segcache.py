@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -70,39 +71,56 @@ OPS = st.one_of(
 )
 
 
-def _order(cache: SegmentCache) -> list[tuple[int, tuple[int, int]]]:
-    return [(sid, seg.key) for sid, seg in cache.items()]  # type: ignore[attr-defined]
+def _order(cache: SegmentCache[object]) -> list[tuple[int, object]]:
+    return [(sid, _fields(seg)) for sid, seg in cache.items()]
+
+
+def _apply(c: SegmentCache[object], ref: SegmentCache[object], step: int, op: str,
+           arg: object) -> None:
+    """One operation on both caches: the same answers (segments compared by content),
+    then the same order and size, and the C structure's own audit."""
+    if op == "values":  # (sid, kind, seed): what a multi-get may give (_stored)
+        assert isinstance(arg, list)
+        sids = [sid for sid, _, _ in arg]
+        values = [_stored(sid, kind, seed) for sid, kind, seed in arg]
+        assert list(c.put_values(sids, values)) == list(ref.put_values(sids, values))
+    elif op == "put":
+        assert isinstance(arg, list)
+        segs = {sid: Seg(sid, step) for sid in arg}
+        c.put_many(segs)
+        ref.put_many(segs)
+    elif op == "hits":
+        assert isinstance(arg, list)
+        (got, missing), (want, want_missing) = c.hits(arg), ref.hits(arg)
+        assert [(k, _fields(v)) for k, v in got.items()] == \
+            [(k, _fields(v)) for k, v in want.items()] and missing == want_missing
+    elif op == "get":
+        assert isinstance(arg, int)
+        seg, want_seg = c.get(arg), ref.get(arg)
+        assert (seg is None) == (want_seg is None)
+        if seg is not None:
+            assert _fields(seg) == _fields(want_seg)
+            assert c.get(arg) is seg  # a raw entry is decoded once: the Segment stays
+    elif op == "in":
+        assert (arg in c) == (arg in ref)
+    elif op == "capacity":
+        assert isinstance(arg, int)
+        c.capacity = ref.capacity = arg
+    else:
+        c.clear()
+        ref.clear()
+    assert _order(c) == _order(ref), (step, op)
+    assert len(c) == len(ref) and c.capacity == ref.capacity
+    assert c._audit()  # type: ignore[attr-defined]
 
 
 @settings(max_examples=300, deadline=None)
 @given(capacity=st.integers(0, 20), ops=st.lists(OPS, max_size=60))
 def test_the_native_cache_keeps_the_references_answers_and_order(
         capacity: int, ops: list[tuple[str, object]]) -> None:
-    c, ref = native(capacity), SegmentCache(capacity)
+    c, ref = native(capacity), SegmentCache[object](capacity)
     for step, (op, arg) in enumerate(ops):
-        if op == "put":
-            assert isinstance(arg, list)
-            segs = {sid: Seg(sid, step) for sid in arg}
-            c.put_many(segs)
-            ref.put_many(segs)
-        elif op == "hits":
-            assert isinstance(arg, list)
-            got, want = c.hits(arg), ref.hits(arg)
-            assert list(got[0].items()) == list(want[0].items()) and got[1] == want[1]
-        elif op == "get":
-            assert isinstance(arg, int)
-            assert c.get(arg) is ref.get(arg)
-        elif op == "in":
-            assert (arg in c) == (arg in ref)
-        elif op == "capacity":
-            assert isinstance(arg, int)
-            c.capacity = ref.capacity = arg
-        else:
-            c.clear()
-            ref.clear()
-        assert _order(c) == _order(ref), (step, op)
-        assert len(c) == len(ref) and c.capacity == ref.capacity
-        assert c._audit()  # type: ignore[attr-defined]
+        _apply(c, ref, step, op, arg)
 
 
 def test_a_full_cache_drops_the_least_recently_used() -> None:
@@ -158,25 +176,35 @@ def test_the_native_cache_refuses_ids_that_are_not_u64() -> None:
     assert cache._audit() and len(cache) == 0  # type: ignore[attr-defined]
 
 
-def test_threads_sharing_the_native_cache_keep_it_whole() -> None:
-    cache = native(64)
+def _in_threads(step: Callable[[int, int], None], rounds: int, threads: int = 4) -> None:
+    """step(thread, round) for each round, on `threads` threads at once; the first
+    failure of any is raised here."""
     errors: list[BaseException] = []
 
     def work(me: int) -> None:
         try:
-            for i in range(3000):
-                sids = [(me * 7 + i * 13 + k) % 200 for k in range(8)]
-                _, missing = cache.hits(sids)
-                cache.put_many({sid: Seg(sid, me) for sid in missing})
+            for i in range(rounds):
+                step(me, i)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
-    pool = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     for th in pool:
         th.start()
     for th in pool:
         th.join()
-    assert not errors
+    if errors:
+        raise errors[0]
+
+
+def test_threads_sharing_the_native_cache_keep_it_whole() -> None:
+    cache = native(64)
+
+    def step(me: int, i: int) -> None:
+        _, missing = cache.hits([(me * 7 + i * 13 + k) % 200 for k in range(8)])
+        cache.put_many({sid: Seg(sid, me) for sid in missing})
+
+    _in_threads(step, 3000)
     assert cache._audit() and len(cache) == 64  # type: ignore[attr-defined]
 
 
@@ -250,35 +278,7 @@ def test_stored_values_are_held_as_the_reference_holds_their_segments(
     c, ref = native(capacity), SegmentCache[object](capacity)
     c.decoder = ref.decoder = _decode  # type: ignore[assignment]
     for step, (op, arg) in enumerate(ops):
-        if op == "values":
-            assert isinstance(arg, list)
-            sids = [sid for sid, _, _ in arg]
-            values = [_stored(sid, kind, seed) for sid, kind, seed in arg]
-            got, want = c.put_values(sids, values), ref.put_values(sids, values)
-            assert list(got) == list(want), step
-        elif op == "put":
-            assert isinstance(arg, list)
-            segs = {sid: Seg(sid, step) for sid in arg}
-            c.put_many(segs)
-            ref.put_many(segs)
-        elif op == "hits":
-            assert isinstance(arg, list)
-            (got_h, got_m), (want_h, want_m) = c.hits(arg), ref.hits(arg)
-            assert [(k, _fields(v)) for k, v in got_h.items()] == \
-                [(k, _fields(v)) for k, v in want_h.items()] and got_m == want_m
-        elif op == "get":
-            assert isinstance(arg, int)
-            got_s, want_s = c.get(arg), ref.get(arg)
-            assert (got_s is None) == (want_s is None)
-            if got_s is not None:
-                assert _fields(got_s) == _fields(want_s)
-                assert c.get(arg) is got_s  # decoded once: the Segment took the view's place
-        else:
-            assert isinstance(arg, int)
-            c.capacity = ref.capacity = arg
-        assert [(k, _fields(v)) for k, v in c.items()] == \
-            [(k, _fields(v)) for k, v in ref.items()], (step, op)
-        assert c._audit()  # type: ignore[attr-defined]
+        _apply(c, ref, step, op, arg)
 
 
 def test_a_raw_entry_is_decoded_once_and_keeps_its_view() -> None:
@@ -342,22 +342,11 @@ def test_threads_putting_values_and_decoding_keep_the_cache_whole() -> None:
     cache = native(48)
     cache.decoder = _decode
     stored = {sid: _value(sid, 1 + sid % 64, sid % 3, sid) for sid in range(120)}
-    errors: list[BaseException] = []
 
-    def work(me: int) -> None:
-        try:
-            for i in range(400):
-                sids = [(me * 11 + i * 17 + k) % 120 for k in range(6)]
-                hits, missing = cache.hits(sids)
-                assert all(_fields(s) == _fields(_decode(k, stored[k])) for k, s in hits.items())
-                cache.put_values(missing, [stored[s] for s in missing])
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
+    def step(me: int, i: int) -> None:
+        hits, missing = cache.hits([(me * 11 + i * 17 + k) % 120 for k in range(6)])
+        assert all(_fields(s) == _fields(_decode(k, stored[k])) for k, s in hits.items())
+        cache.put_values(missing, [stored[s] for s in missing])
 
-    pool = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for th in pool:
-        th.start()
-    for th in pool:
-        th.join()
-    assert not errors
+    _in_threads(step, 400)
     assert cache._audit() and len(cache) == 48  # type: ignore[attr-defined]

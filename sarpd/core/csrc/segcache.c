@@ -507,36 +507,34 @@ static PyMethodDef sc_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyObject *sc_get_trace(SegCache *c, void *closure) {
-    return Py_NewRef(c->trace == NULL ? Py_None : c->trace);
+/* An optional attribute (trace, decoder): None when unset. */
+static PyObject *get_slot(PyObject *slot) { return Py_NewRef(slot == NULL ? Py_None : slot); }
+
+/* Set an optional attribute's slot to v (None or a deletion: unset) when `fits(v)`;
+ * else TypeError: "`what` must be ... or None, got <type>". */
+static int set_slot(PyObject **slot, PyObject *v, int (*fits)(PyObject *), const char *what) {
+    if (v != NULL && v != Py_None && !fits(v)) {
+        PyErr_Format(PyExc_TypeError, "%s or None, got %.100s", what, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    PyObject *old = *slot;
+    *slot = v == NULL || v == Py_None ? NULL : Py_NewRef(v);
+    Py_XDECREF(old);
+    return 0;
 }
+
+static int is_list(PyObject *v) { return PyList_CheckExact(v); }
+
+static PyObject *sc_get_trace(SegCache *c, void *closure) { return get_slot(c->trace); }
 
 static int sc_set_trace(SegCache *c, PyObject *v, void *closure) {
-    if (v != NULL && v != Py_None && !PyList_CheckExact(v)) {
-        PyErr_Format(PyExc_TypeError, "trace must be a list or None, got %.100s",
-                     Py_TYPE(v)->tp_name);
-        return -1;
-    }
-    PyObject *old = c->trace;
-    c->trace = v == NULL || v == Py_None ? NULL : Py_NewRef(v);
-    Py_XDECREF(old);
-    return 0;
+    return set_slot(&c->trace, v, is_list, "trace must be a list");
 }
 
-static PyObject *sc_get_decoder(SegCache *c, void *closure) {
-    return Py_NewRef(c->decoder == NULL ? Py_None : c->decoder);
-}
+static PyObject *sc_get_decoder(SegCache *c, void *closure) { return get_slot(c->decoder); }
 
 static int sc_set_decoder(SegCache *c, PyObject *v, void *closure) {
-    if (v != NULL && v != Py_None && !PyCallable_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "decoder must be callable or None, got %.100s",
-                     Py_TYPE(v)->tp_name);
-        return -1;
-    }
-    PyObject *old = c->decoder;
-    c->decoder = v == NULL || v == Py_None ? NULL : Py_NewRef(v);
-    Py_XDECREF(old);
-    return 0;
+    return set_slot(&c->decoder, v, PyCallable_Check, "decoder must be callable");
 }
 
 static PyGetSetDef sc_getset[] = {
