@@ -134,7 +134,6 @@ def token_ids(ns: str, tokens: U32Array, block_tokens: int, k: Kernels | None = 
 
 
 @functools.lru_cache(maxsize=4096)
-@functools.lru_cache(maxsize=4096)
 def _salt_bytes(ns: str) -> bytes:
     """The namespace's salt as the 16 bytes of its two native words (a batch's salts are
     these joined: one numpy call)."""
