@@ -483,7 +483,6 @@ typedef struct {
      * value (bytes) its buffers point into, which it holds instead of exports; NULL for
      * a view read from a Segment */
     PyObject *raw;
-    uint64_t sid;
     Py_ssize_t dims[5], steps[5];  /* the buffers' shapes and strides (raw views) */
 } CView;
 
@@ -529,7 +528,7 @@ static void raw_buffer(CView *cv, Py_buffer *b, const unsigned char *p, Py_ssize
     }
 }
 
-PyObject *segcache_view(uint64_t sid, PyObject *value) {
+PyObject *segcache_view(PyObject *value) {
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(value);
     CView *cv = PyObject_New(CView, &CViewType);
     if (cv == NULL) return NULL;
@@ -543,7 +542,6 @@ PyObject *segcache_view(uint64_t sid, PyObject *value) {
     while (present < n && ((cv->presence >> present) & 1u)) present++;
     cv->present = present;
     cv->raw = Py_NewRef(value);
-    cv->sid = sid;
     raw_buffer(cv, &cv->ids, p + SEG_HEADER, n, 2, 0);
     raw_buffer(cv, &cv->meta, p + SEG_HEADER + 16 * n, n, 1, 2);
     raw_buffer(cv, &cv->xmeta, p + SEG_HEADER + 24 * n, h, 1, 3);
@@ -575,7 +573,6 @@ static CView *cview_of(PyObject *seg) {
     cv->presence = 0;
     cv->present = 0;
     cv->raw = NULL;
-    cv->sid = 0;
     if (slot && PyObject_SetAttr(seg, S_CVIEW, (PyObject *)cv) < 0) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)
                 && !PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -768,6 +765,21 @@ static int view_ids(CView *cv, PyObject *seg) {
     return 0;
 }
 
+/* A view's window and presence, then its ids, taken from its CView (read) into the
+ * table entry, once a call. */
+static void take_ints(SegView *e) {
+    e->window = e->cv->window;
+    e->far = e->cv->far;
+    e->presence = e->cv->presence;
+    e->have_ints = 1;
+}
+
+static void take_ids(SegView *e) {
+    e->ids = e->cv->ids;
+    e->present = e->cv->present;
+    e->have_ids = 1;
+}
+
 static Py_ssize_t candidate(SegTable *t, PyObject *segs, uint64_t sid, long long w) {
     Py_ssize_t i = table_get(t, segs, sid);
     if (i < 0) return -1;
@@ -779,17 +791,12 @@ static Py_ssize_t candidate(SegTable *t, PyObject *segs, uint64_t sid, long long
             Py_CLEAR(e->seg);  /* the view stays, as missing; the call fails anyway */
             return -1;
         }
-        e->window = cv->window;
-        e->far = cv->far;
-        e->presence = cv->presence;
-        e->have_ints = 1;
+        take_ints(e);
     }
     if (e->far || e->window != w) return -2;
     if (!e->have_ids) {
         if (view_ids(e->cv, e->seg) < 0) return -1;
-        e->ids = e->cv->ids;
-        e->present = e->cv->present;
-        e->have_ids = 1;
+        take_ids(e);
     }
     return i;
 }
@@ -806,17 +813,12 @@ static Py_ssize_t candidate_ready(const SegTable *t, uint64_t sid, long long w) 
     if (e->seg == NULL) return -2;
     if (!e->have_ints) {
         if (e->cv == NULL || e->cv->raw == NULL) return -3;
-        e->window = e->cv->window;
-        e->far = e->cv->far;
-        e->presence = e->cv->presence;
-        e->have_ints = 1;
+        take_ints(e);
     }
     if (e->far || e->window != w) return -2;
     if (!e->have_ids) {
         if (e->cv->raw == NULL) return -3;
-        e->ids = e->cv->ids;
-        e->present = e->cv->present;
-        e->have_ids = 1;
+        take_ids(e);
     }
     return i;
 }

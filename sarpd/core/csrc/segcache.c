@@ -398,7 +398,7 @@ static PyObject *sc_put_values(SegCache *c, PyObject *const *args, Py_ssize_t na
     if ((out = PyDict_New()) == NULL) goto done;
     for (Py_ssize_t k = 0; k < n; k++) {
         if (ps[k] == NULL) continue;
-        PyObject *view = segcache_view(sids[k], PyTuple_GET_ITEM(vals, k));
+        PyObject *view = segcache_view(PyTuple_GET_ITEM(vals, k));
         int bad = view == NULL || sc_put(c, sids[k], view) < 0
                   || PyDict_SetItem(out, PyTuple_GET_ITEM(keys, k), view) < 0;
         Py_XDECREF(view);

@@ -54,9 +54,9 @@ int segcache_trace(SegCache *c, PyObject *key);
  * kernel reads as it is; Python code that asks for it (get, hits, items) gets the
  * Segment the cache's `decoder` makes of the value, which then replaces the view.
  * Defined by the kernel (_cmatch.c), whose type the view is: */
-/* The view of a checked value (bytes) of segment sid: a new reference, or NULL with an
+/* The view of a checked stored value (bytes): a new reference, or NULL with an
  * exception. */
-PyObject *segcache_view(uint64_t sid, PyObject *value);
+PyObject *segcache_view(PyObject *value);
 /* The value (borrowed) a raw view holds; NULL when o is not one. */
 PyObject *segcache_view_value(PyObject *o);
 
