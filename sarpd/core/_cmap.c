@@ -6,7 +6,7 @@
  *
  *   BlockMap(budget_bytes, generation=65536)   ValueError as the reference's
  *   len(m), m.nbytes, m.budget_bytes, m.generation (settable), m.stats()
- *   m.lookup(ids) -> (heads uint64, pos int64: -1 a miss)
+ *   m.lookup(ids) -> (heads uint64, pos int64: -1 a miss); m.peek(ids): the same, no move
  *   m.add(ids, heads, pos), m.add_bulk(ids, heads, pos) -> Spill | None
  *   m.discard(ids), m.clear()
  *   m.to_arrays() -> MapArrays;  m.load_arrays(arrays) -> Spill | None
@@ -570,12 +570,13 @@ static PyObject *map_stats(MapObject *self, PyObject *unused) {
                          "discarded", (unsigned long long)s.discarded);
 }
 
-static PyObject *map_lookup(MapObject *self, PyObject *const *args, Py_ssize_t nargs,
-                            PyObject *kwnames) {
+/* lookup / peek: bm_lookup or bm_peek. */
+static PyObject *map_find(MapObject *self, const char *fname, int refresh,
+                          PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[] = {"ids"};
     PyObject *o[1];
     arg_t ids;
-    if (sarp_parse_args("lookup", args, nargs, kwnames, names, 1, o) < 0) return NULL;
+    if (sarp_parse_args(fname, args, nargs, kwnames, names, 1, o) < 0) return NULL;
     if (need_numpy() < 0 || ids_get(o[0], "ids", &ids) < 0) return NULL;
     Py_buffer hv, pv;
     PyObject *heads = new_array(ids.n, 0, dt_u64, &hv);
@@ -592,8 +593,8 @@ static PyObject *map_lookup(MapObject *self, PyObject *const *args, Py_ssize_t n
     int rc;
     map_lock(self);
     bm_map *m = self->map;
-    int heavy = sat_add(search_work(m, n), freeze_work(m, n)) >= WORK_NOGIL;
-    RUN(heavy, rc = bm_lookup(m, n, ids.data, hv.buf, pv.buf));
+    int heavy = sat_add(search_work(m, n), refresh ? freeze_work(m, n) : 0) >= WORK_NOGIL;
+    RUN(heavy, rc = (refresh ? bm_lookup : bm_peek)(m, n, ids.data, hv.buf, pv.buf));
     map_unlock(self);
     PyBuffer_Release(&hv);
     PyBuffer_Release(&pv);
@@ -604,6 +605,16 @@ static PyObject *map_lookup(MapObject *self, PyObject *const *args, Py_ssize_t n
         return PyErr_NoMemory();
     }
     return Py_BuildValue("(NN)", heads, pos);
+}
+
+static PyObject *map_lookup(MapObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames) {
+    return map_find(self, "lookup", 1, args, nargs, kwnames);
+}
+
+static PyObject *map_peek(MapObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames) {
+    return map_find(self, "peek", 0, args, nargs, kwnames);
 }
 
 enum { ADD, ADD_BULK, LOAD };
@@ -758,6 +769,8 @@ static PyMethodDef map_methods[] = {
     {"lookup", (PyCFunction)(void (*)(void))map_lookup, METH_FASTCALL | METH_KEYWORDS,
      "lookup($self, /, ids)\n--\n\n(head keys uint64, positions int64) of ids ((n, 2) uint64); position -1: not held "
      "here. A hit in a frozen generation moves to the young one."},
+    {"peek", (PyCFunction)(void (*)(void))map_peek, METH_FASTCALL | METH_KEYWORDS,
+     "peek($self, /, ids)\n--\n\nlookup's answers, no hit moved (a removal's lookup: its blocks are leaving)."},
     {"add", (PyCFunction)(void (*)(void))map_add, METH_FASTCALL | METH_KEYWORDS,
      "add($self, /, ids, heads, pos)\n--\n\nHold these blocks (a later entry for a block wins); returns the Spill of what had to "
      "go to keep within the budget, or None."},

@@ -8,7 +8,8 @@
  * fields, or an int (the failed check, CHECKS names them) so that the caller raises the
  * reference's own error. block_keys builds the block locator keys (b"B" + 16-byte
  * id); filters is the twin of routing.filters_at(routing.fingerprints(ids), offsets)
- * for register. drop_blocks is WriteTxn.drop's loop over a window's segments.
+ * for register. drop_windows is WriteTxn.drop's loop over a removal's windows'
+ * segments; add_holders and refill_blocks are the other window loops.
  * Arrays are C-contiguous uint64 buffers (ids of shape (n, 2)); the argument checks
  * are csrc/sarp.h's.
  *
@@ -516,11 +517,23 @@ static PyObject *change_of(Py_ssize_t index, const Seg *s) {
     return out;
 }
 
+/* Targets [from, to) (one window's) marked where an earlier one of them names the same
+ * block (offset and id). */
+static void mark_repeats(SegTarget *t, Py_ssize_t from, Py_ssize_t to) {
+    for (Py_ssize_t k = from + 1; k < to; k++) {
+        SegTarget *x = &t[k];
+        for (Py_ssize_t u = from; u < k && !x->repeat; u++) {
+            const SegTarget *y = &t[u];
+            x->repeat = !y->repeat && y->o == x->o && y->lo == x->lo && y->hi == x->hi;
+        }
+    }
+}
+
 /* The targets of a window kernel into t (PyMem_Malloc'd, *t NULL when there are none:
  * the caller frees it): offsets offs (int64, 0..63), ids (m, 2) and, when metas is not
- * NULL, a meta each (uint64); any strides. `repeats`: mark targets naming an earlier
- * one's block (offset and id). The count into *m; -1 with an exception. */
-static int get_targets(PyObject *offs_arg, PyObject *ids_arg, PyObject *metas_arg, int repeats,
+ * NULL, a meta each (uint64); any strides; none marked a repeat (mark_repeats). The
+ * count into *m; -1 with an exception. */
+static int get_targets(PyObject *offs_arg, PyObject *ids_arg, PyObject *metas_arg,
                        SegTarget **t, Py_ssize_t *m) {
     Py_buffer offs, ids, metas;
     int rc = -1, got_metas = 0;
@@ -561,10 +574,6 @@ static int get_targets(PyObject *offs_arg, PyObject *ids_arg, PyObject *metas_ar
         x->hi = sarp_word_at(&ids, k, 1);
         x->meta = got_metas ? sarp_word_at(&metas, k, 0) : 0;
         x->repeat = 0;
-        for (Py_ssize_t u = 0; repeats && u < k && !x->repeat; u++) {
-            const SegTarget *y = &(*t)[u];
-            x->repeat = !y->repeat && y->o == x->o && y->lo == x->lo && y->hi == x->hi;
-        }
     }
     rc = 0;
 done:
@@ -579,17 +588,15 @@ free_offs:
 /* One segment's step of a window kernel: 1 when s changed, 0 when not, SEG_NOMEM. */
 typedef int (*WindowStep)(Seg *s, const SegTarget *t, size_t m, void *ctx);
 
-/* Run `step` on each segment of segs (a sequence of Segment, the walk's order) in turn:
- * the list of the changes (change_of) of those it changed; NULL with an exception. */
-static PyObject *over_window(PyObject *segs_arg, const SegTarget *t, Py_ssize_t m,
-                             WindowStep step, void *ctx) {
-    PyObject *segs = PySequence_Fast(segs_arg, "segs must be a sequence of segments");
-    if (segs == NULL) return NULL;
-    PyObject *changed = PyList_New(0);
+/* Run `step` on segments [k0, k1) of segs (a PySequence_Fast of Segment, the walk's
+ * order) in turn, on targets t[0..m): the changes (change_of, by index in segs) of those
+ * it changed appended to `changed`; -1 with an exception. */
+static int over_segments(PyObject *segs, Py_ssize_t k0, Py_ssize_t k1, const SegTarget *t,
+                         Py_ssize_t m, WindowStep step, void *ctx, PyObject *changed) {
     Seg s;
     seg_init(&s);
-    Py_ssize_t ns = PySequence_Fast_GET_SIZE(segs);
-    for (Py_ssize_t k = 0; changed != NULL && k < ns; k++) {
+    int rc = 0;
+    for (Py_ssize_t k = k0; rc == 0 && k < k1; k++) {
         PyObject *obj = PySequence_Fast_GET_ITEM(segs, k);
         Py_INCREF(obj);  /* its attribute reads may run Python code */
         int bad = seg_from_object(obj, &s);
@@ -598,15 +605,28 @@ static PyObject *over_window(PyObject *segs_arg, const SegTarget *t, Py_ssize_t 
         if (got == SEG_NOMEM) PyErr_NoMemory();
         PyObject *c = bad || got <= 0 ? NULL : change_of(k, &s);
         if (bad || got == SEG_NOMEM || (got > 0 && (c == NULL || PyList_Append(changed, c) < 0)))
-            Py_CLEAR(changed);
+            rc = -1;
         Py_XDECREF(c);
     }
     seg_free(&s);
+    return rc;
+}
+
+/* over_segments over every segment of segs_arg: the list of changes; NULL with an
+ * exception. */
+static PyObject *over_window(PyObject *segs_arg, const SegTarget *t, Py_ssize_t m,
+                             WindowStep step, void *ctx) {
+    PyObject *segs = PySequence_Fast(segs_arg, "segs must be a sequence of segments");
+    if (segs == NULL) return NULL;
+    PyObject *changed = PyList_New(0);
+    if (changed != NULL &&
+        over_segments(segs, 0, PySequence_Fast_GET_SIZE(segs), t, m, step, ctx, changed) < 0)
+        Py_CLEAR(changed);
     Py_DECREF(segs);
     return changed;
 }
 
-typedef struct {  /* drop_blocks' step: seg_drop_targets' arguments */
+typedef struct {  /* drop_windows' step: seg_drop_targets' arguments */
     int every;
     uint64_t holder;
     int64_t *taken;
@@ -618,48 +638,117 @@ static int drop_step(Seg *s, const SegTarget *t, size_t m, void *ctx) {
     return seg_drop_targets(s, t, m, d->every, d->holder, d->taken, d->gone);
 }
 
-/* drop_blocks(segs, offs, ids, holder) -> (changed, taken, gone): WriteTxn.drop over
- * the segments of one window (a list of Segment, in the walk's order). Targets are
- * blocks by offset in the window (offs, int64) and id (ids, (m, 2) uint64); a block
- * named twice counts once. holder: a meta word, or None for every holder. changed:
- * (index in segs, presence, meta, xmeta, xmask) of each segment that changed (new
- * arrays as bytearrays of uint64: the caller installs them on its writable copy);
- * taken: int64 bytes, per target the holdings taken off (0: none, or a repeat); gone:
- * per target 1 when the block is absent where it was dropped. */
-static PyObject *drop_blocks(PyObject *Py_UNUSED(self), PyObject *const *args,
-                             Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "drop_blocks takes 4 arguments (segs, offs, ids, "
-                     "holder), got %zd", nargs);
-        return NULL;
+/* Window g's part of a flat sequence: ends[g - 1] (0 for g = 0) .. ends[g]. */
+static int get_ends(PyObject *arg, const char *name, Py_ssize_t total, Py_buffer *view) {
+    if (sarp_get_words(arg, name, 1, 1, 0, 1, view) < 0) return -1;
+    int64_t at = 0;
+    for (Py_ssize_t g = 0; g < view->shape[0]; g++) {
+        int64_t e = (int64_t)sarp_word_at(view, g, 0);
+        if (e < at || e > total) {
+            PyErr_Format(PyExc_ValueError, "%s[%zd] is %lld: ends must ascend from 0 to %zd",
+                         name, g, (long long)e, total);
+            PyBuffer_Release(view);
+            return -1;
+        }
+        at = e;
     }
-    DropCtx d = {args[3] == Py_None, 0, NULL, NULL};
-    if (!d.every && sarp_get_uint64_arg(args[3], "holder", &d.holder) < 0) return NULL;
+    if (at != total) {
+        PyErr_Format(PyExc_ValueError, "%s ends at %lld, not at its sequence's length %zd", name,
+                     (long long)at, total);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* drop_windows' work (its comment below). */
+static PyObject *drop_over(PyObject *segs_arg, PyObject *seg_ends_arg, PyObject *offs,
+                           PyObject *ids, PyObject *tgt_ends_arg, PyObject *holder) {
+    DropCtx d = {holder == Py_None, 0, NULL, NULL};
+    if (!d.every && sarp_get_uint64_arg(holder, "holder", &d.holder) < 0) return NULL;
     SegTarget *t;
     Py_ssize_t m;
-    if (get_targets(args[1], args[2], NULL, 1, &t, &m) < 0) return NULL;
-    PyObject *changed = NULL, *out = NULL;
-    PyObject *taken_b = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t));
-    PyObject *gone_b = PyBytes_FromStringAndSize(NULL, m);
-    if (taken_b != NULL && gone_b != NULL) {
-        d.taken = (int64_t *)PyBytes_AS_STRING(taken_b);
-        d.gone = (unsigned char *)PyBytes_AS_STRING(gone_b);
-        for (Py_ssize_t k = 0; k < m; k++) {
-            d.taken[k] = -1;
-            d.gone[k] = 0;
-        }
-        changed = over_window(args[0], t, m, drop_step, &d);
+    if (get_targets(offs, ids, NULL, &t, &m) < 0) return NULL;
+    PyObject *segs = PySequence_Fast(segs_arg, "segs must be a sequence of segments");
+    if (segs == NULL) {
+        PyMem_Free(t);
+        return NULL;
     }
-    if (changed != NULL) {
-        for (Py_ssize_t k = 0; k < m; k++)
-            if (d.taken[k] < 0) d.taken[k] = 0;
-        out = PyTuple_Pack(3, changed, taken_b, gone_b);
+    Py_ssize_t ns = PySequence_Fast_GET_SIZE(segs), nw = 0;
+    Py_buffer se, te;
+    int have_ends = 0;
+    PyObject *changed = NULL, *out = NULL, *taken_b = NULL, *gone_b = NULL;
+    if (get_ends(seg_ends_arg, "seg_ends", ns, &se) < 0) goto done;
+    if (get_ends(tgt_ends_arg, "tgt_ends", m, &te) < 0) {
+        PyBuffer_Release(&se);
+        goto done;
+    }
+    have_ends = 1;
+    nw = se.shape[0];
+    if (te.shape[0] != nw) {
+        PyErr_Format(PyExc_ValueError, "seg_ends has %zd windows, tgt_ends %zd", nw,
+                     te.shape[0]);
+        goto done;
+    }
+    taken_b = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t));
+    gone_b = PyBytes_FromStringAndSize(NULL, m);
+    changed = PyList_New(0);
+    if (taken_b == NULL || gone_b == NULL || changed == NULL) goto done;
+    int64_t *taken = (int64_t *)PyBytes_AS_STRING(taken_b);
+    unsigned char *gone = (unsigned char *)PyBytes_AS_STRING(gone_b);
+    for (Py_ssize_t k = 0; k < m; k++) {
+        taken[k] = -1;
+        gone[k] = 0;
+    }
+    Py_ssize_t k0 = 0, t0 = 0;
+    for (Py_ssize_t g = 0; g < nw; g++) {
+        Py_ssize_t k1 = (Py_ssize_t)sarp_word_at(&se, g, 0);
+        Py_ssize_t t1 = (Py_ssize_t)sarp_word_at(&te, g, 0);
+        mark_repeats(t, t0, t1);
+        d.taken = taken + t0;
+        d.gone = gone + t0;
+        if (over_segments(segs, k0, k1, t + t0, t1 - t0, drop_step, &d, changed) < 0) {
+            Py_CLEAR(changed);
+            goto done;
+        }
+        k0 = k1;
+        t0 = t1;
+    }
+    for (Py_ssize_t k = 0; k < m; k++)
+        if (taken[k] < 0) taken[k] = 0;
+    out = PyTuple_Pack(3, changed, taken_b, gone_b);
+done:
+    if (have_ends) {
+        PyBuffer_Release(&se);
+        PyBuffer_Release(&te);
     }
     PyMem_Free(t);
+    Py_DECREF(segs);
     Py_XDECREF(changed);
     Py_XDECREF(taken_b);
     Py_XDECREF(gone_b);
     return out;
+}
+
+/* drop_windows(segs, seg_ends, offs, ids, tgt_ends, holder) -> (changed, taken, gone):
+ * WriteTxn.drop over the windows of a removal, in one call. Window g's segments (a
+ * sequence of Segment, each window's in the walk's order) are segs[seg_ends[g - 1]:
+ * seg_ends[g]] and its targets offs/ids[tgt_ends[g - 1]:tgt_ends[g]] (int64 ends,
+ * ascending from 0, the last the length): blocks by offset in the window (offs, int64)
+ * and id (ids, (m, 2) uint64); a block named twice in a window counts once. holder: a
+ * meta word, or None for every holder. changed: (index in segs, presence, meta, xmeta,
+ * xmask) of each segment that changed (new arrays as bytearrays of uint64: the caller
+ * installs them on its writable copy); taken: int64 bytes, per target the holdings
+ * taken off (0: none, or a repeat); gone: per target 1 when the block is absent where
+ * it was dropped. */
+static PyObject *drop_windows(PyObject *Py_UNUSED(self), PyObject *const *args,
+                              Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "drop_windows takes 6 arguments (segs, seg_ends, offs, "
+                     "ids, tgt_ends, holder), got %zd", nargs);
+        return NULL;
+    }
+    return drop_over(args[0], args[1], args[2], args[3], args[4], args[5]);
 }
 
 static int add_step(Seg *s, const SegTarget *t, size_t m, void *ctx) {
@@ -671,8 +760,8 @@ static int refill_step(Seg *s, const SegTarget *t, size_t m, void *ctx) {
 }
 
 /* add_holders / refill_blocks (segs, offs, ids, metas) -> (changed, hit): step over the
- * segments of one window (drop_blocks' segs, offs and ids, a meta per target): changed
- * as drop_blocks gives it, hit: per target 1 where it changed a segment. */
+ * segments of one window (a window of drop_windows' segs, offs and ids, a meta per target): changed
+ * as drop_windows gives it, hit: per target 1 where it changed a segment. */
 static PyObject *hit_kernel(const char *name, WindowStep step, PyObject *const *args,
                             Py_ssize_t nargs) {
     if (nargs != 4) {
@@ -682,7 +771,7 @@ static PyObject *hit_kernel(const char *name, WindowStep step, PyObject *const *
     }
     SegTarget *t;
     Py_ssize_t m;
-    if (get_targets(args[1], args[2], args[3], 0, &t, &m) < 0) return NULL;
+    if (get_targets(args[1], args[2], args[3], &t, &m) < 0) return NULL;
     PyObject *changed = NULL, *out = NULL;
     PyObject *hit_b = PyBytes_FromStringAndSize(NULL, m);
     if (hit_b != NULL) {
@@ -794,8 +883,8 @@ static PyMethodDef methods[] = {
      "The delta record that turns one Segment into another (delta.encode_delta)."},
     {"apply_delta", (PyCFunction)(void (*)(void))apply_delta, METH_FASTCALL,
      "A segment value with a delta record applied, or the int of the failed check."},
-    {"drop_blocks", (PyCFunction)(void (*)(void))drop_blocks, METH_FASTCALL,
-     "WriteTxn.drop over one window's segments: the changed ones, holdings, blocks gone."},
+    {"drop_windows", (PyCFunction)(void (*)(void))drop_windows, METH_FASTCALL,
+     "WriteTxn.drop over a removal's windows: the changed segments, holdings, blocks gone."},
     {"add_holders", (PyCFunction)(void (*)(void))add_holders, METH_FASTCALL,
      "WriteTxn.add_holders over one window's segments: the changed ones, targets added."},
     {"refill_blocks", (PyCFunction)(void (*)(void))refill_blocks, METH_FASTCALL,

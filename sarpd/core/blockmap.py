@@ -143,7 +143,13 @@ class BlockMap:
         with self._lock:
             return self._lookup(ids)
 
-    def _lookup(self, ids: IdArray) -> tuple[U64Array, np.ndarray]:
+    def peek(self, ids: IdArray) -> tuple[U64Array, np.ndarray]:
+        """`lookup`'s answers, no hit moved (a removal's lookup: its blocks are
+        leaving); only the hit and miss counts change."""
+        with self._lock:
+            return self._lookup(ids, refresh=False)
+
+    def _lookup(self, ids: IdArray, refresh: bool = True) -> tuple[U64Array, np.ndarray]:
         n = len(ids)
         heads = np.zeros(n, dtype=np.uint64)
         pos = np.full(n, -1, dtype=np.int64)
@@ -157,14 +163,14 @@ class BlockMap:
             else:
                 heads[i], pos[i] = v >> 32, v & 0xFFFFFFFF
         if rest and self.gens:
-            self._lookup_frozen(ids, np.array(rest, dtype=np.int64), heads, pos)
+            self._lookup_frozen(ids, np.array(rest, dtype=np.int64), heads, pos, refresh)
         hits = int(np.count_nonzero(pos >= 0))
         self.counts.hits += hits
         self.counts.misses += n - hits
         return heads, pos
 
     def _lookup_frozen(self, ids: IdArray, rest: np.ndarray, heads: U64Array,
-                       pos: np.ndarray) -> None:
+                       pos: np.ndarray, refresh: bool) -> None:
         lo, hi = ids[rest, 0], ids[rest, 1]
         mix = _mix(lo, hi)
         todo = np.ones(len(rest), dtype=bool)
@@ -176,15 +182,18 @@ class BlockMap:
                 continue
             r = rows[got]
             heads[rest[got]], pos[rest[got]] = g.head[r], g.pos[r]
-            moved += zip(lo[got].tolist(), hi[got].tolist(), g.head[r].tolist(),
-                         g.pos[r].tolist(), strict=True)
-            r = np.unique(r)  # a block asked twice in one lookup leaves once
-            g.alive[r] = False
-            g.live -= len(r)
-            self._frozen_live -= len(r)
             todo &= ~got
+            if refresh:
+                moved += zip(lo[got].tolist(), hi[got].tolist(), g.head[r].tolist(),
+                             g.pos[r].tolist(), strict=True)
+                r = np.unique(r)  # a block asked twice in one lookup leaves once
+                g.alive[r] = False
+                g.live -= len(r)
+                self._frozen_live -= len(r)
             if not todo.any():
                 break
+        if not refresh:
+            return
         for a, b, h, p in moved:  # refreshed: young again
             self.young[a | b << 64] = h << 32 | p
         self.gens = [g for g in self.gens if g.live]  # emptied: nothing to spill

@@ -200,15 +200,16 @@ class Store:
         return [(h, p) if p >= 0 else None
                 for h, p in zip(heads.tolist(), pos.tolist(), strict=True)]
 
-    def locate_arrays(self, ids: IdArray, memo: dict[bytes, tuple[int, int]] | None = None
-                      ) -> tuple[U64Array, npt.NDArray[np.int64]]:
+    def locate_arrays(self, ids: IdArray, memo: dict[bytes, tuple[int, int]] | None = None,
+                      leaving: bool = False) -> tuple[U64Array, npt.NDArray[np.int64]]:
         """(head keys, positions) of blocks (internal ids), position -1 where present in
         no segment: the block map's, else the locator record's (what the map spilled or
         the importer wrote; one multi-get for the batch's misses). `memo`: records read
         before (a write transaction's: the backend does not change within it), by key;
-        the ones read now are added (-1: none)."""
+        the ones read now are added (-1: none). `leaving`: a removal's blocks, which the
+        map does not refresh (`peek`)."""
         assert self.blockmap is not None
-        heads, pos = self.blockmap.lookup(ids)
+        heads, pos = (self.blockmap.peek if leaving else self.blockmap.lookup)(ids)
         if not self.locators_written:
             return heads, pos
         miss = np.flatnonzero(pos < 0)

@@ -12,8 +12,9 @@ hot window through the store's copies map (sarpd/core/copies.py), else by walkin
 segments under the window's head key (`_walk`, the map's reference). A parent lookup
 reads those candidates a few at a time, in the walk's order, and stops at the first
 that holds the parent present; a removal reads every window's candidates in one load.
-The loops of drop, refill and add_holders over a window's segments have native twins
-(the write kernel, sarpd/core/_cwrite.c), used when it is built.
+The loops of drop (over a removal's windows at once), refill and add_holders over a
+window's segments have native twins (the write kernel, sarpd/core/_cwrite.c), used
+when it is built.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ FOLD_RECORDS = 16  # a segment's delta records before it is written whole again
 PRELOAD = 4
 
 I64Array = npt.NDArray[np.int64]
+Group = tuple[int, int, I64Array, IdArray]  # a window's targets: (window, head key, offsets, ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -668,10 +670,7 @@ class WriteTxn:
         window w, ids `ids`) in EVERY segment of the window that holds them (`sids`:
         `_window_segments_at` of the targets). Returns (blocks left with no holder,
         holdings taken off), each block counted once however many copies hold it.
-        With the write kernel: `_cwrite.drop_blocks`."""
-        kernel = self.store.k.write
-        if kernel is not None:
-            return self._drop_native(kernel, w, head_key, sids, offs, ids, holder)
+        The reference of `_drop_windows` (the write kernel's, every window at once)."""
         # a block is its (offset, id): siblings of a branch share an offset, not an id
         gone: set[tuple[int, int, int]] = set()
         taken: dict[tuple[int, int, int], int] = {}
@@ -697,18 +696,29 @@ class WriteTxn:
             self._gone.append(np.array([[b[1], b[2]] for b in gone], dtype=np.uint64))
         return len(gone), sum(taken.values())
 
-    def _drop_native(self, c: WriteKernel, w: int, head_key: int, sids: list[int],
-                     offs: npt.NDArray[np.int64], ids: IdArray,
-                     holder: int | None) -> tuple[int, int]:
-        """`drop` by the write kernel (the same loop over the window's segments, in C):
-        the segments it changed are installed on their writable copies."""
-        changed, taken, gone = c.drop_blocks(self._segments(sids), offs, ids, holder)
+    def _drop_windows(self, c: WriteKernel, groups: Sequence[Group], found: list[list[int]],
+                      holder: int | None) -> tuple[int, int]:
+        """`drop` of every window of a removal (`groups`: (window, head key, offsets,
+        ids); `found`: each one's segments) by the write kernel, in one call
+        (`_cwrite.drop_windows`): the segments it changed are installed on their writable
+        copies."""
+        if not groups:
+            return 0, 0
+        sids = [sid for got in found for sid in got]
+        seg_ends = np.cumsum([len(got) for got in found], dtype=np.int64)
+        tgt_ends = np.cumsum([len(g[2]) for g in groups], dtype=np.int64)
+        ids = np.concatenate([g[3] for g in groups])
+        changed, taken, gone = c.drop_windows(self._segments(sids), seg_ends,
+                                              np.concatenate([g[2] for g in groups]), ids,
+                                              tgt_ends, holder)
         self._install(sids, changed)
-        lost = gone.count(1)
-        if lost:  # present in no copy now: the block map forgets them
-            self.stamp((w, head_key))
-            self._gone.append(ids[np.frombuffer(gone, np.bool_)])
-        return lost, sum(memoryview(taken).cast("q"))
+        lost = np.frombuffer(gone, np.bool_)
+        if lost.any():  # present in no copy now: the block map forgets them
+            for g in dict.fromkeys(np.searchsorted(tgt_ends, np.flatnonzero(lost),
+                                                   side="right").tolist()):
+                self.stamp((groups[g][0], groups[g][1]))  # find_present's answers move
+            self._gone.append(ids[lost])
+        return int(lost.sum()), int(np.frombuffer(taken, np.int64).sum())
 
     def _segments(self, sids: list[int]) -> list[Segment]:
         """The read segments `sids` (`_window_segments_at` gives read ones only)."""
@@ -736,22 +746,24 @@ class WriteTxn:
         return [(h, p) if p >= 0 else None
                 for h, p in zip(heads.tolist(), pos.tolist(), strict=True)]
 
-    def locate_arrays(self, ids: IdArray, what: str) -> tuple[U64Array, npt.NDArray[np.int64]]:
+    def locate_arrays(self, ids: IdArray, what: str, leaving: bool = False
+                      ) -> tuple[U64Array, npt.NDArray[np.int64]]:
         """Where blocks (internal ids) are: head keys and positions (-1: present in no
         segment). The txn's own new locations first, the rest from the store (the block
-        map, then locator records in one multi-get, each read once per txn)."""
+        map, then locator records in one multi-get, each read once per txn; `leaving`:
+        a removal's, which the map does not refresh)."""
         if not self.cfg.block_locators:
             raise BadRequest(f"{what}: this index keeps no block locators "
                              "(index setting block_locators = false)")
         own = self._own_map()
         if own is None:  # nothing located in this txn yet: all from the store
-            heads, pos = self.store.locate_arrays(ids, self._read)
+            heads, pos = self.store.locate_arrays(ids, self._read, leaving)
             return np.array(heads, np.uint64), np.array(pos, np.int64)
         heads, pos = own.lookup(ids)
         heads, pos = np.array(heads, np.uint64), np.array(pos, np.int64)
         miss = pos < 0
         if miss.any():  # the map and backend do not change in a txn
-            heads[miss], pos[miss] = self.store.locate_arrays(ids[miss], self._read)
+            heads[miss], pos[miss] = self.store.locate_arrays(ids[miss], self._read, leaving)
         return heads, pos
 
     def find_present(self, idv: IdArray) -> tuple[Segment, int] | None:
@@ -812,7 +824,7 @@ class WriteTxn:
     def remove(self, op: Remove) -> RemoveResult:
         sb = self.geo.sb
         removed = taken = 0
-        groups: list[tuple[int, int, npt.NDArray[np.int64], IdArray]] = []
+        groups: list[Group] = []
         if op.seq is not None:
             q = self._seq_ids(op.seq)
             for w in range(op.start // sb, -(-len(q) // sb)):
@@ -821,13 +833,17 @@ class WriteTxn:
                 groups.append((w, int(q[ws, 0]), np.arange(lo - ws, hi - ws), q[lo:hi]))
         elif op.ids is not None and len(op.ids):
             ids = salt_ids(op.ns, op.ids, self.store.k)
-            heads, pos = self.locate_arrays(ids, "ids")
+            heads, pos = self.locate_arrays(ids, "ids", leaving=True)
             groups = _by_window(ids, heads, pos, sb)
         # the windows' segments read at once: drops change no window's segments
         found = self._windows_segments([(w, h, offs, gids[:, 0]) for w, h, offs, gids in groups])
-        for (w, head_key, offs, gids), sids in zip(groups, found, strict=True):
-            gone, off = self.drop(w, head_key, sids, offs, gids, op.meta)
-            removed, taken = removed + gone, taken + off
+        kernel = self.store.k.write
+        if kernel is not None:
+            removed, taken = self._drop_windows(kernel, groups, found, op.meta)
+        else:  # the reference: window by window
+            for (w, head_key, offs, gids), sids in zip(groups, found, strict=True):
+                gone, off = self.drop(w, head_key, sids, offs, gids, op.meta)
+                removed, taken = removed + gone, taken + off
         self.blocks -= removed
         self.holdings -= taken
         if removed:
@@ -929,7 +945,7 @@ def _lacking(seg: Segment, offs: I64Array, metas: U64Array, frm: int) -> I64Arra
 
 
 def _by_window(ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64], sb: int
-               ) -> list[tuple[int, int, npt.NDArray[np.int64], IdArray]]:
+               ) -> list[Group]:
     """Located blocks (position -1: nowhere, left out) grouped by (window, head key), in
     the order each group first appears, a group's blocks in their order: (window, head
     key, offsets in the window, ids). No sort: the runs of one key (a removal names a

@@ -144,10 +144,10 @@ class Pair:
         else:
             same_spill(self.ref.add(ids, heads, pos), self.c.add(ids, heads, pos))
 
-    def lookup(self, ids: IdArray) -> None:
-        (rh, rp), (ch, cp) = self.ref.lookup(ids), self.c.lookup(ids)
-        same(rh, ch, "lookup heads")
-        same(rp, cp, "lookup pos")
+    def lookup(self, ids: IdArray, how: str = "lookup") -> None:
+        (rh, rp), (ch, cp) = getattr(self.ref, how)(ids), getattr(self.c, how)(ids)
+        same(rh, ch, f"{how} heads")
+        same(rp, cp, f"{how} pos")
 
     def discard(self, ids: IdArray) -> None:
         self.ref.discard(ids)
@@ -165,8 +165,8 @@ class Pair:
     def run(self, op: str, ids: IdArray, heads: Any = None, pos: Any = None) -> None:
         if op in ("add", "bulk"):
             self.add(ids, heads, pos, op == "bulk")
-        elif op == "lookup":
-            self.lookup(ids)
+        elif op in ("lookup", "peek"):
+            self.lookup(ids, op)
         elif op == "discard":
             self.discard(ids)
         elif op == "clear":
@@ -181,9 +181,10 @@ KEY = st.one_of(st.tuples(st.integers(0, 12), st.sampled_from([0, 7, M64])),
 # (op, its ids, their form, picks: for recall / forget, ids added before, by index)
 Op = tuple[str, list[tuple[int, int]], int, list[int]]
 OP: st.SearchStrategy[Op] = st.one_of(
-    st.tuples(st.sampled_from(["add", "bulk", "lookup", "discard"]), st.lists(KEY, max_size=8),
-              st.integers(0, 3), st.just([])),
-    st.tuples(st.sampled_from(["recall", "recall", "forget"]), st.just([]), st.integers(0, 3),
+    st.tuples(st.sampled_from(["add", "bulk", "lookup", "peek", "discard"]),
+              st.lists(KEY, max_size=8), st.integers(0, 3), st.just([])),
+    st.tuples(st.sampled_from(["recall", "recall", "glance", "forget"]), st.just([]),
+              st.integers(0, 3),
               st.lists(st.integers(0, 63), max_size=8)),
     st.tuples(st.sampled_from(["clear", "reload"]), st.just([]), st.just(0), st.just([])),
 )
@@ -195,13 +196,13 @@ OP: st.SearchStrategy[Op] = st.one_of(
 def test_the_same_operations_give_the_same_answers_spills_and_state(
         ops: list[Op], generation: int, budget_bytes: int) -> None:
     """recall: a lookup of ids added before (frozen hits, refreshes, an id asked twice);
-    forget: their discard."""
+    glance: their peek (frozen hits left where they are); forget: their discard."""
     pair = Pair(budget_bytes, generation)
     added: list[tuple[int, int]] = []
     for step, (op, keys, form, picks) in enumerate(ops, 1):
-        if op in ("recall", "forget"):
+        if op in ("recall", "glance", "forget"):
             keys = [added[-1 - i % len(added)] for i in picks] if added else []
-            op = "lookup" if op == "recall" else "discard"
+            op = {"recall": "lookup", "glance": "peek", "forget": "discard"}[op]
         elif op in ("add", "bulk"):
             added += keys
         heads, pos = values(step, len(keys), form)
@@ -247,11 +248,12 @@ def test_many_generations_copies_refreshes_and_absent_ids_agree(
     absent = rng.integers(0, 2**64, (200, 2), dtype=np.uint64)
     pair = Pair(budget_entries * blockmap.FROZEN_ENTRY_BYTES, generation)
     recent = pool[:0]
-    ops = ["add", "add", "add", "bulk", "lookup", "lookup", "discard", "refresh", "reload"]
+    ops = ["add", "add", "add", "bulk", "lookup", "lookup", "peek", "discard", "refresh",
+           "reload"]
     for step in range(60):
         op = ops[int(rng.integers(0, len(ops)))] if step >= 8 else "add"
         ids = pool[rng.integers(0, min(len(pool), 60 + 20 * step), int(rng.integers(1, 48)))]
-        if op in ("lookup", "discard"):
+        if op in ("lookup", "peek", "discard"):
             ids = np.concatenate([ids, absent[rng.integers(0, len(absent), len(ids) // 2)],
                                   recent[: int(rng.integers(0, len(recent) + 1))]])
             ids = ids[rng.permutation(len(ids))]
@@ -299,6 +301,24 @@ def test_a_repeated_frozen_hit_is_moved_and_counted_once(impl: str) -> None:
     assert m.lookup(ids_of([(1, 0), (1, 0)]))[1].tolist() == [1, 1]
     assert len(m) == 2
     assert m.lookup(ids_of([(2, 0)]))[1].tolist() == [2]
+
+
+@pytest.mark.parametrize("impl", ["reference", "native"])
+def test_a_peek_answers_as_a_lookup_and_moves_nothing(impl: str) -> None:
+    """A removal's lookup (`peek`): the same answers and counts as `lookup`, but a
+    frozen hit stays in its generation (the map's entries and their order unchanged),
+    so that a lookup after it still finds it frozen and moves it then."""
+    m = BlockMap(1 << 20, generation=4) if impl == "reference" else native(1 << 20, 4)
+    m.add(ids_of([(1, 0), (2, 0), (4, 0), (5, 0), (3, 0)]), [1, 2, 4, 5, 3],
+          [1, 2, 4, 5, 3])  # 1, 2, 4, 5 frozen, 3 young
+    before = m.to_arrays()
+    heads, pos = m.peek(ids_of([(1, 0), (3, 0), (9, 9), (1, 0)]))
+    assert heads.tolist() == [1, 3, 0, 1] and pos.tolist() == [1, 3, -1, 1]
+    after = m.to_arrays()
+    assert after.ids.tolist() == before.ids.tolist() and after.pos.tolist() == before.pos.tolist()
+    assert m.stats()["hits"] == 3 and m.stats()["misses"] == 1
+    m.lookup(ids_of([(1, 0)]))  # now refreshed: young, listed last
+    assert m.to_arrays().ids.tolist()[-1] == [1, 0]
 
 
 def test_ids_whose_mixes_collide_are_both_held() -> None:

@@ -269,11 +269,12 @@ def test_bad_arguments_are_refused_with_their_names() -> None:
         CW.filters(ids)
 
 
-# -- drop_blocks: WriteTxn.drop's loop over a window's segments ---------------------------
+# -- drop_windows: WriteTxn.drop's loop over a removal's windows' segments --------------
 def reference_drop(segs: list[Segment], targets: list[tuple[int, int, int]], holder: int | None
                    ) -> tuple[list[Segment], set[int], set[tuple[int, int, int]], int]:
-    """WriteTxn.drop's loop (sarpd/core/writer.py), on writable copies: the segments
-    after it, which changed, the blocks left absent, the holdings taken off."""
+    """WriteTxn.drop's loop (sarpd/core/writer.py) over one window, on writable copies:
+    the segments after it, which changed, the blocks left absent, the holdings taken
+    off."""
     segs = [s.writable() for s in segs]
     gone: set[tuple[int, int, int]] = set()
     taken: dict[tuple[int, int, int], int] = {}
@@ -294,51 +295,86 @@ def reference_drop(segs: list[Segment], targets: list[tuple[int, int, int]], hol
     return segs, changed, gone, sum(taken.values())
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(segments(max_holders=6), min_size=1, max_size=4), st.data())
-def test_drop_blocks_is_the_writers_drop(segs: list[Segment], data: st.DataObject) -> None:
-    """Random window segments (holder tables, holes), targets mostly naming their blocks
-    (repeats, wrong ids, absent blocks), a holder they hold, another, or every holder."""
-    assert CW is not None
+@st.composite
+def drop_targets(draw: st.DrawFn, segs: list[Segment]) -> list[tuple[int, int, int]]:
+    """Targets mostly naming blocks of `segs` (repeats, a sibling's id, absent blocks)."""
     targets: list[tuple[int, int, int]] = []
-    for _ in range(data.draw(st.integers(0, 12))):
-        seg = data.draw(st.sampled_from(segs))
-        o = data.draw(st.integers(0, seg.nblocks - 1))
+    for _ in range(draw(st.integers(0, 12))):
+        seg = draw(st.sampled_from(segs))
+        o = draw(st.integers(0, seg.nblocks - 1))
         lo, hi = (int(x) for x in seg.ids[o])
-        if data.draw(st.integers(0, 4)) == 0:
+        if draw(st.integers(0, 4)) == 0:
             hi ^= 1  # a sibling's id at the same offset
         targets.append((o, lo, hi))
-    held = sorted({h for s in segs for o in range(s.nblocks) for h in s.holders_of(o)})
+    return targets
+
+
+def _ends(parts: list[list[object]] | list[list[tuple[int, int, int]]]) -> np.ndarray:
+    return np.cumsum([len(p) for p in parts], dtype=np.int64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(segments(max_holders=6), min_size=0, max_size=4), min_size=0,
+                max_size=4), st.data())
+def test_drop_windows_is_the_writers_drop(windows: list[list[Segment]],
+                                          data: st.DataObject) -> None:
+    """Windows of random segments (holder tables, holes; a window may have none), each
+    with its targets (one window's targets may repeat another's block: each window
+    counts its own), a holder they hold, another, or every holder: each window's
+    changes, blocks gone and holdings are the reference loop's over that window."""
+    assert CW is not None
+    targets = [data.draw(drop_targets(segs)) if segs else [] for segs in windows]
+    held = sorted({h for segs in windows for s in segs for o in range(s.nblocks)
+                   for h in s.holders_of(o)})
     holder = data.draw(st.one_of(st.none(), st.sampled_from(held or [7]), U64))
-    want_segs, want_changed, want_gone, want_taken = reference_drop(segs, targets, holder)
-    offs = np.array([t[0] for t in targets], np.int64)
-    ids = np.array([[t[1], t[2]] for t in targets], np.uint64).reshape(-1, 2)
-    changed, taken, gone = CW.drop_blocks(segs, offs, ids, holder)
-    assert {k for k, *_ in changed} == want_changed
-    for k, presence, meta, xmeta, xmask in changed:
-        w = want_segs[k]
-        assert presence == w.presence
-        assert np.frombuffer(meta, np.uint64).tolist() == w.meta.tolist()
-        assert np.frombuffer(xmeta, np.uint64).tolist() == w.xmeta.tolist()
-        assert np.frombuffer(xmask, np.uint64).tolist() == w.xmask.tolist()
-    lost = np.frombuffer(gone, np.bool_)
-    assert {targets[t] for t in np.flatnonzero(lost).tolist()} == want_gone
-    assert len(np.flatnonzero(lost)) == len(want_gone)  # a repeated block counts once
-    assert int(np.frombuffer(taken, np.int64).sum()) == want_taken
+    flat = [t for ts in targets for t in ts]
+    offs = np.array([t[0] for t in flat], np.int64)
+    ids = np.array([[t[1], t[2]] for t in flat], np.uint64).reshape(-1, 2)
+    changed, taken, gone = CW.drop_windows([s for segs in windows for s in segs],
+                                           _ends(windows), offs, ids, _ends(targets), holder)
+    got = {k: rest for k, *rest in changed}
+    lost = np.frombuffer(gone, np.bool_).tolist()
+    took = np.frombuffer(taken, np.int64).tolist()
+    k0 = t0 = 0
+    for segs, ts in zip(windows, targets, strict=True):
+        want_segs, want_changed, want_gone, want_taken = reference_drop(segs, ts, holder)
+        assert {k - k0 for k in got if k0 <= k < k0 + len(segs)} == want_changed
+        for k in want_changed:
+            presence, meta, xmeta, xmask = got[k0 + k]
+            w = want_segs[k]
+            assert presence == w.presence
+            assert np.frombuffer(meta, np.uint64).tolist() == w.meta.tolist()
+            assert np.frombuffer(xmeta, np.uint64).tolist() == w.xmeta.tolist()
+            assert np.frombuffer(xmask, np.uint64).tolist() == w.xmask.tolist()
+        mine = lost[t0 : t0 + len(ts)]
+        assert {ts[t] for t, x in enumerate(mine) if x} == want_gone
+        assert sum(mine) == len(want_gone)  # a repeated block counts once
+        assert sum(took[t0 : t0 + len(ts)]) == want_taken
+        k0, t0 = k0 + len(segs), t0 + len(ts)
+    assert len(got) == len(changed)  # a segment changed once at most
 
 
-def test_drop_blocks_refuses_bad_arguments_by_name() -> None:
+def test_drop_windows_refuses_bad_arguments_by_name() -> None:
     assert CW is not None
     seg = Segment(1, 0, 1, 2, np.ones((1, 2), np.uint64), np.ones(1, np.uint64))
-    one = np.zeros(1, np.int64)
+    one, end = np.zeros(1, np.int64), np.ones(1, np.int64)
+    row = np.ones((1, 2), np.uint64)
     with pytest.raises(ValueError, match=r"offs\[0\] is 64, not in 0..63"):
-        CW.drop_blocks([seg], np.array([64]), np.ones((1, 2), np.uint64), None)
+        CW.drop_windows([seg], end, np.array([64]), row, end, None)
     with pytest.raises(ValueError, match="ids must have one row per offset"):
-        CW.drop_blocks([seg], one, np.ones((2, 2), np.uint64), None)
+        CW.drop_windows([seg], end, one, np.ones((2, 2), np.uint64), end, None)
     with pytest.raises(OverflowError, match="holder"):
-        CW.drop_blocks([seg], one, np.ones((1, 2), np.uint64), -1)
+        CW.drop_windows([seg], end, one, row, end, -1)
     with pytest.raises(TypeError, match="segs must be a sequence"):
-        CW.drop_blocks(3, one, np.ones((1, 2), np.uint64), None)
+        CW.drop_windows(3, end, one, row, end, None)
+    with pytest.raises(ValueError, match=r"seg_ends\[0\] is 2: ends must ascend from 0 to 1"):
+        CW.drop_windows([seg], np.array([2]), one, row, end, None)
+    with pytest.raises(ValueError, match="tgt_ends ends at 0, not at its sequence's length 1"):
+        CW.drop_windows([seg], end, one, row, np.zeros(1, np.int64), None)
+    with pytest.raises(ValueError, match="seg_ends has 2 windows, tgt_ends 1"):
+        CW.drop_windows([seg], np.array([0, 1]), one, row, end, None)
+    with pytest.raises(ValueError, match=r"seg_ends\[1\] is 0: ends must ascend"):
+        CW.drop_windows([seg], np.array([1, 0]), one, row, np.array([1, 1]), None)
 
 
 # -- add_holders, refill_blocks: WriteTxn.add_holders' and refill's loops ----------------

@@ -713,10 +713,11 @@ static size_t todo_compact(size_t *todo, probe_t *p, size_t ntodo) {
 
 /* _lookup_frozen for the queries young missed (pos -1): newest generation first, each
  * query answered by the first generation holding it alive (searched where the filter
- * lets it through); the hits then move to the young generation in that order (by
- * generation, then query). An id asked twice is answered twice and moved once. */
+ * lets it through); with `refresh`, the hits then move to the young generation in that
+ * order (by generation, then query): an id asked twice is answered twice and moved
+ * once. */
 static int lookup_frozen(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads,
-                         int64_t *pos, size_t nrest) {
+                         int64_t *pos, size_t nrest, int refresh) {
     size_t each = 4 * sizeof(uint64_t) + 6 * sizeof(size_t);
     if (nrest > SIZE_MAX / each) return BM_NOMEM;
     uint64_t *mem = malloc(nrest * each);
@@ -740,14 +741,19 @@ static int lookup_frozen(bm_map *m, size_t n, const uint64_t *ids, uint64_t *hea
             if (r == NONE || !g->alive[r]) continue;
             heads[q] = g->head[r];
             pos[q] = (int64_t)g->pos[r];
+            todo[t] = NONE;
+            found++;
+            if (!refresh) continue;
             hit_q[nhit] = q;
             hit_g[nhit] = gi;
             hit_r[nhit] = r;
             nhit++;
-            todo[t] = NONE;
-            found++;
         }
         if (found) ntodo = todo_compact(todo, &p, ntodo);
+    }
+    if (!refresh) {
+        free(mem);
+        return BM_OK;
     }
     young_t *y = &m->young;
     if (young_reserve(y, nhit) != BM_OK) {
@@ -769,7 +775,8 @@ static int lookup_frozen(bm_map *m, size_t n, const uint64_t *ids, uint64_t *hea
     return y->live >= m->generation ? freeze(m) : BM_OK;
 }
 
-int bm_lookup(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads, int64_t *pos) {
+static int lookup(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads, int64_t *pos,
+                  int refresh) {
     const young_t *y = &m->young;
     size_t nrest = 0;
     for (size_t i = 0; i < n; i++) {
@@ -784,7 +791,7 @@ int bm_lookup(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads, int64_t
         }
     }
     if (nrest && m->ngens) {
-        int rc = lookup_frozen(m, n, ids, heads, pos, nrest);
+        int rc = lookup_frozen(m, n, ids, heads, pos, nrest, refresh);
         if (rc != BM_OK) return rc;
     }
     size_t hits = 0;
@@ -792,6 +799,14 @@ int bm_lookup(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads, int64_t
     m->hits += hits;
     m->misses += n - hits;
     return BM_OK;
+}
+
+int bm_lookup(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads, int64_t *pos) {
+    return lookup(m, n, ids, heads, pos, 1);
+}
+
+int bm_peek(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads, int64_t *pos) {
+    return lookup(m, n, ids, heads, pos, 0);
 }
 
 int bm_add(bm_map *m, size_t n, const uint64_t *ids, const uint64_t *heads,

@@ -77,6 +77,10 @@ void bm_get_stats(const bm_map *m, bm_stats *out);
  * moves to the young one (newest generation's entry first); hits and misses counted. */
 int bm_lookup(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads, int64_t *pos);
 
+/* bm_lookup's answers, the map unchanged but its counters (no hit moves: a removal's
+ * lookup, whose blocks are leaving). */
+int bm_peek(bm_map *m, size_t n, const uint64_t *ids, uint64_t *heads, int64_t *pos);
+
 /* Hold these blocks (a later entry for a block wins) into the young generation,
  * freezing it whenever it reaches the generation size; then evict what the budget
  * cannot hold into *spill. */
