@@ -85,8 +85,13 @@ class _Window:
 
     def candidates(self, offs: I64Array, lows: U64Array) -> list[int]:
         n = self.n
+        if len(offs) == 1:  # a parent's block: one row of the table
+            o = int(offs[0])
+            one = (self.lows[o, :n] == lows[0]) & (self.nblocks[:n] > o)
+            out: list[int] = self.sids[:n][one].tolist()
+            return out
         hit = (self.lows[offs, :n] == lows[:, None]) & (self.nblocks[:n] > offs[:, None])
-        out: list[int] = self.sids[:n][hit.any(axis=0)].tolist()
+        out = self.sids[:n][hit.any(axis=0)].tolist()
         return out
 
     @property

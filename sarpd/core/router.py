@@ -88,7 +88,8 @@ class Router:
         if k is None:
             return self.plan_many_reference(qs)
         routed = self.route(qs, k)
-        return [self.plans(routed, lo, hi, held_now=True) for lo, hi in routed.spans()]
+        return [self.plans(routed, lo, hi, held_now=True) if hi > lo else []
+                for lo, hi in routed.spans()]
 
     def plan_many_reference(self, qs: Sequence[IdArray]) -> list[list[WindowPlan]]:
         """`plan_many` as the reference computes it (`deepest`, then `plan_at`)."""

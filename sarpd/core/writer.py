@@ -76,6 +76,8 @@ PRELOAD = 4
 
 I64Array = npt.NDArray[np.int64]
 Group = tuple[int, int, I64Array, IdArray]  # a window's targets: (window, head key, offsets, ids)
+# an insert's window: (window, its ids from the window start, metas, from, best, run)
+Window = tuple[int, IdArray, U64Array, int, "Segment | None", int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,21 +426,35 @@ class WriteTxn:
         if n == 0:
             return InsertResult(0, 0, 0)
         tag = ns_tag(op.seq.ns)
-        windows = []  # (w, its ids from the window start, meta, from, best, run)
+        # (w, its ids from the window start, meta, from, best, run); run -1: a fresh
+        # window (routed nowhere, nothing of the batch there, not the parent's)
+        windows: list[Window] = []
         for w, qw, lo, hi in self._windows(full, start, n):
             h = hint if hint is not None and hint.window == w else None
-            windows.append((w, qw, meta[lo - start : hi - start], lo - w * sb,
-                            *self._best(w, qw, h, self._route(op, w, qw))))
+            routed = self._route(op, w, qw)
+            mw, frm = meta[lo - start : hi - start], lo - w * sb
+            if h is None and self._fresh(w, qw, routed):
+                windows.append((w, qw, mw, frm, None, -1))
+            else:
+                windows.append((w, qw, mw, frm, *self._best(w, qw, h, routed)))
         if op.add_holder:  # refused whole, before anything changes
             for _, qw, mw, frm, best, run in windows:
                 self._check_holders(best, min(run, len(qw)), frm, mw)
-        matched, new, matching = 0, 0, True
-        for w, qw, mw, frm, best, run in windows:
+        matched, new, matching, i = 0, 0, True, 0
+        while i < len(windows):
+            w, qw, mw, frm, best, run = windows[i]
+            if run < 0:  # a run of fresh windows, created together: none matches
+                j = next((j for j in range(i, len(windows)) if windows[j][5] >= 0),
+                         len(windows))
+                new += self._create_fresh(tag, windows[i:j])
+                matching, i = False, j
+                continue
             got, fresh = self._insert_window(w, tag, qw, mw, frm, best, run, op.add_holder)
             new += fresh
             if matching:
                 matched += got
                 matching = got == len(qw) - frm
+            i += 1
         self.blocks += new
         self._count(tag, new)
         return InsertResult(n, new, matched)
@@ -507,6 +523,35 @@ class WriteTxn:
             if r > run or (best is not None and r == run and r > 0 and c.nblocks > best.nblocks):
                 best, run = c, r
         return best, run
+
+    def _fresh(self, w: int, qw: IdArray, routed: Prefetched | None) -> bool:
+        """Whether `_best` finds nothing in window w without reading anything: the
+        batch's prefetch routed it nowhere and no segment of the batch is there."""
+        return (routed is not None and routed.plan is None
+                and (w, int(qw[0, 0])) not in self.touched)
+
+    def _create_fresh(self, tag: int, run: Sequence[Window]) -> int:
+        """`_insert_window` of consecutive fresh windows (`_fresh`), together: a new
+        segment each, in order, registered as new content, and their blocks' locations
+        in one add. Returns the blocks indexed."""
+        sb, heads, firsts, lens = self.geo.sb, [], [], []
+        for w, qw, mw, frm, _, _ in run:
+            n = len(qw)
+            meta = np.concatenate([np.zeros(frm, np.uint64), mw]) if frm else mw
+            seg = self.create(w, tag, qw, meta, ((1 << n) - 1) & ~((1 << frm) - 1))
+            self.router.register(seg, self.load, old_n=0, fresh_from=0)
+            heads.append(int(qw[0, 0]))
+            firsts.append(w * sb + frm)
+            lens.append(n - frm)
+        total = sum(lens)
+        if self.cfg.block_locators:  # window k's blocks at firsts[k], firsts[k] + 1, ...
+            k = np.array(lens, np.int64)
+            pos: I64Array = np.arange(total, dtype=np.int64)
+            pos += np.repeat(np.array(firsts, np.int64) - (np.cumsum(k) - k), k)
+            self.add_located(np.concatenate([qw[frm:] for _, qw, _, frm, _, _ in run]),
+                             np.repeat(np.array(heads, np.uint64), k), pos)
+        self.holdings += total
+        return total
 
     def _insert_window(self, w: int, tag: int, qw: IdArray, mw: U64Array, frm: int,
                        best: Segment | None, run: int, add_holder: bool) -> tuple[int, int]:
