@@ -164,7 +164,7 @@ def _block_keys(ids: IdArray) -> list[bytes]:
     return raw
 
 
-_NO_HOLDERS = np.empty(0, dtype=np.uint64)
+NO_HOLDERS = np.empty(0, dtype=np.uint64)
 
 
 @dataclass(slots=True)
@@ -178,8 +178,8 @@ class Segment:
     ns_tag: int
     ids: IdArray  # (n, 2) uint64
     meta: U64Array  # (n,) uint64: each block's first holder
-    xmeta: U64Array = field(default_factory=lambda: _NO_HOLDERS)  # (h,) ascending
-    xmask: U64Array = field(default_factory=lambda: _NO_HOLDERS)  # (h,)
+    xmeta: U64Array = field(default_factory=lambda: NO_HOLDERS)  # (h,) ascending
+    xmask: U64Array = field(default_factory=lambda: NO_HOLDERS)  # (h,)
     # what the match kernel read of it (sarpd/core/_cmatch.c CView), kept from its first
     # read: a segment the store hands out is never changed (the writer edits copies)
     _cview: object = field(default=None, repr=False, compare=False)

@@ -35,6 +35,7 @@ from sarpd.core.plan import WindowPlan
 from sarpd.core.router import Router
 from sarpd.core.segment import (
     COUNTERS_KEY,
+    NO_HOLDERS,
     SEG_PREFIX,
     Counters,
     Segment,
@@ -78,6 +79,23 @@ I64Array = npt.NDArray[np.int64]
 Group = tuple[int, int, I64Array, IdArray]  # a window's targets: (window, head key, offsets, ids)
 # an insert's window: (window, its ids from the window start, metas, from, best, run)
 Window = tuple[int, IdArray, U64Array, int, "Segment | None", int]
+
+
+@dataclass(frozen=True, slots=True)
+class Grouped:
+    """A removal's target blocks by window: group g is window keys[g] (window, head key),
+    its blocks offs/ids[ends[g - 1]:ends[g]] (offsets in the window, ids), in order."""
+
+    keys: list[tuple[int, int]]
+    offs: I64Array
+    ids: IdArray
+    ends: I64Array
+
+    def groups(self) -> list[Group]:
+        """Each group as (window, head key, offsets, ids), views of the arrays."""
+        ends = self.ends.tolist()
+        return [(w, h, self.offs[a:b], self.ids[a:b]) for (w, h), a, b
+                in zip(self.keys, [0, *ends][: len(ends)], ends, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -741,28 +759,24 @@ class WriteTxn:
             self._gone.append(np.array([[b[1], b[2]] for b in gone], dtype=np.uint64))
         return len(gone), sum(taken.values())
 
-    def _drop_windows(self, c: WriteKernel, groups: Sequence[Group], found: list[list[int]],
+    def _drop_windows(self, c: WriteKernel, targets: Grouped, found: list[list[int]],
                       holder: int | None) -> tuple[int, int]:
-        """`drop` of every window of a removal (`groups`: (window, head key, offsets,
-        ids); `found`: each one's segments) by the write kernel, in one call
-        (`_cwrite.drop_windows`): the segments it changed are installed on their writable
-        copies."""
-        if not groups:
+        """`drop` of every window of a removal (`found`: each one's segments) by the
+        write kernel, in one call (`_cwrite.drop_windows`): the segments it changed are
+        installed on their writable copies."""
+        if not targets.keys:
             return 0, 0
         sids = [sid for got in found for sid in got]
         seg_ends = np.cumsum([len(got) for got in found], dtype=np.int64)
-        tgt_ends = np.cumsum([len(g[2]) for g in groups], dtype=np.int64)
-        ids = np.concatenate([g[3] for g in groups])
-        changed, taken, gone = c.drop_windows(self._segments(sids), seg_ends,
-                                              np.concatenate([g[2] for g in groups]), ids,
-                                              tgt_ends, holder)
+        changed, taken, gone = c.drop_windows(self._segments(sids), seg_ends, targets.offs,
+                                              targets.ids, targets.ends, holder)
         self._install(sids, changed)
         lost = np.frombuffer(gone, np.bool_)
         if lost.any():  # present in no copy now: the block map forgets them
-            for g in dict.fromkeys(np.searchsorted(tgt_ends, np.flatnonzero(lost),
-                                                   side="right").tolist()):
-                self.stamp((groups[g][0], groups[g][1]))  # find_present's answers move
-            self._gone.append(ids[lost])
+            at = np.searchsorted(targets.ends, np.flatnonzero(lost), side="right")
+            for g in dict.fromkeys(at.tolist()):
+                self.stamp(targets.keys[g])  # find_present's answers there move
+            self._gone.append(targets.ids[lost])
         return int(lost.sum()), int(np.frombuffer(taken, np.int64).sum())
 
     def _segments(self, sids: list[int]) -> list[Segment]:
@@ -776,7 +790,9 @@ class WriteTxn:
         (a segment's first: a copy of its ids with the kernel's new arrays)."""
         for k, presence, meta_b, xmeta_b, xmask_b in changed:
             sid = sids[k]
-            meta, xmeta, xmask = (np.frombuffer(b, np.uint64) for b in (meta_b, xmeta_b, xmask_b))
+            meta = np.frombuffer(meta_b, np.uint64)
+            xmeta, xmask = ((np.frombuffer(xmeta_b, np.uint64), np.frombuffer(xmask_b, np.uint64))
+                            if xmeta_b else (NO_HOLDERS, NO_HOLDERS))
             s = self.cache[sid]
             assert s is not None
             if sid in self.dirty:
@@ -869,22 +885,26 @@ class WriteTxn:
     def remove(self, op: Remove) -> RemoveResult:
         sb = self.geo.sb
         removed = taken = 0
-        groups: list[Group] = []
+        targets = Grouped([], _NO_OFFSETS, np.empty((0, 2), np.uint64), _NO_OFFSETS)
         if op.seq is not None:
             q = self._seq_ids(op.seq)
-            for w in range(op.start // sb, -(-len(q) // sb)):
-                ws = w * sb
-                lo, hi = max(op.start, ws), min(len(q), ws + sb)
-                groups.append((w, int(q[ws, 0]), np.arange(lo - ws, hi - ws), q[lo:hi]))
+            if op.start < len(q):  # its windows from the one of `start`, in order
+                ws = range(op.start // sb, -(-len(q) // sb))
+                targets = Grouped([(w, int(q[w * sb, 0])) for w in ws],
+                                  np.arange(op.start, len(q), dtype=np.int64) % sb,
+                                  q[op.start :],
+                                  np.array([min(len(q), w * sb + sb) - op.start for w in ws],
+                                           np.int64))
         elif op.ids is not None and len(op.ids):
             ids = salt_ids(op.ns, op.ids, self.store.k)
             heads, pos = self.locate_arrays(ids, "ids", leaving=True)
-            groups = _by_window(ids, heads, pos, sb)
+            targets = _by_window(ids, heads, pos, sb)
+        groups = targets.groups()
         # the windows' segments read at once: drops change no window's segments
         found = self._windows_segments([(w, h, offs, gids[:, 0]) for w, h, offs, gids in groups])
         kernel = self.store.k.write
         if kernel is not None:
-            removed, taken = self._drop_windows(kernel, groups, found, op.meta)
+            removed, taken = self._drop_windows(kernel, targets, found, op.meta)
         else:  # the reference: window by window
             for (w, head_key, offs, gids), sids in zip(groups, found, strict=True):
                 gone, off = self.drop(w, head_key, sids, offs, gids, op.meta)
@@ -990,27 +1010,25 @@ def _lacking(seg: Segment, offs: I64Array, metas: U64Array, frm: int) -> I64Arra
 
 
 def _by_window(ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64], sb: int
-               ) -> list[Group]:
+               ) -> Grouped:
     """Located blocks (position -1: nowhere, left out) grouped by (window, head key), in
-    the order each group first appears, a group's blocks in their order: (window, head
-    key, offsets in the window, ids). No sort: the runs of one key (a removal names a
-    window's blocks together) are grouped by a dict."""
+    the order each group first appears, a group's blocks in their order. No sort: the
+    runs of one key (a removal names a window's blocks together) are grouped by a dict,
+    and when each key is one run the blocks are already in their groups."""
     at = np.flatnonzero(pos >= 0)
     if not len(at):
-        return []
+        return Grouped([], _NO_OFFSETS, ids[:0], _NO_OFFSETS)
     w, o = np.divmod(pos[at], sb)
     h = heads[at]
-    cut = np.flatnonzero((w[1:] != w[:-1]) | (h[1:] != h[:-1])) + 1
-    bounds = [0, *cut.tolist(), len(at)]
+    starts = [0, *(np.flatnonzero((w[1:] != w[:-1]) | (h[1:] != h[:-1])) + 1).tolist()]
+    bounds = [*starts, len(at)]
     runs: dict[tuple[int, int], list[int]] = {}
-    for r, key in enumerate(zip(w[bounds[:-1]].tolist(), h[bounds[:-1]].tolist(),
-                                strict=True)):
+    for r, key in enumerate(zip(w[starts].tolist(), h[starts].tolist(), strict=True)):
         runs.setdefault(key, []).append(r)
-    out = []
-    for (wk, hk), rs in runs.items():
-        if len(rs) == 1:
-            rows: npt.NDArray[np.int64] | slice = slice(bounds[rs[0]], bounds[rs[0] + 1])
-        else:
-            rows = np.concatenate([np.arange(bounds[r], bounds[r + 1]) for r in rs])
-        out.append((wk, hk, o[rows], ids[at[rows]]))
-    return out
+    if len(runs) == len(starts):
+        return Grouped(list(runs), o, ids[at], np.array(bounds[1:], np.int64))
+    order = np.concatenate([np.arange(bounds[r], bounds[r + 1])
+                            for rs in runs.values() for r in rs])
+    ends = np.cumsum([sum(bounds[r + 1] - bounds[r] for r in rs) for rs in runs.values()],
+                     dtype=np.int64)
+    return Grouped(list(runs), o[order], ids[at[order]], ends)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
@@ -17,7 +19,7 @@ from sarpd.core.router import Router
 from sarpd.core.routing import fingerprints
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Segment, decode_segment
 from sarpd.core.store import Store
-from sarpd.core.writer import WriteTxn
+from sarpd.core.writer import WriteTxn, _by_window
 from sarpd.errors import BadRequest, UnknownParent
 from sarpd.model import (
     Clear,
@@ -243,3 +245,28 @@ def test_an_insert_refills_the_copy_that_holds_a_removed_block() -> None:
     assert isinstance(m, MatchResult) and m.blocks == 8  # blocks 6..8 were never removed
     assert m.meta.tolist() == [1, 1, 1, 1, 3, 1, 1, 1]
     assert ix.counters.segments == 3 and ix.check().problems == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 40), st.integers(0, 2)), max_size=60))
+def test_by_window_groups_located_blocks_as_a_dict_of_lists_would(
+        located: list[tuple[int, int]]) -> None:
+    """Blocks at random positions (-1: located nowhere) under a few head keys, in runs
+    and interleaved: each (window, head key) is one group, in the order it first
+    appears, its blocks in their order (offset in the window, id), every located block
+    once."""
+    sb = 8
+    pos = np.array([p for p, _ in located], np.int64)
+    heads = np.array([h for _, h in located], np.uint64)
+    ids = np.arange(2 * len(located), dtype=np.uint64).reshape(-1, 2)
+    want: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}
+    for i, (p, h) in enumerate(located):
+        if p >= 0:
+            want.setdefault((p // sb, h), []).append((p % sb, ids[i].tolist()))
+    got = _by_window(ids, heads, pos, sb)
+    assert got.keys == list(want)
+    assert (int(got.ends[-1]) if len(got.ends) else 0) == sum(len(v) for v in want.values())
+    assert len(got.offs) == len(got.ids) == int(np.count_nonzero(pos >= 0))
+    for (w, h, offs, gids), (key, blocks) in zip(got.groups(), want.items(), strict=True):
+        assert (w, h) == key
+        assert list(zip(offs.tolist(), gids.tolist(), strict=True)) == blocks
