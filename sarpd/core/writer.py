@@ -333,25 +333,26 @@ class WriteTxn:
             if loc is not None and not self.copies.indexed(loc[1] // sb, loc[0]):
                 walked[loc[0]] = None
         self.load(s for h in walked for s in self.router.dir.posting(h)[0][:PRELOAD].tolist())
-        keys, qws = [], []
+        routed: list[tuple[Insert, int, IdArray, IdArray]] = []
         for op in ops:
             try:
                 _, start, q, full = self._after_parent(op)
             except (UnknownParent, TooLarge, BadRequest):
                 continue  # refused when it is applied, with its error
-            for w, qw, _, _ in self._windows(full, start, len(q)):
-                keys.append((id(op), w))
-                qws.append(qw)
+            routed.append((op, start, q, full))
         wanted: dict[int, None] = {}
-        # each window routed as a query of one window (window 0 to the router: every
-        # window in one call, the match kernel's where it is built)
-        for key, qw, plans in zip(keys, qws, self.router.plan_many(qws), strict=True):
-            plan = plans[0] if plans else None
-            if plan is not None:
-                plan.window = key[1]
-            self.parent_routes[key] = (qw.tobytes(), Prefetched(plan))
-            if plan is not None:
-                wanted.update(dict.fromkeys(plan.first))
+        # each insert routed as a query from its first window's start (the router's
+        # window 0: every insert in one call, the match kernel's where it is built);
+        # past its first window without a hit nothing can match (chained ids)
+        for (op, start, q, full), plans in zip(routed, self.router.plan_many(
+                [full for _, _, _, full in routed]), strict=True):
+            for w, qw, _, _ in self._windows(full, start, len(q)):
+                j = w - start // sb
+                plan = plans[j] if j < len(plans) else None
+                if plan is not None:
+                    plan.window = w
+                    wanted.update(dict.fromkeys(plan.first))
+                self.parent_routes[(id(op), w)] = (qw.tobytes(), Prefetched(plan))
         return wanted
 
     def _seq_ids(self, seq: SeqSpec, parent: bytes | None = None) -> IdArray:
