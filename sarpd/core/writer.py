@@ -832,11 +832,16 @@ class WriteTxn:
         """A segment in which block `idv` is present, and the block's position."""
         key = idv.tobytes()
         got_at = self._parent_at.get(key)
-        if got_at is not None and got_at[0] == len(self._added):
-            loc = got_at[1]
-        else:
+        if got_at is None:
             loc = self.locate(idv.reshape(1, 2), "parent")[0]
-            self._parent_at[key] = (len(self._added), loc)
+        elif got_at[0] == len(self._added):
+            loc = got_at[1]
+        else:  # the store's answer stands in a txn: only a newer location of its own wins
+            own = self._own_map()
+            assert own is not None  # locations were added since
+            newer = own.lookup(idv.reshape(1, 2))
+            loc = (int(newer[0][0]), int(newer[1][0])) if newer[1][0] >= 0 else got_at[1]
+        self._parent_at[key] = (len(self._added), loc)
         if loc is None:
             return None
         head_key, pos = loc
