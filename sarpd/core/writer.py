@@ -78,7 +78,7 @@ PRELOAD = 4
 I64Array = npt.NDArray[np.int64]
 Group = tuple[int, int, I64Array, IdArray]  # a window's targets: (window, head key, offsets, ids)
 # an insert's window: (window, its ids from the window start, metas, from, best, run)
-Window = tuple[int, IdArray, U64Array, int, "Segment | None", int]
+Window = tuple[int, IdArray, U64Array, int, Segment | None, int]
 
 
 @dataclass(frozen=True, slots=True)
