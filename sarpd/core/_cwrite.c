@@ -597,6 +597,11 @@ static int over_segments(PyObject *segs, Py_ssize_t k0, Py_ssize_t k1, const Seg
     seg_init(&s);
     int rc = 0;
     for (Py_ssize_t k = k0; rc == 0 && k < k1; k++) {
+        if (k >= PySequence_Fast_GET_SIZE(segs)) {  /* a list shrunk by an attribute read */
+            PyErr_SetString(PyExc_RuntimeError, "segs changed size while it was read");
+            rc = -1;
+            break;
+        }
         PyObject *obj = PySequence_Fast_GET_ITEM(segs, k);
         Py_INCREF(obj);  /* its attribute reads may run Python code */
         int bad = seg_from_object(obj, &s);
@@ -661,15 +666,30 @@ static int get_ends(PyObject *arg, const char *name, Py_ssize_t total, Py_buffer
     return 0;
 }
 
-/* drop_windows' work (its comment below). */
-static PyObject *drop_over(PyObject *segs_arg, PyObject *seg_ends_arg, PyObject *offs,
-                           PyObject *ids, PyObject *tgt_ends_arg, PyObject *holder) {
-    DropCtx d = {holder == Py_None, 0, NULL, NULL};
-    if (!d.every && sarp_get_uint64_arg(holder, "holder", &d.holder) < 0) return NULL;
+/* drop_windows(segs, seg_ends, offs, ids, tgt_ends, holder) -> (changed, taken, gone):
+ * WriteTxn.drop over the windows of a removal, in one call. Window g's segments (a
+ * sequence of Segment, each window's in the walk's order) are segs[seg_ends[g - 1]:
+ * seg_ends[g]] and its targets offs/ids[tgt_ends[g - 1]:tgt_ends[g]] (int64 ends,
+ * ascending from 0, the last the length): blocks by offset in the window (offs, int64)
+ * and id (ids, (m, 2) uint64); a block named twice in a window counts once. holder: a
+ * meta word, or None for every holder. changed: (index in segs, presence, meta, xmeta,
+ * xmask) of each segment that changed (new arrays as bytearrays of uint64: the caller
+ * installs them on its writable copy); taken: int64 bytes, per target the holdings
+ * taken off (0: none, or a repeat); gone: per target 1 when the block is absent where
+ * it was dropped. */
+static PyObject *drop_windows(PyObject *Py_UNUSED(self), PyObject *const *args,
+                              Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "drop_windows takes 6 arguments (segs, seg_ends, offs, "
+                     "ids, tgt_ends, holder), got %zd", nargs);
+        return NULL;
+    }
+    DropCtx d = {args[5] == Py_None, 0, NULL, NULL};
+    if (!d.every && sarp_get_uint64_arg(args[5], "holder", &d.holder) < 0) return NULL;
     SegTarget *t;
     Py_ssize_t m;
-    if (get_targets(offs, ids, NULL, &t, &m) < 0) return NULL;
-    PyObject *segs = PySequence_Fast(segs_arg, "segs must be a sequence of segments");
+    if (get_targets(args[2], args[3], NULL, &t, &m) < 0) return NULL;
+    PyObject *segs = PySequence_Fast(args[0], "segs must be a sequence of segments");
     if (segs == NULL) {
         PyMem_Free(t);
         return NULL;
@@ -678,8 +698,8 @@ static PyObject *drop_over(PyObject *segs_arg, PyObject *seg_ends_arg, PyObject 
     Py_buffer se, te;
     int have_ends = 0;
     PyObject *changed = NULL, *out = NULL, *taken_b = NULL, *gone_b = NULL;
-    if (get_ends(seg_ends_arg, "seg_ends", ns, &se) < 0) goto done;
-    if (get_ends(tgt_ends_arg, "tgt_ends", m, &te) < 0) {
+    if (get_ends(args[1], "seg_ends", ns, &se) < 0) goto done;
+    if (get_ends(args[4], "tgt_ends", m, &te) < 0) {
         PyBuffer_Release(&se);
         goto done;
     }
@@ -730,27 +750,6 @@ done:
     return out;
 }
 
-/* drop_windows(segs, seg_ends, offs, ids, tgt_ends, holder) -> (changed, taken, gone):
- * WriteTxn.drop over the windows of a removal, in one call. Window g's segments (a
- * sequence of Segment, each window's in the walk's order) are segs[seg_ends[g - 1]:
- * seg_ends[g]] and its targets offs/ids[tgt_ends[g - 1]:tgt_ends[g]] (int64 ends,
- * ascending from 0, the last the length): blocks by offset in the window (offs, int64)
- * and id (ids, (m, 2) uint64); a block named twice in a window counts once. holder: a
- * meta word, or None for every holder. changed: (index in segs, presence, meta, xmeta,
- * xmask) of each segment that changed (new arrays as bytearrays of uint64: the caller
- * installs them on its writable copy); taken: int64 bytes, per target the holdings
- * taken off (0: none, or a repeat); gone: per target 1 when the block is absent where
- * it was dropped. */
-static PyObject *drop_windows(PyObject *Py_UNUSED(self), PyObject *const *args,
-                              Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "drop_windows takes 6 arguments (segs, seg_ends, offs, "
-                     "ids, tgt_ends, holder), got %zd", nargs);
-        return NULL;
-    }
-    return drop_over(args[0], args[1], args[2], args[3], args[4], args[5]);
-}
-
 static int add_step(Seg *s, const SegTarget *t, size_t m, void *ctx) {
     return seg_add_targets(s, t, m, ctx);
 }
@@ -760,8 +759,9 @@ static int refill_step(Seg *s, const SegTarget *t, size_t m, void *ctx) {
 }
 
 /* add_holders / refill_blocks (segs, offs, ids, metas) -> (changed, hit): step over the
- * segments of one window (a window of drop_windows' segs, offs and ids, a meta per target): changed
- * as drop_windows gives it, hit: per target 1 where it changed a segment. */
+ * segments of one window (segs, offs and ids as one window of drop_windows', a meta per
+ * target): changed as drop_windows gives it, hit: per target 1 where it changed a
+ * segment. */
 static PyObject *hit_kernel(const char *name, WindowStep step, PyObject *const *args,
                             Py_ssize_t nargs) {
     if (nargs != 4) {

@@ -23,6 +23,7 @@ list that reaches (T+1), 2(T+1), ... entries is refined at the next lattice midp
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import numpy as np
@@ -183,8 +184,9 @@ class Router:
             d.add(int(seg.ids[0, 0]), sid, segment_filters(seg.ids, [0], geo.sb, self.k)[0])
             return
         n = seg.nblocks
-        low = 0 if old_n is None else old_n - 16  # points whose filter cannot have
-        offs = [o for o in geo.offsets if low <= o < n]  # changed are left alone
+        # the points in [low, n) (offsets ascend): those before `low` keep their filter
+        low, at = 0 if old_n is None else old_n - 16, geo.offsets
+        offs = list(at[bisect_left(at, low) : bisect_left(at, n)])
         if not offs:
             return
         fresh = n if fresh_from is None else fresh_from

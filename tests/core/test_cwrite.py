@@ -377,6 +377,32 @@ def test_drop_windows_refuses_bad_arguments_by_name() -> None:
         CW.drop_windows([seg], np.array([1, 0]), one, row, np.array([1, 1]), None)
 
 
+class _Shrinking(Segment):
+    """A segment whose presence, read, empties the list it is in (a caller's hostile
+    sequence: drop_windows must not read past the list's end)."""
+
+    victims: list[Segment]
+
+    @property  # type: ignore[override]
+    def presence(self) -> int:
+        self.victims.clear()
+        return self._presence
+
+    @presence.setter
+    def presence(self, value: int) -> None:
+        self._presence = value
+
+
+def test_drop_windows_refuses_a_list_that_shrinks_while_it_is_read() -> None:
+    assert CW is not None
+    ids = np.ones((1, 2), np.uint64)
+    first = _Shrinking(1, 0, 1, 2, ids, np.ones(1, np.uint64))
+    segs: list[Segment] = [first, Segment(2, 0, 1, 2, ids.copy(), np.ones(1, np.uint64))]
+    first.victims = segs
+    with pytest.raises(RuntimeError, match="segs changed size while it was read"):
+        CW.drop_windows(segs, np.array([2]), np.zeros(1, np.int64), ids, np.array([1]), None)
+
+
 # -- add_holders, refill_blocks: WriteTxn.add_holders' and refill's loops ----------------
 Targets = list[tuple[int, int, int, int]]  # (offset, id lo, id hi, meta)
 
