@@ -14,7 +14,8 @@ it holds `generation` entries it is frozen into an array generation (sorted by a
 64-bit mix of the id, searched with numpy: 33 bytes an entry); the oldest generation
 goes first when the map is over its budget, its live entries spilled. A hit in a
 frozen generation moves the entry back to `young` (a parent is almost always a block
-stored moments ago, and one looked up stays). `discard` forgets blocks that no segment
+stored moments ago, and one looked up stays); a removal's lookup (`peek`) moves
+nothing, since its blocks are leaving. `discard` forgets blocks that no segment
 holds any more. Memory: frozen arrays by their size, `young` at `YOUNG_ENTRY_BYTES`
 an entry (a dict slot, a 128-bit int key and an int value, measured).
 

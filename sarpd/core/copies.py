@@ -85,7 +85,8 @@ class _Window:
 
     def candidates(self, offs: I64Array, lows: U64Array) -> list[int]:
         n = self.n
-        if len(offs) == 1:  # a parent's block: one row of the table
+        if len(offs) == 1:  # a parent's block: one row of the table (~7 us, not ~11,
+            # over a window of 222 copies)
             o = int(offs[0])
             one = (self.lows[o, :n] == lows[0]) & (self.nblocks[:n] > o)
             out: list[int] = self.sids[:n][one].tolist()

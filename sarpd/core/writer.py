@@ -86,7 +86,7 @@ class Grouped:
     """A removal's target blocks by window: group g is window keys[g] (window, head key),
     its blocks offs/ids[ends[g - 1]:ends[g]] (offsets in the window, ids), in order."""
 
-    keys: list[tuple[int, int]]
+    keys: tuple[tuple[int, int], ...]
     offs: I64Array
     ids: IdArray
     ends: I64Array
@@ -550,9 +550,9 @@ class WriteTxn:
                 and (w, int(qw[0, 0])) not in self.touched)
 
     def _create_fresh(self, tag: int, run: Sequence[Window]) -> int:
-        """`_insert_window` of consecutive fresh windows (`_fresh`), together: a new
-        segment each, in order, registered as new content, and their blocks' locations
-        in one add. Returns the blocks indexed."""
+        """Consecutive windows of an insert that nothing holds (`_fresh`, or `_best`
+        found nothing), together: a new segment each, in order, registered as new
+        content, and their blocks' locations in one add. Returns the blocks indexed."""
         sb, heads, firsts, lens = self.geo.sb, [], [], []
         for w, qw, mw, frm, _, _ in run:
             n = len(qw)
@@ -579,13 +579,8 @@ class WriteTxn:
         from frm on, blocks newly indexed)."""
         sb, L = self.geo.sb, len(qw)
         full_mask = (1 << L) - 1
-        req_bits = full_mask & ~((1 << frm) - 1)
-        if best is None or run == 0:
-            seg = self.create(w, tag, qw, np.concatenate([np.zeros(frm, np.uint64), mw]), req_bits)
-            self.add_locators(qw[frm:], int(qw[0, 0]), w * sb + frm)
-            self.router.register(seg, self.load, old_n=0, fresh_from=0)
-            self.holdings += L - frm
-            return 0, L - frm
+        if best is None or run == 0:  # nothing of it anywhere: a segment of its own
+            return 0, self._create_fresh(tag, [(w, qw, mw, frm, None, 0)])
         covered = min(run, L)
         present = best.present_run(frm) if frm < best.nblocks else 0
         got = max(0, min(present, covered - frm))
@@ -891,12 +886,12 @@ class WriteTxn:
     def remove(self, op: Remove) -> RemoveResult:
         sb = self.geo.sb
         removed = taken = 0
-        targets = Grouped([], _NO_OFFSETS, np.empty((0, 2), np.uint64), _NO_OFFSETS)
+        targets = _NO_TARGETS
         if op.seq is not None:
             q = self._seq_ids(op.seq)
             if op.start < len(q):  # its windows from the one of `start`, in order
                 ws = range(op.start // sb, -(-len(q) // sb))
-                targets = Grouped([(w, int(q[w * sb, 0])) for w in ws],
+                targets = Grouped(tuple((w, int(q[w * sb, 0])) for w in ws),
                                   np.arange(op.start, len(q), dtype=np.int64) % sb,
                                   q[op.start :],
                                   np.array([min(len(q), w * sb + sb) - op.start for w in ws],
@@ -984,6 +979,9 @@ class WriteTxn:
 
 _NO_OFFSETS: I64Array = np.empty(0, np.int64)
 _NO_OFFSETS.flags.writeable = False
+_NO_IDS: IdArray = np.empty((0, 2), np.uint64)
+_NO_IDS.flags.writeable = False
+_NO_TARGETS = Grouped((), _NO_OFFSETS, _NO_IDS, _NO_OFFSETS)  # a removal naming nothing located
 
 
 def _offsets(mask: int) -> I64Array:
@@ -1023,7 +1021,7 @@ def _by_window(ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64], sb: in
     and when each key is one run the blocks are already in their groups."""
     at = np.flatnonzero(pos >= 0)
     if not len(at):
-        return Grouped([], _NO_OFFSETS, ids[:0], _NO_OFFSETS)
+        return _NO_TARGETS
     w, o = np.divmod(pos[at], sb)
     h = heads[at]
     starts = [0, *(np.flatnonzero((w[1:] != w[:-1]) | (h[1:] != h[:-1])) + 1).tolist()]
@@ -1032,9 +1030,9 @@ def _by_window(ids: IdArray, heads: U64Array, pos: npt.NDArray[np.int64], sb: in
     for r, key in enumerate(zip(w[starts].tolist(), h[starts].tolist(), strict=True)):
         runs.setdefault(key, []).append(r)
     if len(runs) == len(starts):
-        return Grouped(list(runs), o, ids[at], np.array(bounds[1:], np.int64))
+        return Grouped(tuple(runs), o, ids[at], np.array(bounds[1:], np.int64))
     order = np.concatenate([np.arange(bounds[r], bounds[r + 1])
                             for rs in runs.values() for r in rs])
     ends = np.cumsum([sum(bounds[r + 1] - bounds[r] for r in rs) for rs in runs.values()],
                      dtype=np.int64)
-    return Grouped(list(runs), o[order], ids[at[order]], ends)
+    return Grouped(tuple(runs), o[order], ids[at[order]], ends)

@@ -23,6 +23,7 @@ from sarpd.config import IndexConfig
 from sarpd.core import native
 from sarpd.core.index import SarpIndex, WriteOp
 from sarpd.core.native import Kernels
+from sarpd.core.writer import Prefetched, WriteTxn
 from sarpd.errors import SarpError
 from sarpd.model import Insert, Match, MatchResult, Remove, SeqSpec
 
@@ -124,3 +125,39 @@ def test_the_native_path_writes_what_the_reference_writes(stream: Stream) -> Non
     ref, ref_out = replay(stream, stream.cuts, native.pick(reference=True))
     assert fast_out == ref_out
     assert dict(fast.backend.scan(b"", b"\xff")) == dict(ref.backend.scan(b"", b"\xff"))
+
+
+def fresh_windows_checked(stream: Stream) -> list[int]:
+    """Replay `stream` with `WriteTxn._fresh` checked: wherever it says a window is fresh
+    (the insert skips `_best` there), `_best`, routed by the same prefetch, must find no
+    candidate. Returns the windows taken as fresh."""
+    fresh, taken = WriteTxn._fresh, []
+
+    def checked(txn: WriteTxn, w: int, qw: np.ndarray, routed: Prefetched | None) -> bool:
+        got = fresh(txn, w, qw, routed)
+        if got:
+            taken.append(w)
+            assert txn._best(w, qw, None, routed) == (None, 0)
+        return got
+
+    WriteTxn._fresh = checked  # type: ignore[method-assign]
+    try:
+        replay(stream, stream.cuts)
+    finally:
+        WriteTxn._fresh = fresh  # type: ignore[method-assign]
+    return taken
+
+
+@settings(max_examples=80, deadline=None)
+@given(streams())
+def test_a_window_taken_as_fresh_is_one_best_finds_nothing_in(stream: Stream) -> None:
+    fresh_windows_checked(stream)
+
+
+def test_a_new_chain_is_all_fresh_windows_and_a_restore_none() -> None:
+    """A chain of 20 blocks into an empty index: its 3 windows (8 blocks each) are
+    fresh; the same chain again by another holder: none is."""
+    chain = list(range(1, 21))
+    ops: list[WriteOp] = [Insert(0, SeqSpec(NS, hashes=ids(chain)), meta=1, add_holder=True),
+                          Insert(0, SeqSpec(NS, hashes=ids(chain)), meta=2, add_holder=True)]
+    assert fresh_windows_checked(Stream(ops, [1, 2], [chain])) == [0, 1, 2]

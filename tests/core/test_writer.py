@@ -264,7 +264,7 @@ def test_by_window_groups_located_blocks_as_a_dict_of_lists_would(
         if p >= 0:
             want.setdefault((p // sb, h), []).append((p % sb, ids[i].tolist()))
     got = _by_window(ids, heads, pos, sb)
-    assert got.keys == list(want)
+    assert got.keys == tuple(want)
     assert (int(got.ends[-1]) if len(got.ends) else 0) == sum(len(v) for v in want.values())
     assert len(got.offs) == len(got.ids) == int(np.count_nonzero(pos >= 0))
     for (w, h, offs, gids), (key, blocks) in zip(got.groups(), want.items(), strict=True):
