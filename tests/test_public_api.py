@@ -86,7 +86,7 @@ def test_the_check_catches_a_private_name(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("module", ["sarpd.client", "sarpd.core", "sarpd.model",
-                                    "sarpd.config", "sarpd.errors", "sarpd.bridge.mapping",
+                                    "sarpd.config", "sarpd.errors", "sarpd.events.mapping",
                                     "sarpd.core.native", "sarpd.core.verify"])
 def test_every_declared_name_exists(module: str) -> None:
     mod: ModuleType = importlib.import_module(module)

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 import msgspec
 from msgspec.structs import replace as dc_replace
 
-from sarpd.bridge.mapping import CanaryOp, ClearOp, InsertOp, Op, RemoveOp
+from sarpd.events.mapping import CanaryOp, ClearOp, InsertOp, Op, RemoveOp
 
 __all__ = ["MAX_RUN_BLOCKS", "Mark", "Req", "coalesce", "split_all", "split_first"]
 

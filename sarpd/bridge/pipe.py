@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp
+from sarpd.events.mapping import ClearOp, InsertOp, Op, RemoveOp
 
 __all__ = ["request_of"]
 

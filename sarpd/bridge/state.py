@@ -26,7 +26,7 @@ from the index, never one that is not in the engine).
 A position file that cannot be read, of another format, or malformed raises
 `ConfigError` (an operator's file); one of another endpoint or worker is ignored. A
 damaged or stale namespace map is ignored (the translator guesses instead,
-`sarpd.bridge.mapping`).
+`sarpd.events.mapping`).
 """
 
 from __future__ import annotations

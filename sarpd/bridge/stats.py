@@ -2,7 +2,7 @@
 
 Two counters have a breakdown by reason: ``events["ignored"]`` in `ignored_by`
 (``group``, ``tier``, ``remote``, ``partial``, ``block_size``, ``unanchored``,
-``empty``, ``unknown_event``: `sarpd.bridge.mapping`) and `dropped` in `dropped_by`:
+``empty``, ``unknown_event``: `sarpd.events.mapping`) and `dropped` in `dropped_by`:
 
 - ``unreplayed``: batches missing from the sequence (a gap, or batches the engine
   sent before the bridge first started) that the replay socket did not return: its

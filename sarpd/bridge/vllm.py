@@ -50,8 +50,6 @@ from msgspec.structs import replace as dc_replace
 from sarpd.bridge.coalesce import Mark as _Mark
 from sarpd.bridge.coalesce import Req as _Req
 from sarpd.bridge.coalesce import coalesce, split_all, split_first
-from sarpd.bridge.events import EventDecodeError, decode_batch, decode_replay, decode_seq
-from sarpd.bridge.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.peers import PublisherWatch, SarpdWatch, check_endpoint, connect
 from sarpd.bridge.pipe import request_of
 from sarpd.bridge.state import StateFile
@@ -66,6 +64,8 @@ from sarpd.errors import (
     UnknownOp,
     UnknownParent,
 )
+from sarpd.events.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
+from sarpd.events.schema import EventDecodeError, decode_batch, decode_replay, decode_seq
 
 __all__ = ["RETRYABLE", "BridgeConfig", "Stopped", "VllmBridge", "serve"]
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import click
 
-from sarpd.bridge.mapping import MAX_WORKER
 from sarpd.bridge.peers import check_endpoint
 from sarpd.bridge.stats import BridgeStats
 from sarpd.bridge.vllm import BridgeConfig, serve
 from sarpd.ctl.common import EXIT_ERROR
 from sarpd.errors import ConfigError, SarpError
+from sarpd.events.mapping import MAX_WORKER
 
 
 def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> str | None:

@@ -20,9 +20,9 @@ from typing import IO, Any
 
 import click
 
-from sarpd.bridge.events import engine_hash
 from sarpd.client import REQUEST_TIMEOUT_S, RequestTimeout, SarpConnectionError, SyncClient
 from sarpd.errors import SarpError, missing_extra
+from sarpd.events.schema import engine_hash
 from sarpd.protocol.requests import show, uint_array
 
 __all__ = ["CLUSTER_TIMEOUT_S", "EXIT_ERROR", "EXIT_PROBLEMS", "HASHES_HELP", "LOCAL_SOCKET",
@@ -173,7 +173,7 @@ def hashes_source(src: str) -> IO[str]:
 
 
 def read_hashes(source: IO[str]) -> list[int]:
-    """Block hashes as the vLLM bridge stores them (uint64, sarpd.bridge.events): ints
+    """Block hashes as the vLLM bridge stores them (uint64, sarpd.events.schema): ints
     below 2**64, or hex strings of an engine's bytes hash (a sha256 digest), which map
     as the bridge maps bytes: their last 8 bytes, big-endian."""
     name, text = _read_text(source, "--hashes")

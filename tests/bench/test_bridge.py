@@ -10,7 +10,7 @@ import msgpack
 from click.testing import CliRunner
 from msgspec.structs import replace
 
-from sarpd.bridge.events import BlockRemoved, BlockStored, decode_batch
+from sarpd.events.schema import BlockRemoved, BlockStored, decode_batch
 from tools.bench.bridge import main, make_batches
 from tools.bench.null_sarpd import answer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sarpd.bridge.events import decode_batch
+from sarpd.events.schema import decode_batch
 from tests.bench.fleet_workload import small_timeline
 from tools.bench.fleet_bridge import block_tokens, payload
 from tools.bench.fleet_model import Batch, Stored

@@ -12,7 +12,7 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from sarpd.bridge.events import BlockRemoved, BlockStored, ExtraKey, decode_batch
+from sarpd.events.schema import BlockRemoved, BlockStored, ExtraKey, decode_batch
 from tools.bench import vllm_schema as vs
 from tools.bench.vllm_publisher import (
     END_SEQ,

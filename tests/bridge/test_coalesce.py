@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from backends.memory import MemoryBackend
 from sarpd.bridge.coalesce import Mark, Req, coalesce, split_all, split_first
-from sarpd.bridge.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from sarpd.bridge.mapping import CanaryOp, ClearOp, InsertOp, RemoveOp, Translator
 from sarpd.client import SyncClient
 from sarpd.config import IndexConfig
 from sarpd.core.index import SarpIndex
 from sarpd.errors import SarpError, UnknownParent
+from sarpd.events.mapping import CanaryOp, ClearOp, InsertOp, RemoveOp, Translator
+from sarpd.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from sarpd.model import Match, SeqSpec
 from tests.bridge.vllm_engine import bridge_cfg, start_bridge
 from tests.daemon_helpers import Launcher

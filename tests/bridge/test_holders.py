@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from backends.registry import backend_names
-from sarpd.bridge.events import decode_batch
-from sarpd.bridge.mapping import CANARY_NS, Translator
 from sarpd.bridge.stats import BridgeStats
 from sarpd.client import SyncClient
+from sarpd.events.mapping import CANARY_NS, Translator
+from sarpd.events.schema import decode_batch
 from tests.bridge.vllm_engine import (
     BridgeThread,
     FakeEngine,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sarpd.bridge.mapping import ClearOp, InsertOp, RemoveOp
 from sarpd.bridge.pipe import request_of
+from sarpd.events.mapping import ClearOp, InsertOp, RemoveOp
 
 
 def test_request_of_each_op() -> None:

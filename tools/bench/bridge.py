@@ -46,11 +46,11 @@ import numpy as np
 from backends.base import WriteBatch
 from backends.memory import MemoryBackend
 from backends.registry import open_backend
-from sarpd.bridge.events import decode_batch
-from sarpd.bridge.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.bridge.vllm import BridgeConfig, VllmBridge
 from sarpd.config import IndexConfig
 from sarpd.core import SarpIndex, WriteOp
+from sarpd.events.mapping import ClearOp, InsertOp, Op, RemoveOp, Translator
+from sarpd.events.schema import decode_batch
 from sarpd.model import Clear, IdArray, Insert, Remove, SeqSpec
 from tools.bench import vllm_schema as vs
 from tools.bench.spawn import DaemonStartError, start_daemon, stop_daemon

@@ -2,7 +2,7 @@
 in-process (`--in-process`, SarpIndex itself), each in two layouts:
 
 - `sarp`: ONE shared namespace, protocol 2; a holder is a worker's metadata word
-  (`worker << 48`, the vLLM bridge's layout: sarpd.bridge.mapping.block_meta).
+  (`worker << 48`, the vLLM bridge's layout: sarpd.events.mapping.block_meta).
   BlockStored -> `insert` of its hashes with `meta` = the holder and `parent` when
   the blocks follow one; BlockRemoved -> `remove` of the `ids` with `meta` = the
   holder (only that holder is taken off); a query is one `match` of the request's
@@ -48,10 +48,10 @@ from typing import Any, Protocol
 import msgpack
 import numpy as np
 
-from sarpd.bridge.mapping import WORKER_SHIFT, block_meta
 from sarpd.config import IndexConfig
 from sarpd.core import SarpIndex, open_backend
 from sarpd.errors import SarpError
+from sarpd.events.mapping import WORKER_SHIFT, block_meta
 from sarpd.model import Insert, Match, MatchResult, Remove, SeqSpec
 from sarpd.protocol.wire import encode_request, error_from_code
 from tools.bench.fleet_indexes import Answer, FleetConfig, Recovery, top

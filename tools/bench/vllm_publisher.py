@@ -15,7 +15,7 @@ ids sarpd indexes), then serves replays until interrupted. `demo_sequences` make
 the sequences (sans-I/O).
 
 `encode_batch` hand-encodes events in the shapes vLLM versions have used (msgspec
-structs as msgpack, see `sarpd.bridge.events`: all ``array_like``, or maps; fields
+structs as msgpack, see `sarpd.events.schema`: all ``array_like``, or maps; fields
 missing at the end; unknown extra fields); `tools.bench.vllm_schema` encodes
 vLLM's current schema with msgspec itself. `Publisher` serves payloads the way
 vLLM does: a publishing thread sends ``(topic, seq as 8 bytes big-endian,

@@ -48,7 +48,7 @@ from sarpd.model import Insert, Remove, SeqSpec
 
 NS = "write-path"
 CACHE_BYTES = 64 << 20  # sarpd's default engine budget
-WORKER_SHIFT = 48  # a holder is its worker's word (sarpd.bridge.mapping's layout)
+WORKER_SHIFT = 48  # a holder is its worker's word (sarpd.events.mapping's layout)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The id mapping (sarpd.bridge.mapping): metadata bits and clear masks, the
+"""The id mapping (sarpd.events.mapping): metadata bits and clear masks, the
 translator's namespaces (template, LoRA, cache salt, parent, tier, tier instance),
 what it skips and why (other groups and tiers, REMOTE locality, partial-block
 stores), its ops, and its configuration errors."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from sarpd.bridge.events import Event, ExtraKey, decode_batch
-from sarpd.bridge.mapping import (
+from sarpd.errors import ConfigError
+from sarpd.events.mapping import (
     TIER_MASK,
     WORKER_MASK,
     ClearOp,
@@ -19,7 +19,7 @@ from sarpd.bridge.mapping import (
     cache_salt,
     worker_clear,
 )
-from sarpd.errors import ConfigError
+from sarpd.events.schema import Event, ExtraKey, decode_batch
 from tools.bench import vllm_schema as vs
 from tools.bench.vllm_publisher import cleared, encode_batch, removed, stored
 

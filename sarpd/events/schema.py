@@ -20,7 +20,7 @@ owner: blocks are shared) is kept but indexes nothing, ``lookahead_token_ids`` (
 hashes also cover tokens past each block) is kept as a count. ``extra_keys`` (one
 entry per block) are read for the first block only, as raw values (strings, lists,
 bytes) or vLLM's typed keys (maps tagged ``lora``, ``cache_salt``, ``mm``...), which
-decode to `ExtraKey`. What the bridge makes of each: `sarpd.bridge.mapping`.
+decode to `ExtraKey`. What the bridge makes of each: `sarpd.events.mapping`.
 
 Block hashes arrive as ints (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, and every
 version before sha256 hashing; old ones could be negative: Python's ``hash()``) or as
@@ -31,7 +31,7 @@ last 8 bytes). One block therefore has one id whichever form the engine sends.
 Decoding is msgspec's, typed, in C (the structs at the end of this module: one per
 shape, tokens kept as raw msgpack) wherever a payload fits them; the rest goes to
 the reference (`decode_batch_reference`: msgpack and Python), which also names every
-error. Both give the same records (tests/bridge/test_events_typed.py). The records
+error. Both give the same records (tests/events/test_schema_typed.py). The records
 are frozen msgspec Structs (immutable, slotted, compared by value like frozen
 dataclasses, and ~20x cheaper to build: the bridge builds several per event).
 

@@ -1,5 +1,5 @@
 """The typed decoder (msgspec) against the reference (msgpack + Python) of
-sarpd.bridge.events: the same records, or the same error, on random and adversarial
+sarpd.events.schema: the same records, or the same error, on random and adversarial
 payloads (both encodings at every level and mixed, short arrays, unknown fields and
 events, int / negative / bytes / empty hashes, wrong types anywhere, tokens that are
 not ints, typed and raw extra keys, lookahead tokens, ranks of any type)."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sarpd.bridge.events import (
+from sarpd.events.schema import (
     REMOVED_FIELDS,
     STORED_FIELDS,
     EventBatch,

@@ -63,7 +63,8 @@ from collections.abc import Iterable
 
 import msgspec
 
-from sarpd.bridge.events import (
+from sarpd.errors import ConfigError
+from sarpd.events.schema import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -72,7 +73,6 @@ from sarpd.bridge.events import (
     ExtraKey,
     OtherEvent,
 )
-from sarpd.errors import ConfigError
 
 __all__ = ["CANARY_NS", "DEFAULT_NS_MAP", "LOCAL", "MAX_CANARIES", "MAX_WORKER",
            "TIERS", "TIER_MASK", "TIER_NAMES", "TIER_OTHER", "TIER_SHIFT",

@@ -1,4 +1,4 @@
-"""Decoding vLLM EventBatch payloads (sarpd.bridge.events): both encodings, versions
+"""Decoding vLLM EventBatch payloads (sarpd.events.schema): both encodings, versions
 with fewer or more fields (the current ones too), engine hashes, replay replies in
 both framings, errors naming the field."""
 
@@ -9,7 +9,8 @@ import hashlib
 import msgpack
 import pytest
 
-from sarpd.bridge.events import (
+from sarpd.errors import BadRequest
+from sarpd.events.schema import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -21,7 +22,6 @@ from sarpd.bridge.events import (
     decode_seq,
     engine_hash,
 )
-from sarpd.errors import BadRequest
 from tools.bench.vllm_publisher import cleared, encode_batch, removed, stored
 
 DIGEST = hashlib.sha256(b"block").digest()
