@@ -302,6 +302,9 @@ class ServerConfig:
     admin_uids: tuple[int, ...] = (0,)  # exempt from bind_namespaces; only they snapshot/check
     metrics_port: int = 0  # Prometheus /metrics on metrics_host:port (0 = off)
     metrics_host: str = "127.0.0.1"
+    # the indexer API (docs/HTTP.md) and /metrics on http_host:http_port (0 = off)
+    http_port: int = 0
+    http_host: str = "127.0.0.1"
     log_format: LogFormat = "text"
     # the backend engine's whole memory budget (rocksdb: block cache + memtables + index
     # and filter partitions, backends/rocksdb.py; wiredtiger: its cache, >= 32 MiB)
@@ -330,6 +333,7 @@ SERVER_RULES: dict[str, Rule] = {
                                  "max_buffered_bytes", "max_write_buffer")},
     "allow_uids": id_list, "allow_gids": id_list, "admin_uids": id_list, "bind_namespaces": boolean,
     "metrics_port": integer(0, 65535), "metrics_host": nonempty,
+    "http_port": integer(0, 65535), "http_host": nonempty,
     "log_format": one_of(LogFormat), "cache_bytes": integer(0), "log_level": one_of(LogLevel),
     "worker_threads": integer(0, 1024),
 }

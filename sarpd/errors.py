@@ -7,10 +7,10 @@ Messages name the field, the value and the limit, e.g.
 
 from __future__ import annotations
 
-__all__ = ["EXTRAS", "BadRequest", "Busy", "ConfigError", "CorruptData", "Forbidden",
-           "FormatVersionError", "FrameError", "Internal", "QuotaExceeded", "SarpError",
-           "StorageError", "TooLarge", "Unavailable", "UnknownOp", "UnknownParent",
-           "missing_extra"]
+__all__ = ["EXTRAS", "BadRequest", "Busy", "ConfigError", "Conflict", "CorruptData",
+           "Forbidden", "FormatVersionError", "FrameError", "Internal", "NotFound",
+           "QuotaExceeded", "SarpError", "StorageError", "TooLarge", "Unavailable",
+           "UnknownOp", "UnknownParent", "missing_extra"]
 
 
 class SarpError(Exception):
@@ -41,6 +41,21 @@ class BadRequest(SarpError):
 
 class UnknownOp(SarpError):
     code = "unknown_op"
+
+
+class NotFound(SarpError):
+    """The indexer API: no such registered instance, or no indexer for a (model,
+    routing group) pair (HTTP 404)."""
+
+    code = "not_found"
+
+
+class Conflict(SarpError):
+    """The indexer API: a registration that contradicts one already made (a duplicate
+    instance and rank, another block size for a pair, one instance under two models;
+    HTTP 409)."""
+
+    code = "conflict"
 
 
 class UnknownParent(SarpError):

@@ -79,6 +79,7 @@ class Match(Request):
     seq: SeqSpec
     with_ids: bool = False
     holders: int = 0  # K > 0: also answer the K holders with the longest runs
+    spans: bool = False  # also answer every holder's runs inside the matched prefix
     # cluster mode: ((shard, seq), ...): answer only once this replica's shard applied
     # its seq, waiting at most after_seq_wait_ms (else `unavailable`); ignored elsewhere
     after_seq: tuple[tuple[str, int], ...] = ()
@@ -144,6 +145,8 @@ class MatchResult:
     meta: U64Array  # uint64 per matched block: its holder with the longest run
     ids: IdArray | None = None  # the matched ids, when asked for
     holders: list[tuple[int, int]] | None = None  # (meta, run), when asked for
+    # (meta, start, blocks): each holder's maximal runs in the matched prefix, when asked
+    spans: list[tuple[int, int, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

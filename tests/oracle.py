@@ -121,6 +121,30 @@ class HolderOracle:
         top = sorted(((h, r) for h, r in length.items() if r), key=lambda x: (-x[1], x[0]))
         return meta, top[:k]
 
+    def spans(self, ns: str, tokens: tuple[int, ...]) -> list[tuple[int, int, int]]:
+        """(holder, start, blocks) of each holder's maximal runs in the matched prefix."""
+        run: list[set[int]] = []
+        for i in range(len(tokens) // BT):
+            held = self.blocks.get(_key(ns, tokens, i))
+            if not held:
+                break
+            run.append(held)
+        return spans_of(run)
+
     @property
     def holdings(self) -> int:
         return sum(len(v) for v in self.blocks.values())
+
+
+def spans_of(blocks: list[set[int]]) -> list[tuple[int, int, int]]:
+    """Brute force: per holder (ascending), its runs over `blocks` (a set per block)."""
+    out = []
+    for h in sorted(set().union(*blocks) if blocks else set()):
+        start = None
+        for i, held in enumerate([*blocks, set()]):
+            if h in held and start is None:
+                start = i
+            elif h not in held and start is not None:
+                out.append((h, start, i - start))
+                start = None
+    return out

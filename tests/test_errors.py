@@ -29,7 +29,11 @@ CODES = {
     "StorageError": "unavailable",
     "CorruptData": "internal",
     "FormatVersionError": "internal",
+    "NotFound": "not_found",
+    "Conflict": "conflict",
 }
+HTTP_ONLY = {"not_found", "conflict"}  # the indexer API's (docs/HTTP.md), never on the socket
+HTTP = PROTOCOL.with_name("HTTP.md")
 
 
 def _classes() -> dict[str, type[SarpError]]:
@@ -51,7 +55,13 @@ def test_every_code_is_documented_in_the_protocol() -> None:
     text = PROTOCOL.read_text()
     section = text[text.index("Error codes:"):]
     documented = set(re.findall(r"`([a-z_]+)`", section[:section.index("\n\n")]))
-    assert set(CODES.values()) <= documented, set(CODES.values()) - documented
+    assert set(CODES.values()) - HTTP_ONLY <= documented, set(CODES.values()) - documented
+
+
+def test_every_http_only_code_is_documented_with_the_api() -> None:
+    text = HTTP.read_text()
+    for code in HTTP_ONLY:
+        assert f"`{code}`" in text, code
 
 
 def test_config_error_is_not_a_wire_error() -> None:

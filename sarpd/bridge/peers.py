@@ -1,9 +1,9 @@
 """The bridge's two peers, the engine's publisher and sarpd: endpoint syntax, and
 whether each is reachable, said loud and counted.
 
-- `check_endpoint`: an endpoint the bridge connects to (``tcp://HOST:PORT`` or
-  ``ipc://PATH``) is checked before anything starts, so that a typo is an error that
-  names the option and the value, not a ZMQ traceback or a silent retry loop.
+- `connect`: an endpoint the bridge connects to is checked first
+  (`sarpd.events.endpoints.check_endpoint`), so that a typo is an error that names
+  the option and the value, not a ZMQ traceback or a silent retry loop.
 - `Outage`: when to warn about a peer that stays down (sans-I/O): at the first
   failure (after a grace period, for the publisher), then at most every `repeat_s`
   while it stays down; its recovery is said once.
@@ -33,37 +33,14 @@ from zmq.utils.monitor import parse_monitor_message
 
 from sarpd.bridge.stats import BridgeStats
 from sarpd.errors import ConfigError
+from sarpd.events.endpoints import check_endpoint
 
 log = logging.getLogger("sarpd.bridge")
-SCHEMES = ("tcp", "ipc")
 _UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
 _DOWN = (
     zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )  # fmt: skip
-
-
-def check_endpoint(value: str, option: str) -> str:
-    """`value` if it is an endpoint the bridge can connect to, else a ConfigError that
-    names `option`, the value and the expected form."""
-    shown = value if len(value) <= 80 else value[:77] + "..."
-    expected = "expected tcp://HOST:PORT (the engine's host, not *) or ipc://PATH"
-    scheme, sep, rest = value.partition("://")
-    if not sep or scheme not in SCHEMES:
-        raise ConfigError(f"{option} {shown!r}: {expected}")
-    if scheme == "ipc":
-        if not rest:
-            raise ConfigError(f"{option} {shown!r}: no path; {expected}")
-        return value
-    host, colon, port = rest.rpartition(":")
-    if not colon or not host:
-        raise ConfigError(f"{option} {shown!r}: no host; {expected}")
-    if host == "*":
-        raise ConfigError(f"{option} {shown!r}: * is a bind address; {expected}")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"{option} {shown!r}: port {port[:20]!r} is not 1..65535; "
-                          f"{expected}")  # fmt: skip
-    return value
 
 
 def connect(sock: zmq.Socket[Any], endpoint: str, option: str) -> None:

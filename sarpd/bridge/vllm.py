@@ -50,7 +50,7 @@ from msgspec.structs import replace as dc_replace
 from sarpd.bridge.coalesce import Mark as _Mark
 from sarpd.bridge.coalesce import Req as _Req
 from sarpd.bridge.coalesce import coalesce, split_all, split_first
-from sarpd.bridge.peers import PublisherWatch, SarpdWatch, check_endpoint, connect
+from sarpd.bridge.peers import PublisherWatch, SarpdWatch, connect
 from sarpd.bridge.pipe import request_of
 from sarpd.bridge.state import StateFile
 from sarpd.bridge.stats import BridgeStats, serve_metrics
@@ -64,6 +64,7 @@ from sarpd.errors import (
     UnknownOp,
     UnknownParent,
 )
+from sarpd.events.endpoints import check_endpoint
 from sarpd.events.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.events.schema import EventDecodeError, decode_batch, decode_replay, decode_seq
 

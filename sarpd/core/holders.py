@@ -12,7 +12,10 @@ their window; every window but the last is full). From them:
 - `block_meta`: for each matched block, its holder with the longest run (ties: the
   smaller meta), the `meta` a match answers;
 - `top`: the K holders with the longest runs, longest first, ties by smaller meta,
-  runs of 0 left out: `match ... holders: K`.
+  runs of 0 left out: `match ... holders: K`;
+- `spans`: every holder's maximal runs inside the matched prefix, wherever they start
+  (`match ... spans: true`): what a walk over tiers needs (a worker's host tier
+  extending its device prefix, the indexer API's cumulative reach).
 
 A match whose segments have no holder tables (one holder a block) answers `meta`
 from the segments' first holders directly (`single_holder`), as before holders. The
@@ -135,6 +138,31 @@ def top(holders: U64Array, run: I64Array, k: int) -> list[tuple[int, int]]:
     h, r = holders[keep], run[keep]
     order = np.lexsort((h, -r))[:k]
     return list(zip(h[order].tolist(), r[order].tolist(), strict=True))
+
+
+def spans(tabs: Sequence[Table]) -> list[tuple[int, int, int]]:
+    """(meta, start, blocks) of every maximal run of every holder in the matched prefix
+    (windows back to back: each table's blocks start where the previous ended), by meta
+    then start. A run that reaches a window's end and goes on at the next window's
+    start is one run."""
+    runs_of: dict[int, list[list[int]]] = {}
+    off = 0
+    for t in tabs:
+        if len(t.holders):
+            at = np.arange(t.length, dtype=np.uint64)
+            bits = ((t.masks[:, None] >> at) & _ONE).astype(np.int8)
+            edges = np.diff(np.pad(bits, ((0, 0), (1, 1))), axis=1)
+            hs, starts = np.nonzero(edges == 1)
+            _, ends = np.nonzero(edges == -1)
+            for h, a, b in zip(t.holders[hs].tolist(), starts.tolist(), ends.tolist(),
+                               strict=True):
+                mine = runs_of.setdefault(h, [])
+                if a == 0 and mine and mine[-1][0] + mine[-1][1] == off:
+                    mine[-1][1] += b - a
+                else:
+                    mine.append([off + a, b - a])
+        off += t.length
+    return [(h, a, n) for h in sorted(runs_of) for a, n in runs_of[h]]
 
 
 def match_holders(windows: Sequence[tuple[Segment, int]], k: int

@@ -42,7 +42,7 @@ from sarpd.config import IndexConfig
 from sarpd.core import kernel, native, verify
 from sarpd.core.blockmap import MapArrays
 from sarpd.core.fsck import run_check
-from sarpd.core.holders import match_holders
+from sarpd.core.holders import match_holders, spans, tables
 from sarpd.core.ids import HASH_NAME, Joined, salt_ids
 from sarpd.core.native import DirectoryLike, Kernels, MatchKernel
 from sarpd.core.plan import WindowPlan
@@ -233,6 +233,8 @@ class SarpIndex:
         errors: dict[int, SarpError] = {}
         got = self.store.seq_ids_many([r.seq for r in reqs])
         k = self.k.match
+        if k is not None and any(r.spans for r in reqs):
+            k = None  # spans: the reference's alone so far (holders.spans)
         if k is not None and isinstance(got, Joined):  # salted into one array: the kernel's
             return self._match_native(reqs, got, errors, k, got)
         qs: list[IdArray] = []
@@ -367,7 +369,7 @@ class SarpIndex:
         self._count(1, total, len(q))
         meta, top = match_holders(matched, r.holders)
         ids = salt_ids(r.seq.ns, q[:total], self.k) if r.with_ids else None
-        return MatchResult(total, meta, ids, top)
+        return MatchResult(total, meta, ids, top, spans(tables(matched)) if r.spans else None)
 
     def _count(self, matches: int, matched: int, queried: int, rounds: int = 0) -> None:
         """Count answered matches, their blocks and the extra rounds they read."""

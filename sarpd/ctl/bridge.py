@@ -13,11 +13,11 @@ from pathlib import Path
 
 import click
 
-from sarpd.bridge.peers import check_endpoint
 from sarpd.bridge.stats import BridgeStats
 from sarpd.bridge.vllm import BridgeConfig, serve
 from sarpd.ctl.common import EXIT_ERROR
 from sarpd.errors import ConfigError, SarpError
+from sarpd.events.endpoints import check_endpoint
 from sarpd.events.mapping import MAX_WORKER
 
 

@@ -97,6 +97,7 @@ class Daemon:
         self._last_progress = 0.0
         self._recovery_started = time.monotonic()
         self._metrics_http: Any = None
+        self._api: Any = None  # sarpd.daemon.indexer_api.IndexerApi, with --http-port
 
     def request_stop(self, signame: str) -> None:
         if not self._stop.is_set():
@@ -129,15 +130,28 @@ class Daemon:
                 self.server.match_pool.shutdown(wait=True)
 
     async def _start_metrics(self) -> None:
-        """/metrics, /healthz, /readyz on metrics_host:metrics_port, on this loop
-        (sarpd.daemon.http); a ConfigError if it cannot listen."""
+        """/metrics, /healthz, /readyz on metrics_host:metrics_port, and with them the
+        indexer API on http_host:http_port, on this loop (sarpd.daemon.http); a
+        ConfigError if it cannot listen."""
         cfg = self.config
-        if not cfg.metrics_port:
+        if not cfg.metrics_port and not cfg.http_port:
             return
-        from sarpd.daemon.http import serve, server_readiness
+        from sarpd.daemon.http import make_app, server_readiness, start
 
-        self._metrics_http = await serve(
-            self.server.metrics, server_readiness(self.server), cfg.metrics_host, cfg.metrics_port)
+        app = make_app(self.server.metrics, server_readiness(self.server))
+        if cfg.http_port:
+            if cfg.cluster.enabled:
+                raise ConfigError("http_port: the indexer API serves a single sarpd, not a "
+                                  "cluster replica (leave --http-port out with --cluster)")
+            from sarpd.daemon.indexer_api import IndexerApi
+
+            self._api = IndexerApi(self.server)
+            self._api.add_routes(app)
+        sites = [(cfg.metrics_host, cfg.metrics_port, "metrics"),
+                 (cfg.http_host, cfg.http_port, "http_port")]
+        sites = [s for s in sites if s[1]]
+        self._metrics_http = await start(app, sites[0][0], sites[0][1], sites[1:])
+        self.server.metrics.exported = True
 
     async def _serve(self) -> int:
         sdnotify.status("recovering")
@@ -195,6 +209,8 @@ class Daemon:
                 return 0 if self._stop.is_set() else 1
         self.server.metrics.set_ready(report.seconds)
         self.server.set_ready(service)
+        if self._api is not None:
+            await self._api.start()
         sdnotify.notify("READY=1", f"STATUS=serving on {cfg.socket}")
         log.info("ready: serving on %s (backend %s, sync %s)", cfg.socket, backend_name, cfg.sync)
         snapshots = asyncio.create_task(self._periodic_snapshots(service))
@@ -206,6 +222,8 @@ class Daemon:
             await self.server.suspend(f"shard {cfg.cluster.shard}: re-bootstrapping ({gap})")
         else:
             sdnotify.notify("STOPPING=1", "STATUS=shutting down")
+            if self._api is not None:
+                await self._api.stop()  # its listeners' last batches answered, saved
             if joined is not None:
                 await joined[1].stop()  # no new remote requests
             await self.server.stop()
@@ -451,6 +469,18 @@ def option(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..
     "0.0.0.0: every interface).",
 )
 @option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    help="Serve the indexer API (Dynamo's standalone KV indexer's endpoints: /register, "
+    "/query, ...; docs/HTTP.md) and /metrics at http://HOST:PORT (0 = off, the default).",
+)
+@option(
+    "--http-host",
+    metavar="HOST",
+    help="Address the indexer API listens on (default 127.0.0.1: this machine only; "
+    "0.0.0.0: every interface; it does not authenticate callers).",
+)
+@option(
     "--cluster",
     "cluster_urls",
     metavar="URL[,URL...]",
@@ -480,6 +510,8 @@ def main(
     log_format: str | None,
     metrics_port: int | None,
     metrics_host: str | None,
+    http_port: int | None,
+    http_host: str | None,
     cluster_urls: str | None,
     shard: str | None,
     replica_id: str | None,
@@ -502,6 +534,8 @@ def main(
             log_format=log_format,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            http_port=http_port,
+            http_host=http_host,
         )
         check_backend(cfg, config_file)
         check_extras(cfg)

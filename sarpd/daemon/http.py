@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from aiohttp import web
@@ -96,19 +96,23 @@ def url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def start(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Listen on host:port on the running loop; the runner (`await runner.cleanup()`
-    stops it). A `ConfigError` if it cannot listen (port in use, bad address)."""
+async def start(app: web.Application, host: str, port: int,
+                more: Sequence[tuple[str, int, str]] = ()) -> web.AppRunner:
+    """Listen on host:port (and on each (host, port, setting) of `more`) on the running
+    loop; the runner (`await runner.cleanup()` stops it). A `ConfigError` naming the
+    setting if it cannot listen (port in use, bad address)."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except OSError as exc:
-        await runner.cleanup()
-        errno = exc.errno or 0  # < 0: a resolver error, its strerror says it
-        reason = os.strerror(errno) if errno > 0 else exc.strerror or str(exc)
-        raise ConfigError(f"metrics: cannot listen on {host}:{port}: {reason}") from exc
-    log.info("http on %s: /metrics, /healthz, /readyz", url(host, port))
+    for h, p, what in [(host, port, "metrics"), *more]:
+        try:
+            await web.TCPSite(runner, h, p).start()
+        except OSError as exc:
+            await runner.cleanup()
+            errno = exc.errno or 0  # < 0: a resolver error, its strerror says it
+            reason = os.strerror(errno) if errno > 0 else exc.strerror or str(exc)
+            raise ConfigError(f"{what}: cannot listen on {h}:{p}: {reason}") from exc
+        log.info("http on %s: %s", url(h, p), "/metrics, /healthz, /readyz" if what == "metrics"
+                 else "the indexer API (docs/HTTP.md), /metrics, /healthz, /readyz")
     return runner
 
 

@@ -48,6 +48,7 @@ from typing import Any, TypeAlias
 
 import msgpack
 import msgspec
+import numpy as np
 
 from sarpd.errors import BadRequest
 
@@ -126,6 +127,10 @@ class BlockStored(msgspec.Struct, frozen=True):
     lookahead: int = 0  # len(lookahead_token_ids): tokens past the blocks in their hashes
     # the first block's tokens of a store from position 0 (the hash-agreement check)
     first_tokens: tuple[int, ...] = ()
+    # every token id as uint32 LE, when asked for (`decode_batch(..., tokens=True)`: the
+    # daemon's listeners key blocks by their tokens); None when not asked for, absent, or
+    # not all uint32
+    token_bytes: bytes | None = None
 
 
 class BlockRemoved(msgspec.Struct, frozen=True):
@@ -200,20 +205,23 @@ def decode_replay(frames: Sequence[bytes]) -> ReplayReply:
     return ReplayReply(seq, frames[-1], topic)
 
 
-def decode_batch(payload: bytes, max_bytes: int = MAX_BYTES, typed: bool = True) -> EventBatch:
+def decode_batch(payload: bytes, max_bytes: int = MAX_BYTES, typed: bool = True,
+                 tokens: bool = False) -> EventBatch:
     """One msgpack `EventBatch` payload -> `EventBatch` (either encoding): msgspec's
     typed decoding where the payload has one of the four shapes below (`_typed`),
-    else (or with ``typed=False``) the reference, which also names what is wrong."""
+    else (or with ``typed=False``) the reference, which also names what is wrong.
+    `tokens`: keep each store's token ids (`BlockStored.token_bytes`)."""
     if len(payload) > max_bytes:
         raise EventDecodeError(f"payload: {len(payload)} bytes exceeds max_bytes ({max_bytes})")
     if typed:
-        batch = _typed(payload)
+        batch = _typed(payload, tokens)
         if batch is not None:
             return batch
-    return decode_batch_reference(payload, max_bytes)
+    return decode_batch_reference(payload, max_bytes, tokens)
 
 
-def decode_batch_reference(payload: bytes, max_bytes: int = MAX_BYTES) -> EventBatch:
+def decode_batch_reference(payload: bytes, max_bytes: int = MAX_BYTES,
+                           tokens: bool = False) -> EventBatch:
     """`decode_batch` by msgpack and Python: every shape, and the errors."""
     if len(payload) > max_bytes:
         raise EventDecodeError(f"payload: {len(payload)} bytes exceeds max_bytes ({max_bytes})")
@@ -229,7 +237,7 @@ def decode_batch_reference(payload: bytes, max_bytes: int = MAX_BYTES) -> EventB
     if not isinstance(events, list):
         raise EventDecodeError(f"EventBatch.events: expected a list, got {events!r:.40}")
     rank = fields.get("data_parallel_rank")
-    decoded = tuple(decode_event(e, i) for i, e in enumerate(events))
+    decoded = tuple(decode_event(e, i, tokens) for i, e in enumerate(events))
     return EventBatch(float(ts), decoded, rank if type(rank) is int else None)
 
 
@@ -241,7 +249,7 @@ def _fields(raw: object, order: Sequence[str], what: str) -> dict[str, Any]:
     raise EventDecodeError(f"{what}: expected an array or a map, got {type(raw).__name__}")
 
 
-def decode_event(raw: object, index: int = 0) -> Event:
+def decode_event(raw: object, index: int = 0, tokens: bool = False) -> Event:
     """One tagged event, ``[tag, *fields]`` or ``{"type": tag, ...}``."""
     where = f"events[{index}]"
     body: list[Any] | dict[str, Any]
@@ -252,7 +260,7 @@ def decode_event(raw: object, index: int = 0) -> Event:
     else:
         raise EventDecodeError(f"{where}: expected a tagged array or a map with 'type'")
     if tag == "BlockStored":
-        return _stored(_fields(body, STORED_FIELDS, where), where)
+        return _stored(_fields(body, STORED_FIELDS, where), where, tokens)
     if tag == "BlockRemoved":
         f = _fields(body, REMOVED_FIELDS, where)
         return BlockRemoved(
@@ -267,7 +275,7 @@ def decode_event(raw: object, index: int = 0) -> Event:
     return OtherEvent(tag)
 
 
-def _stored(f: dict[str, Any], where: str) -> BlockStored:
+def _stored(f: dict[str, Any], where: str, keep_tokens: bool = False) -> BlockStored:
     hashes = _hashes(f.get("block_hashes"), f"{where}.block_hashes")
     parent_v = f.get("parent_block_hash")
     parent = None if parent_v is None else engine_hash(parent_v, f"{where}.parent_block_hash")
@@ -291,7 +299,17 @@ def _stored(f: dict[str, Any], where: str) -> BlockStored:
         session_id=_opt(f.get("session_id"), str, f"{where}.session_id"),
         lookahead=len(lookahead) if lookahead else 0,
         first_tokens=_first_tokens(tokens, block_size) if parent is None else (),
+        token_bytes=_token_bytes(tokens) if keep_tokens else None,
     )
+
+
+def _token_bytes(tokens: object) -> bytes | None:
+    """Token ids as uint32 LE bytes; None unless a list of ints in 0..2**32-1."""
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        return None
+    if tokens and (min(tokens) < 0 or max(tokens) >= 2**32):
+        return None
+    return np.array(tokens, dtype="<u4").tobytes()
 
 
 def _first_tokens(tokens: object, block_size: int) -> tuple[int, ...]:
@@ -411,7 +429,7 @@ _ARRAY_HEAD = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
 _MAP_HEAD = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 
 
-def _typed(payload: bytes) -> EventBatch | None:
+def _typed(payload: bytes, tokens: bool = False) -> EventBatch | None:
     """`decode_batch` by msgspec, or None where the reference must decide."""
     if not payload:
         return None
@@ -424,7 +442,7 @@ def _typed(payload: bytes) -> EventBatch | None:
         except (msgspec.ValidationError, msgspec.DecodeError):
             continue
         try:
-            return _from_struct(raw)
+            return _from_struct(raw, tokens)
         except (_Reference, ValueError, TypeError):
             return None
     return None
@@ -434,14 +452,14 @@ class _Reference(Exception):
     """Something only the reference decides (or names the error of)."""
 
 
-def _from_struct(raw: Any) -> EventBatch:
+def _from_struct(raw: Any, tokens: bool = False) -> EventBatch:
     if raw.ts is None or raw.events is None:
         raise _Reference
     events: list[Event] = []
     for ev in raw.events:
         tag = type(ev).__name__
         if tag == "BlockStored":
-            events.append(_stored_of(ev))
+            events.append(_stored_of(ev, tokens))
         elif tag == "BlockRemoved":
             events.append(BlockRemoved(_fold(ev.block_hashes), ev.medium, ev.group_idx,
                                        ev.locality, ev.ownership))  # fmt: skip
@@ -498,7 +516,7 @@ def _head_tokens(raw: msgspec.Raw, block_size: int) -> tuple[int, ...]:
     return tuple(head) if min(head) >= 0 and max(head) < 2**32 else ()
 
 
-def _stored_of(ev: Any) -> BlockStored:
+def _stored_of(ev: Any, keep_tokens: bool = False) -> BlockStored:
     block_size = ev.block_size
     if block_size is None or block_size <= 0:
         raise _Reference
@@ -513,7 +531,18 @@ def _stored_of(ev: Any) -> BlockStored:
                    if len(extra) else None)  # fmt: skip
     return BlockStored(_fold(ev.block_hashes), parent, block_size, ev.medium, ev.lora_name,
                        ev.lora_id, first_extra, ev.group_idx, n_tokens, ev.locality,
-                       ev.ownership, ev.session_id, lookahead or 0, first_tokens)  # fmt: skip
+                       ev.ownership, ev.session_id, lookahead or 0, first_tokens,
+                       _raw_token_bytes(ev.token_ids) if keep_tokens else None)  # fmt: skip
+
+
+def _raw_token_bytes(raw: msgspec.Raw) -> bytes | None:
+    """`_token_bytes` of raw token ids (all ints: decoded in C; else the reference's)."""
+    if not len(raw):
+        return None
+    try:
+        return _token_bytes(_TOKENS.decode(raw))
+    except msgspec.ValidationError:
+        return _token_bytes(msgpack.unpackb(raw))
 
 
 def _array_len_or_zero(raw: msgspec.Raw) -> int:

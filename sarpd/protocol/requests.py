@@ -119,6 +119,7 @@ class Fields(msgspec.Struct, forbid_unknown_fields=True, gc=False, rename={"from
     parent: int | bytes | None = None
     with_ids: bool | None = None
     holders: int | None = None
+    spans: bool | None = None
     from_: int | None = None
     mask: int | None = None
     value: int | None = None
@@ -246,7 +247,8 @@ def _op_match(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
             "after_seq_wait_ms", f.after_seq_wait_ms)) > MAX_AFTER_SEQ_WAIT_MS:
         raise BadRequest(f"after_seq_wait_ms: {wait:,} exceeds {MAX_AFTER_SEQ_WAIT_MS:,}")
     return model.Match(rid, seq=_seq(f, limits, "match"), with_ids=_bool("with_ids", f.with_ids),
-                       holders=k, after_seq=_after_seq(f.after_seq), after_seq_wait_ms=wait)
+                       holders=k, spans=_bool("spans", f.spans), after_seq=_after_seq(f.after_seq),
+                       after_seq_wait_ms=wait)
 
 
 def _after_seq(v: object) -> tuple[tuple[str, int], ...]:

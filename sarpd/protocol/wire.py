@@ -226,6 +226,8 @@ def encode_result(req_id: int, result: object, *, block_tokens: int = 16,
             msg["ids"] = model.ids_to_bytes(result.ids)
         if result.holders is not None:
             msg["holders"] = [[m, b] for m, b in result.holders]
+        if result.spans is not None:
+            msg["spans"] = [list(s) for s in result.spans]
     elif isinstance(result, _PLAIN_RESULTS):  # their fields, as named (PROTOCOL.md "Ops")
         msg.update((f.name, getattr(result, f.name)) for f in dataclasses.fields(result))
         if isinstance(result, model.CheckReport):

@@ -1,4 +1,4 @@
-"""The bridge's peers (sarpd.bridge.peers): endpoint checks, when an outage is said
+"""The bridge's peers (sarpd.bridge.peers): when an outage is said
 (first failure, then at most every repeat_s, its recovery once) and what it counts."""
 
 from __future__ import annotations
@@ -7,36 +7,8 @@ import logging
 
 import pytest
 
-from sarpd.bridge.peers import Outage, SarpdWatch, check_endpoint
+from sarpd.bridge.peers import Outage, SarpdWatch
 from sarpd.bridge.stats import BridgeStats
-from sarpd.errors import ConfigError
-
-
-@pytest.mark.parametrize(
-    "endpoint", ["tcp://gpu3:5557", "tcp://10.0.0.5:1", "tcp://[::1]:65535", "ipc:///run/kv"]
-)
-def test_good_endpoints_pass(endpoint: str) -> None:
-    assert check_endpoint(endpoint, "--endpoint") == endpoint
-
-
-@pytest.mark.parametrize(
-    ("endpoint", "why"),
-    [
-        ("foo", "expected tcp://HOST:PORT"),
-        ("tcp://nohost:x", "port 'x' is not 1..65535"),
-        ("tcp://h:0", "port '0' is not 1..65535"),
-        ("tcp://h:99999", "port '99999' is not 1..65535"),
-        ("tcp://*:5557", "* is a bind address"),
-        ("tcp://:5557", "no host"),
-        ("tcp://gpu3", "no host"),
-        ("udp://gpu3:5557", "expected tcp://HOST:PORT"),
-        ("ipc://", "no path"),
-    ],
-)
-def test_bad_endpoints_name_option_value_and_rule(endpoint: str, why: str) -> None:
-    with pytest.raises(ConfigError) as exc:
-        check_endpoint(endpoint, "--replay")
-    assert str(exc.value).startswith(f"--replay {endpoint!r}: ") and why in str(exc.value)
 
 
 def test_outage_warns_first_then_every_repeat_then_recovers() -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from sarpd.core import holders as H
 from sarpd.core.segment import Segment
+from tests.oracle import spans_of
 
 
 def build(sets: list[set[int]], sid: int) -> Segment:
@@ -62,6 +63,15 @@ def test_runs_meta_and_top_equal_the_model(windows: list[list[set[int]]], hot: b
     assert H.block_meta(tabs, holders, runs).tolist() == meta
     assert H.top(holders, runs, k) == ranked
     assert H.single_holder(segs) == all(len(s) == 1 for s in blocks)
+    assert H.spans(tabs) == spans_of(blocks)
+
+
+def test_spans_by_hand() -> None:
+    """Runs that start past 0, holes, and a run across a window boundary."""
+    w0 = [{1}] * 62 + [{1, 2}, {2, 3}]
+    w1 = [{2, 3}, {3}, {2}]
+    tabs = H.tables([(build(w0, 1), 64), (build(w1, 2), 3)])
+    assert H.spans(tabs) == [(1, 0, 63), (2, 62, 3), (2, 66, 1), (3, 63, 3)]
 
 
 def test_a_partial_last_window_and_absent_blocks_past_it() -> None:

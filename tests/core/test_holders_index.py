@@ -78,10 +78,14 @@ def fleet(draw: st.DrawFn) -> list[tuple[str, tuple[Any, ...]]]:
 
 
 def check_match(h: Harness, model: HolderOracle, toks: tuple[int, ...], k: int) -> None:
-    got = h.ix.match_many([Match(0, seq(toks), holders=k)])[0]
-    assert isinstance(got, MatchResult)
+    got, spanned = h.ix.match_many([Match(0, seq(toks), holders=k),
+                                    Match(1, seq(toks), holders=k, spans=True)])
+    assert isinstance(got, MatchResult) and isinstance(spanned, MatchResult)
     meta, top = model.match("fleet", toks, k)
     assert (got.blocks, got.meta.tolist(), got.holders) == (len(meta), meta, top)
+    assert got.spans is None
+    assert (spanned.blocks, spanned.meta.tolist(), spanned.holders) == (len(meta), meta, top)
+    assert spanned.spans == model.spans("fleet", toks)
 
 
 def write(h: Harness, op: Insert | Remove | Clear) -> InsertResult | RemoveResult:

@@ -155,7 +155,7 @@ def _op_match(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Req
         raise TooLarge(f"holders: {k:,} exceeds max_match_holders ({limits.max_match_holders:,})")
     wait = d.get("after_seq_wait_ms")
     return Match(rid, seq=_need_seq(d, limits, "match"), with_ids=_bool(d, "with_ids"),
-                 holders=k, after_seq=_after_seq(d),
+                 holders=k, spans=_bool(d, "spans"), after_seq=_after_seq(d),
                  after_seq_wait_ms=AFTER_SEQ_WAIT_MS if wait is None else _wait_ms(d))
 
 

@@ -37,6 +37,7 @@ BASES: dict[str, dict[str, Any]] = {
 }
 FIELDS: list[tuple[str, str]] = [
     ("match", "tokens"), ("match", "ns"), ("match", "with_ids"), ("match", "holders"),
+    ("match", "spans"),
     ("match", "after_seq"), ("match", "after_seq_wait_ms"), ("match", "parent"),
     ("match_h", "hashes"), ("insert", "tokens"), ("insert", "meta"), ("insert", "parent"),
     ("insert", "ns"), ("insert_h", "hashes"), ("insert_h", "meta"), ("insert_h", "parent"),

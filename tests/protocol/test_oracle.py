@@ -135,7 +135,7 @@ def meta_value() -> st.SearchStrategy[Any]:
                      st.lists(junk | bad_int, max_size=3), st.binary(max_size=24), junk)
 
 
-FIELDS = ["id", "op", "ns", "hashes", "tokens", "meta", "parent", "with_ids", "holders",
+FIELDS = ["id", "op", "ns", "hashes", "tokens", "meta", "parent", "with_ids", "holders", "spans",
           "from", "ids", "bogus", 7, "mask", "value", "protocol", "fix", "after_seq", "source",
           "counters"]
 
@@ -154,6 +154,7 @@ def request_pairs(draw: st.DrawFn, limits: Limits) -> list[tuple[Any, Any]]:
         "meta": meta_value(),
         "parent": big | small | id16 | bad_int | junk,
         "with_ids": st.booleans() | junk,
+        "spans": st.booleans() | junk,
         "holders": st.integers(0, limits.max_match_holders + 1) | bad_int | junk,
         "from": small | junk, "ids": hashes_value(limits.max_ids), "bogus": junk,
         7: junk, "mask": small | bad_int | junk, "value": small | bad_int | junk,

@@ -80,6 +80,7 @@ BAD_CASES: list[tuple[Any, str, str, int]] = [
     (m("match", tokens=[], ns="é" * 600), "bad_request", "ns: 1200 bytes", 7),
     (m("match", tokens=[], with_ids="yes"), "bad_request", "with_ids: 'yes' is not a bool", 7),
     (m("match", tokens=[], with_ids=1), "bad_request", "with_ids: 1 is not a bool", 7),
+    (m("match", tokens=[], spans="yes"), "bad_request", "spans: 'yes' is not a bool", 7),
     (m("match", tokens=[], parent=5), "bad_request", "parent: not allowed in match", 7),
     (m("insert", tokens=TOK32), "bad_request", "meta: missing", 7),
     (m("insert", tokens=TOK32, meta=[1]), "bad_request", "meta: 1 values for 2 blocks", 7),

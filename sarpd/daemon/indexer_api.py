@@ -1,0 +1,229 @@
+"""The indexer API over HTTP (docs/HTTP.md): Dynamo's standalone KV indexer's endpoints,
+served by sarpd's aiohttp application on `http_host:http_port`, over sarp's index.
+
+    GET  /health        200, empty (liveness, as Dynamo's)
+    POST /register      a worker's ZMQ endpoint: a listener inside sarpd applies its events
+    POST /unregister    every rank of an instance off; its blocks cleared
+    GET  /workers       registered workers, their listeners' status
+    POST /query         token ids -> per-instance reach (sarpd.indexer.api)
+    POST /query_by_hash Dynamo's per-block hashes -> the same answer
+
+Requests go through the server's batcher like a socket's (`LocalConn`): a query is one
+`match` with `spans`, a listener's batch its inserts and removals. Registrations, each
+listener's watermark and the engine-hash maps are kept in `indexer.sqlite` beside the
+index (sarpd.daemon.indexer_state): after a restart every registered worker is
+subscribed again and replayed from where it stopped. Errors are JSON ``{"error": ...}``
+with Dynamo's statuses (400 body, 404 unknown, 409 conflict, 413 over a limit, 422 a
+field, 503 not ready).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import zmq.asyncio
+from aiohttp import web
+
+from sarpd import model
+from sarpd.daemon.indexer_state import IndexerStore
+from sarpd.daemon.listeners import Listener
+from sarpd.daemon.local import LocalConn
+from sarpd.daemon.server import Server
+from sarpd.errors import BadRequest, Busy, Conflict, NotFound, SarpError, TooLarge, Unavailable
+from sarpd.events.endpoints import check_endpoint
+from sarpd.indexer import api, hashing
+from sarpd.indexer.ingest import Ingest
+from sarpd.indexer.workers import Worker, namespace
+
+__all__ = ["IndexerApi"]
+
+log = logging.getLogger("sarpd.daemon.indexer_api")
+FLUSH_INTERVAL_S = 1.0
+_STATUS = {BadRequest: 400, api.FieldError: 422, NotFound: 404, Conflict: 409, TooLarge: 413,
+           Unavailable: 503, Busy: 503}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _status(exc: SarpError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]
+    return 500
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(body, separators=(",", ":")), status=status,
+                        content_type="application/json")
+
+
+class IndexerApi:
+    def __init__(self, server: Server) -> None:
+        cfg = server.config
+        self.server = server
+        self.store = IndexerStore(cfg.data_dir)
+        self.registry = self.store.load_registry(cfg.index.block_tokens)
+        self.ingest = Ingest(self.registry)
+        self.ingest.load(self.store.engine_rows())
+        self.watermarks = self.store.watermarks()  # by the listener's worker slot
+        self.forgotten: set[int] = set()
+        self.max_items = cfg.index.max_sequence_tokens
+        self.conn = LocalConn(server, "indexer-api")
+        self.listeners: dict[tuple[str, str, int, int], Listener] = {}
+        self.ctx: zmq.asyncio.Context | None = None
+        self.ready = False
+        self._flusher: asyncio.Task[None] | None = None
+        self._ranks: tuple[int, dict[int, tuple[int, int]]] = (-1, {})
+
+    # -- lifecycle -----------------------------------------------------------------
+    def add_routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/health", self._wrap(self.health))
+        r.add_post("/register", self._wrap(self.register))
+        r.add_post("/unregister", self._wrap(self.unregister))
+        r.add_get("/workers", self._wrap(self.workers))
+        r.add_post("/query", self._wrap(self.query))
+        r.add_post("/query_by_hash", self._wrap(self.query_by_hash))
+
+    async def start(self) -> None:
+        """Once the index serves: subscribe every registered worker again."""
+        self.ctx = zmq.asyncio.Context()
+        self.ready = True
+        for w in list(self.registry.workers.values()):
+            if w.endpoint is not None:
+                self._listen(w)
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+        log.info("indexer API: %d workers of %d indexers subscribed", len(self.listeners),
+                 len(self.registry.pairs))
+
+    async def stop(self) -> None:
+        self.ready = False
+        for lst in list(self.listeners.values()):
+            await lst.stop()
+        self.listeners.clear()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        await self.flush()
+        self.store.close()
+        if self.ctx is not None:
+            self.ctx.term()
+
+    def _listen(self, w: Worker) -> None:
+        assert self.ctx is not None
+        lst = Listener(w, self.ingest, LocalConn(self.server, f"listener {w.instance_id}"),
+                       self.ctx, self.watermarks.get(w.slot), self._applied)
+        self.listeners[w.key] = lst
+        lst.start()
+
+    def _applied(self, w: Worker, seq: int) -> None:
+        self.watermarks[w.slot] = seq
+
+    async def flush(self) -> None:
+        """The engine maps' changes and the watermarks, to disk together."""
+        changes, self.ingest.journal[:] = self.ingest.journal[:], []
+        marks, gone = dict(self.watermarks), set(self.forgotten)
+        self.forgotten.clear()
+        if changes or marks or gone:
+            await asyncio.to_thread(self.store.flush, changes, marks, gone)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            try:
+                await self.flush()
+            except Exception:  # logged; the next flush tries again
+                log.exception("indexer API: saving the listeners' state failed")
+
+    # -- handlers ------------------------------------------------------------------
+    def _wrap(self, fn: Handler) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                return await fn(request)
+            except SarpError as exc:
+                return _json({"error": exc.message}, _status(exc))
+        return handle
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def register(self, request: web.Request) -> web.Response:
+        req = api.decode(await request.read(), api.Register, 0)
+        check_endpoint(req.endpoint, "endpoint", BadRequest)
+        if req.replay_endpoint is not None:
+            check_endpoint(req.replay_endpoint, "replay_endpoint", BadRequest)
+        w = self.registry.register(req.model_name, req.routing_group, req.instance_id,
+                                   req.dp_rank, req.block_size, req.endpoint,
+                                   req.replay_endpoint)
+        await asyncio.to_thread(self.store.save_registry, self.registry)
+        if self.ready:
+            self._listen(w)
+        return _json({"status": "ok"}, 201)
+
+    async def unregister(self, request: web.Request) -> web.Response:
+        req = api.decode(await request.read(), api.Unregister, 0)
+        gone = self.registry.unregister(req.model_name, req.routing_group, req.instance_id)
+        for w in gone:
+            lst = self.listeners.pop(w.key, None)
+            if lst is not None:
+                await lst.stop()
+        clears = [self.ingest.clear(w, self.conn.next_id) for w in gone]
+        await asyncio.gather(*(self.conn.submit(c) for c in clears))
+        slots = {w.slot for w in gone}
+        for s in slots:
+            self.watermarks.pop(s, None)
+            self.ingest.maps.pop(s, None)
+        self.forgotten |= slots
+        self.registry.release(slots)
+        await asyncio.to_thread(self.store.save_registry, self.registry)
+        return _json({"status": "ok"})
+
+    async def workers(self, request: web.Request) -> web.Response:
+        q = request.query
+        rows = []
+        for w in self.registry.listed(q.get("model_name"), q.get("routing_group")):
+            lst = self.listeners.get(w.key)
+            assert w.endpoint is not None
+            rows.append(api.Listed(
+                w.instance_id, w.model, w.group, self.registry.require(w.model, w.group),
+                w.dp_rank, w.endpoint, lst.status if lst else "pending",
+                lst.last_error if lst else None))
+        return _json(api.workers_answer(rows))
+
+    async def query(self, request: web.Request) -> web.Response:
+        req = api.decode(await request.read(), api.Query, self.max_items)
+        size = self.registry.require(req.model_name, req.routing_group)
+        tokens = np.array(req.token_ids, dtype=np.uint32)
+        seed = hashing.seed_of(req.lora_name, req.cache_salt)
+        return await self._answer(req.model_name, req.routing_group, size,
+                                  hashing.local_hashes(tokens, size, seed))
+
+    async def query_by_hash(self, request: web.Request) -> web.Response:
+        req = api.decode(await request.read(), api.QueryByHash, self.max_items)
+        size = self.registry.require(req.model_name, req.routing_group)
+        return await self._answer(req.model_name, req.routing_group, size,
+                                  hashing.unsigned(req.block_hashes))
+
+    async def _answer(self, model_name: str, group: str, size: int,
+                      local: np.ndarray[Any, np.dtype[np.uint64]]) -> web.Response:
+        if not len(local):
+            return _json(api.answer({}, size))
+        ns = namespace(model_name, group)
+        ids = hashing.chain(hashing.root(ns), local)
+        resp = await self.conn.request(model.Match(
+            self.conn.next_id(), seq=model.SeqSpec(ns=ns, hashes=ids), spans=True))
+        spans = [tuple(s) for s in resp.get("spans") or ()]
+        return _json(api.answer(api.reach(spans, self._slot_ranks()), size))
+
+    def _slot_ranks(self) -> dict[int, tuple[int, int]]:
+        version, ranks = self._ranks
+        if version != self.registry.version:
+            ranks = {w.slot: (w.instance_id, w.dp_rank) for w in self.registry.workers.values()}
+            self._ranks = (self.registry.version, ranks)
+        return ranks

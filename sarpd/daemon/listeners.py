@@ -1,0 +1,176 @@
+"""The indexer API's event listeners: one ZMQ subscriber per registered worker, inside
+sarpd, applying the engine's KV events to the index through the server's batcher.
+
+A listener connects a SUB socket to the worker's endpoint (``pending`` until then,
+``active`` once connected; ``failed`` with `last_error` when its loop died) and takes
+each message ``[topic, seq (8 bytes, big-endian), payload]`` in order:
+
+- the first message after a (re)start or a registration: if its `seq` is past the
+  listener's watermark + 1 (0 for a new worker), the batches before it are asked
+  from the worker's replay endpoint first (vLLM's ROUTER: ``[b"", start]`` in,
+  ``[b"", topic, seq, payload]`` per buffered batch out, then seq -1);
+- a later gap is replayed the same way; a `seq` at or below the watermark is a
+  duplicate (skipped), unless it is 0: the engine restarted, and its blocks are
+  cleared before the new stream is taken;
+- each batch is decoded (`sarpd.events.schema`, token ids kept), translated
+  (`sarpd.indexer.ingest`) and submitted on the listener's own `LocalConn` (its
+  requests take effect in order); the watermark moves once they are answered.
+
+Without a replay endpoint a gap is logged and counted, as Dynamo's indexer does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from sarpd.daemon.local import LocalConn
+from sarpd.errors import SarpError
+from sarpd.events.endpoints import check_endpoint
+from sarpd.events.schema import EventDecodeError, decode_batch, decode_replay, decode_seq
+from sarpd.indexer.ingest import Ingest
+from sarpd.indexer.workers import Worker
+
+__all__ = ["Listener"]
+
+log = logging.getLogger("sarpd.daemon.listeners")
+REPLAY_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Listener:
+    worker: Worker
+    ingest: Ingest
+    conn: LocalConn
+    ctx: zmq.asyncio.Context
+    last_seq: int | None = None  # the watermark: the newest batch applied
+    on_applied: Callable[[Worker, int], None] | None = None
+    status: str = "pending"
+    last_error: str | None = None
+    counts: Counter[str] = field(default_factory=Counter)
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        self.status = "paused"
+
+    async def _run(self) -> None:
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        try:
+            assert self.worker.endpoint is not None
+            sub.connect(check_endpoint(self.worker.endpoint, "endpoint"))
+            self.status = "active"
+            while True:
+                frames = await sub.recv_multipart()
+                await self._take(frames)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the loop's end is said and shown in /workers
+            self.status, self.last_error = "failed", f"{type(exc).__name__}: {exc}"
+            log.exception("listener %s: stopped", self._name)
+        finally:
+            sub.close(linger=0)
+
+    @property
+    def _name(self) -> str:
+        w = self.worker
+        return f"{w.model}/{w.group} instance {w.instance_id} rank {w.dp_rank}"
+
+    async def _take(self, frames: list[bytes]) -> None:
+        try:
+            if len(frames) != 3:
+                raise EventDecodeError(f"message: {len(frames)} frames, expected 3")
+            seq = decode_seq(frames[1])
+        except EventDecodeError as exc:
+            log.warning("listener %s: dropped a message: %s", self._name, exc)
+            self.counts["malformed"] += 1
+            return
+        last = self.last_seq
+        if last is not None and seq <= last:
+            if seq != 0:
+                self.counts["duplicates"] += 1
+                return
+            log.warning("listener %s: sequence went back to 0: engine restarted", self._name)
+            self.counts["restarts"] += 1
+            await self._apply_ops([self.ingest.clear(self.worker, self.conn.next_id)])
+            self.last_seq = last = None
+        expected = 0 if last is None else last + 1
+        if seq > expected:
+            self.counts["gaps"] += 1
+            if self.worker.replay_endpoint:
+                await self._replay(expected)
+            if self.last_seq is not None and seq <= self.last_seq:
+                return  # the replay brought it
+            expected = 0 if self.last_seq is None else self.last_seq + 1
+            if seq > expected:
+                self.counts["lost_batches"] += seq - expected
+                log.warning("listener %s: lost batches %d..%d", self._name, expected, seq - 1)
+        await self._apply(seq, frames[2])
+
+    async def _replay(self, start: int) -> None:
+        assert self.worker.replay_endpoint is not None
+        self.counts["replays"] += 1
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:
+            dealer.connect(check_endpoint(self.worker.replay_endpoint, "replay_endpoint"))
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                if not await dealer.poll(int(REPLAY_TIMEOUT_S * 1000)):
+                    self.counts["replay_timeouts"] += 1
+                    log.warning("listener %s: replay from %d: no answer in %.0f s",
+                                self._name, start, REPLAY_TIMEOUT_S)
+                    return
+                try:
+                    reply = decode_replay(await dealer.recv_multipart())
+                except EventDecodeError as exc:
+                    self.counts["replay_malformed"] += 1
+                    log.warning("listener %s: replay: skipped a reply: %s", self._name, exc)
+                    continue
+                if reply.end:
+                    return
+                if self.last_seq is None or reply.seq > self.last_seq:
+                    await self._apply(reply.seq, reply.payload)
+        finally:
+            dealer.close(linger=0)
+
+    async def _apply(self, seq: int, payload: bytes) -> None:
+        try:
+            batch = decode_batch(payload, tokens=True)
+        except EventDecodeError as exc:
+            log.warning("listener %s: dropped batch %d: %s", self._name, seq, exc)
+            self.counts["undecodable"] += 1
+        else:
+            self.counts["batches"] += 1
+            await self._apply_ops(self.ingest.batch(self.worker, batch, self.conn.next_id))
+        self.last_seq = seq
+        if self.on_applied is not None:
+            self.on_applied(self.worker, seq)
+
+    async def _apply_ops(self, ops: list[Any]) -> None:
+        if not ops:
+            return
+        answers = await asyncio.gather(*(self.conn.submit(op) for op in ops),
+                                       return_exceptions=True)
+        for a in answers:
+            if isinstance(a, SarpError):
+                self.counts[f"refused_{a.code}"] += 1
+            elif isinstance(a, BaseException):
+                raise a

@@ -1,0 +1,226 @@
+"""An engine's KV events -> sarp requests, keyed as Dynamo's standalone indexer keys
+them (sans-I/O; the daemon's listeners feed it decoded batches, in order).
+
+A store's blocks are keyed by their tokens (`sarpd.indexer.hashing`: per-block hashes
+chained into sarp ids from the indexer's namespace root), never by the engine's own
+block hashes: a gateway can compute the same keys from a prompt. The engine's hashes
+only link a store to its parent and name the blocks a removal drops, so each worker
+keeps a map engine hash -> (sarp id, tiers holding it) (`EngineMap`).
+
+    BlockStored   medium (`TIERS`, Dynamo's names, case-sensitive) none, GPU or
+                  DEVICE: the device tier; CPU, CPU_PINNED: the host-pinned tier;
+                  DISK, STORAGE, NVME...: the disk tier; any other: skipped. Needs its
+                  token ids (min(hashes, tokens // block size) blocks). A parent is
+                  looked up in the worker's map (a device store's parent must be on
+                  the device): unknown, the store is skipped (Dynamo drops a device
+                  store too; it keeps a lower tier's, reachable once the parent is).
+                  Skipped as Dynamo skips them: another block size than the pair's,
+                  a `group_idx` other than 0, a REMOTE `locality`, an `ownership`.
+                  -> insert of the new ids after the parent's id, held by
+                  ``slot << 48 | tier << 40`` (`sarpd.events.mapping.block_meta`)
+    BlockRemoved  -> remove of the known ids, only that tier's holder taken off
+    AllBlocksCleared -> clear of every tier of the worker, its map emptied
+
+The batch's data-parallel rank, when it carries one, names the worker (a rank never
+registered becomes a worker of its own: `Registry.dynamic`). The salt of a store
+is ``"dynamo-cache-salt:<salt>"`` among its block 0's extra keys (engines put a
+salt on a sequence's first block only: a continuation's blocks are hashed unsalted,
+as in Dynamo).
+What was skipped is counted by reason (`Ingest.skipped`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sarpd import model
+from sarpd.events.mapping import TIER_SHIFT, WORKER_MASK, WORKER_SHIFT
+from sarpd.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from sarpd.indexer import hashing
+from sarpd.indexer.workers import Registry, Worker, namespace
+from sarpd.model import IdArray
+
+__all__ = ["DEVICE", "DISK", "HOST", "SALT_PREFIX", "TIERS", "Change", "EngineMap", "Ingest",
+           "holder"]
+
+DEVICE, HOST, DISK = 0, 1, 2
+TIERS: dict[str | None, int] = {  # medium -> tier, exactly as Dynamo's indexer names them
+    None: DEVICE, "": DEVICE, "GPU": DEVICE, "DEVICE": DEVICE,
+    "CPU": HOST, "CPU_PINNED": HOST, "CPU_TIER1": HOST,
+    **dict.fromkeys(("DISK", "STORAGE", "NVME", "REMOTE", "CPU_TIER2"), DISK),
+}
+SALT_PREFIX = "dynamo-cache-salt:"
+Op = model.Insert | model.Remove | model.Clear
+
+
+def holder(slot: int, tier: int) -> int:
+    """A worker's holder word on a tier (the bridge's metadata layout)."""
+    return (slot << WORKER_SHIFT) | (tier << TIER_SHIFT)
+
+
+def _skip(ev: BlockStored, block_size: int) -> str | None:
+    """Why Dynamo's indexer would not store `ev` (None: it would)."""
+    if ev.medium not in TIERS:
+        return "medium"
+    if ev.token_bytes is None:
+        return "no_tokens"
+    if ev.block_size != block_size:
+        return "block_size"
+    if ev.group_idx not in (None, 0):
+        return "group"
+    if ev.locality == "REMOTE":
+        return "remote"
+    if ev.ownership is not None:
+        return "ownership"
+    return None
+
+
+def salt_of(stored: BlockStored) -> str | None:
+    """The cache salt of a store (Dynamo's marker among its block 0's extra keys), else
+    None."""
+    for key in stored.first_extra_keys or ():
+        if isinstance(key, str) and key.startswith(SALT_PREFIX):
+            return key[len(SALT_PREFIX):]
+    return None
+
+
+Change = tuple[int, int, bytes, int]  # (slot, engine hash, sarp id, tiers; 0: gone)
+
+
+@dataclass
+class EngineMap:
+    """One worker's engine hashes: hash -> (sarp id as 16 bytes, bitmask of tiers).
+    Every change is also appended to `journal` (the daemon persists and empties it)."""
+
+    slot: int
+    journal: list[Change]
+    blocks: dict[int, tuple[bytes, int]] = field(default_factory=dict)
+
+    def add(self, hashes: tuple[int, ...], ids: IdArray, tier: int) -> None:
+        raw = ids.tobytes()
+        bit = 1 << tier
+        get, log, slot = self.blocks.get, self.journal.append, self.slot
+        for i, h in enumerate(hashes):
+            old = get(h)
+            entry = self.blocks[h] = (raw[16 * i:16 * i + 16], bit | (old[1] if old else 0))
+            log((slot, h, *entry))
+
+    def drop(self, hashes: tuple[int, ...], tier: int) -> list[bytes]:
+        """The ids of the hashes held on `tier` (that tier forgotten for them)."""
+        out, bit = [], 1 << tier
+        for h in hashes:
+            e = self.blocks.get(h)
+            if e is None or not e[1] & bit:
+                continue
+            out.append(e[0])
+            left = (e[0], e[1] & ~bit)
+            if left[1]:
+                self.blocks[h] = left
+            else:
+                del self.blocks[h]
+            self.journal.append((self.slot, h, *left))
+        return out
+
+    def clear(self) -> None:
+        self.journal.extend((self.slot, h, b"", 0) for h in self.blocks)
+        self.blocks.clear()
+
+
+@dataclass
+class Ingest:
+    """Translates the batches of every listener of one daemon (the maps are its own)."""
+
+    registry: Registry
+    maps: dict[int, EngineMap] = field(default_factory=dict)  # by worker slot
+    skipped: Counter[str] = field(default_factory=Counter)
+    journal: list[Change] = field(default_factory=list)  # the maps' changes, unsaved
+
+    def engine_map(self, slot: int) -> EngineMap:
+        m = self.maps.get(slot)
+        if m is None:
+            m = self.maps[slot] = EngineMap(slot, self.journal)
+        return m
+
+    def load(self, rows: Iterable[Change]) -> None:
+        """The maps as saved (`journal` rows replayed; not journaled again)."""
+        for slot, h, raw, tiers in rows:
+            blocks = self.engine_map(slot).blocks
+            if tiers:
+                blocks[h] = (raw, tiers)
+            else:
+                blocks.pop(h, None)
+
+    def clear(self, w: Worker, next_id: Callable[[], int]) -> model.Clear:
+        """Every tier of worker `w` cleared (AllBlocksCleared, an engine restart, an
+        unregistration); its map emptied."""
+        self.engine_map(w.slot).clear()
+        return model.Clear(next_id(), ns=namespace(w.model, w.group), mask=WORKER_MASK,
+                           value=w.slot << WORKER_SHIFT)
+
+    def batch(self, w: Worker, batch: EventBatch, next_id: Callable[[], int]) -> list[Op]:
+        """The requests of one batch of worker `w`'s listener, in order."""
+        if batch.data_parallel_rank is not None and batch.data_parallel_rank != w.dp_rank:
+            w = self.registry.dynamic(w.model, w.group, w.instance_id, batch.data_parallel_rank)
+        ns = namespace(w.model, w.group)
+        emap = self.engine_map(w.slot)
+        out: list[Op] = []
+        for ev in batch.events:
+            op: Op | None
+            if isinstance(ev, BlockStored):
+                op = self._stored(w, ns, emap, ev, next_id)
+            elif isinstance(ev, BlockRemoved):
+                op = self._removed(w, ns, emap, ev, next_id)
+            elif isinstance(ev, AllBlocksCleared):
+                op = self.clear(w, next_id)
+            else:
+                self.skipped["unknown_event"] += 1
+                op = None
+            if op is not None:
+                out.append(op)
+        return out
+
+    def _stored(self, w: Worker, ns: str, emap: EngineMap, ev: BlockStored,
+                next_id: Callable[[], int]) -> model.Insert | None:
+        size = self.registry.require(w.model, w.group)
+        why = _skip(ev, size)
+        if why:
+            self.skipped[why] += 1
+            return None
+        assert ev.token_bytes is not None
+        tier = TIERS[ev.medium]
+        if ev.parent is None:
+            parent_id, parent = hashing.root(ns), None
+        else:
+            known = emap.blocks.get(ev.parent)
+            if known is None or (tier == DEVICE and not known[1] & 1 << DEVICE):
+                self.skipped["unknown_parent"] += 1
+                return None
+            parent_id = known[0]
+            parent = np.frombuffer(parent_id, dtype="<u8").reshape(1, 2)
+        tokens = np.frombuffer(ev.token_bytes, dtype="<u4")
+        local = hashing.local_hashes(tokens, size, hashing.seed_of(ev.lora_name, salt_of(ev)))
+        n = min(len(local), len(ev.block_hashes))
+        if n == 0:
+            self.skipped["empty"] += 1
+            return None
+        ids = hashing.chain(parent_id, local[:n])
+        emap.add(ev.block_hashes[:n], ids, tier)
+        return model.Insert(next_id(), seq=model.SeqSpec(ns=ns, hashes=ids),
+                            meta=holder(w.slot, tier), parent=parent, add_holder=True)
+
+    def _removed(self, w: Worker, ns: str, emap: EngineMap, ev: BlockRemoved,
+                 next_id: Callable[[], int]) -> model.Remove | None:
+        tier = TIERS.get(ev.medium, -1)
+        if tier < 0:
+            self.skipped["medium"] += 1
+            return None
+        known = emap.drop(ev.block_hashes, tier)
+        if not known:
+            self.skipped["unknown_block"] += 1
+            return None
+        ids = np.frombuffer(b"".join(known), dtype="<u8").reshape(-1, 2)
+        return model.Remove(next_id(), ns=ns, ids=ids, meta=holder(w.slot, tier))
