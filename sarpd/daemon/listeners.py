@@ -5,10 +5,12 @@ A listener connects a SUB socket to the worker's endpoint (``pending`` until the
 ``active`` once connected; ``failed`` with `last_error` when its loop died) and takes
 each message ``[topic, seq (8 bytes, big-endian), payload]`` in order:
 
-- the first message after a (re)start or a registration: if its `seq` is past the
-  listener's watermark + 1 (0 for a new worker), the batches before it are asked
-  from the worker's replay endpoint first (vLLM's ROUTER: ``[b"", start]`` in,
-  ``[b"", topic, seq, payload]`` per buffered batch out, then seq -1);
+- after a restart of sarpd (a watermark saved), the batches past the watermark are
+  asked from the worker's replay endpoint at once (vLLM's ROUTER: ``[b"", start]``
+  in, ``[b"", topic, seq, payload]`` per buffered batch out, then seq -1), so the
+  index catches up without waiting for the engine's next batch;
+- the first message after a registration: if its `seq` is past 0, the batches
+  before it are asked for first (as Dynamo's indexer does: a late registration);
 - a later gap is replayed the same way; a `seq` at or below the watermark is a
   duplicate (skipped), unless it is 0: the engine restarted, and its blocks are
   cleared before the new stream is taken;
@@ -77,6 +79,8 @@ class Listener:
             assert self.worker.endpoint is not None
             sub.connect(check_endpoint(self.worker.endpoint, "endpoint"))
             self.status = "active"
+            if self.last_seq is not None and self.worker.replay_endpoint:
+                await self._replay(self.last_seq + 1)  # a restart: what came meanwhile
             while True:
                 frames = await sub.recv_multipart()
                 await self._take(frames)
