@@ -7,6 +7,10 @@ served by sarpd's aiohttp application on `http_host:http_port`, over sarp's inde
     GET  /workers       registered workers, their listeners' status
     POST /query         token ids -> per-instance reach (sarpd.indexer.api)
     POST /query_by_hash Dynamo's per-block hashes -> the same answer
+    GET  /dump          every block as Dynamo's stored events (a Dynamo indexer started
+                        with --peers at sarpd loads it)
+    POST /register_peer, /deregister_peer, GET /peers   the peer list (kept; sarpd
+                        itself recovers from its own disk)
 
 Requests go through the server's batcher like a socket's (`LocalConn`): a query is one
 `match` with `spans`, a listener's batch its inserts and removals. Registrations, each
@@ -89,6 +93,10 @@ class IndexerApi:
         r.add_get("/workers", self._wrap(self.workers))
         r.add_post("/query", self._wrap(self.query))
         r.add_post("/query_by_hash", self._wrap(self.query_by_hash))
+        r.add_get("/dump", self._wrap(self.dump))
+        r.add_post("/register_peer", self._wrap(self.register_peer))
+        r.add_post("/deregister_peer", self._wrap(self.deregister_peer))
+        r.add_get("/peers", self._wrap(self.peers))
 
     async def start(self) -> None:
         """Once the index serves: subscribe every registered worker again."""
@@ -220,6 +228,34 @@ class IndexerApi:
             self.conn.next_id(), seq=model.SeqSpec(ns=ns, hashes=ids), spans=True))
         spans = [tuple(s) for s in resp.get("spans") or ()]
         return _json(api.answer(api.reach(spans, self._slot_ranks()), size))
+
+    async def dump(self, request: web.Request) -> web.Response:
+        """Every indexer's blocks as Dynamo's stored events (a peer recovers from it);
+        built on a thread from a copy of the maps."""
+        reg = self.registry
+        workers = [(w.model, w.group, w.instance_id, w.dp_rank,
+                    dict(self.ingest.maps[w.slot].blocks))
+                   for w in reg.workers.values() if w.slot in self.ingest.maps]
+        sizes = dict(reg.pairs)
+
+        def build() -> bytes:
+            return json.dumps(api.dump(sizes, workers), separators=(",", ":")).encode()
+
+        return web.Response(body=await asyncio.to_thread(build),
+                            content_type="application/json")
+
+    async def register_peer(self, request: web.Request) -> web.Response:
+        self.registry.add_peer(api.decode(await request.read(), api.Peer, 0).url)
+        await asyncio.to_thread(self.store.save_registry, self.registry)
+        return _json({"status": "ok"}, 201)
+
+    async def deregister_peer(self, request: web.Request) -> web.Response:
+        self.registry.remove_peer(api.decode(await request.read(), api.Peer, 0).url)
+        await asyncio.to_thread(self.store.save_registry, self.registry)
+        return _json({"status": "ok"})
+
+    async def peers(self, request: web.Request) -> web.Response:
+        return _json(self.registry.peers)
 
     def _slot_ranks(self) -> dict[int, tuple[int, int]]:
         version, ranks = self._ranks

@@ -36,10 +36,11 @@ from sarpd.errors import BadRequest, TooLarge
 from sarpd.events.mapping import TIER_SHIFT, WORKER_SHIFT
 from sarpd.indexer.ingest import DEVICE, DISK, HOST
 
-__all__ = ["DEFAULT_GROUP", "MAX_NAME_BYTES", "FieldError", "Listed", "Query", "QueryByHash",
-           "Reach", "Register", "Unregister", "answer", "decode", "reach", "workers_answer"]
+__all__ = ["DEFAULT_GROUP", "MAX_NAME_BYTES", "FieldError", "Listed", "Peer", "Query",
+           "QueryByHash", "Reach", "Register", "Unregister", "answer", "decode", "dump", "reach",
+           "workers_answer"]
 
-T = TypeVar("T", "Register", "Unregister", "Query", "QueryByHash")
+T = TypeVar("T", "Register", "Unregister", "Query", "QueryByHash", "Peer")
 DEFAULT_GROUP = "default"
 MAX_NAME_BYTES = 1024  # model_name, routing_group, lora_name, cache_salt, endpoints
 
@@ -64,6 +65,10 @@ class Register(msgspec.Struct, frozen=True):
     additional_salt: str | None = None  # Mooncake RFC #1403; parsed, not applied (as Dynamo)
     additionalsalt: str | None = None
     tenant_id: str | None = None  # ignored (as Dynamo)
+
+
+class Peer(msgspec.Struct, frozen=True):
+    url: str
 
 
 class Unregister(msgspec.Struct, frozen=True):
@@ -92,7 +97,7 @@ class QueryByHash(msgspec.Struct, frozen=True):
 
 
 _NAMES = ("model_name", "routing_group", "lora_name", "cache_salt", "endpoint",
-          "replay_endpoint")
+          "replay_endpoint", "url")
 
 
 def decode(body: bytes, kind: type[T], max_items: int) -> T:
@@ -226,3 +231,39 @@ def workers_answer(rows: Iterable[Listed]) -> list[dict[str, Any]]:
         states = {v["status"] for v in e["listeners"].values()}
         e["status"] = next(s for s in _STATUS_ORDER if s in states)
     return list(out.values())
+
+
+_TIER_NAMES = {DEVICE: "device", HOST: "host_pinned", DISK: "disk"}
+# a worker's blocks: engine hash -> (sarp id, tiers, per-block hash, parent hash, position)
+Blocks = Mapping[int, tuple[bytes, int, int, int | None, int]]
+
+
+def dump(block_sizes: Mapping[tuple[str, str], int],
+         workers: Iterable[tuple[str, str, int, int, Blocks]]) -> dict[str, Any]:
+    """/dump as Dynamo's indexer shapes it, from each worker's (model, group, instance,
+    rank, blocks): per pair ``"model:group"``, its block size and one stored event per
+    block and tier, parents first (by position), so that an indexer loading it (Dynamo's,
+    started with ``--peers`` at sarpd) stores every one."""
+    rows: dict[tuple[str, str], list[tuple[int, int, dict[str, Any]]]] = {}
+    for model, group, instance, rank, blocks in workers:
+        out = rows.setdefault((model, group), [])
+        for h, (_, tiers, local, parent, pos) in blocks.items():
+            for tier, name in _TIER_NAMES.items():
+                if tiers & 1 << tier:
+                    out.append((pos, tier, {
+                        "worker_id": instance, "storage_tier": name,
+                        "residency_domain": "worker",
+                        "event": {"event_id": 0, "data": {"stored": {
+                            "parent_hash": parent, "start_position": None,
+                            "blocks": [{"block_hash": h, "tokens_hash": local,
+                                        "mm_extra_info": None}]}},
+                            "dp_rank": rank}}))
+    doc: dict[str, Any] = {}
+    for (model, group), size in block_sizes.items():
+        events = sorted(rows.get((model, group), []), key=lambda r: (r[0], r[1]))
+        counters = dict.fromkeys(_TIER_NAMES, 0)
+        for _, tier, ev in events:
+            ev["event"]["event_id"] = counters[tier]
+            counters[tier] += 1
+        doc[f"{model}:{group}"] = {"block_size": size, "events": [ev for *_, ev in events]}
+    return doc

@@ -44,8 +44,8 @@ from sarpd.indexer import hashing
 from sarpd.indexer.workers import Registry, Worker, namespace
 from sarpd.model import IdArray
 
-__all__ = ["DEVICE", "DISK", "HOST", "SALT_PREFIX", "TIERS", "Change", "EngineMap", "Ingest",
-           "holder"]
+__all__ = ["DEVICE", "DISK", "GONE", "HOST", "SALT_PREFIX", "TIERS", "Change", "EngineMap",
+           "Entry", "Ingest", "holder"]
 
 DEVICE, HOST, DISK = 0, 1, 2
 TIERS: dict[str | None, int] = {  # medium -> tier, exactly as Dynamo's indexer names them
@@ -88,26 +88,35 @@ def salt_of(stored: BlockStored) -> str | None:
     return None
 
 
-Change = tuple[int, int, bytes, int]  # (slot, engine hash, sarp id, tiers; 0: gone)
+# one block of a worker: (sarp id as 16 bytes, bitmask of tiers, Dynamo's per-block
+# hash, the engine hash of its parent or None, its position): what /dump tells a peer
+Entry = tuple[bytes, int, int, int | None, int]
+Change = tuple[int, int, bytes, int, int, int | None, int]  # (slot, engine hash, *Entry)
+GONE: Entry = (b"", 0, 0, None, 0)  # tiers 0: forgotten
 
 
 @dataclass
 class EngineMap:
-    """One worker's engine hashes: hash -> (sarp id as 16 bytes, bitmask of tiers).
-    Every change is also appended to `journal` (the daemon persists and empties it)."""
+    """One worker's engine hashes: hash -> `Entry`. Every change is also appended to
+    `journal` (the daemon persists and empties it)."""
 
     slot: int
     journal: list[Change]
-    blocks: dict[int, tuple[bytes, int]] = field(default_factory=dict)
+    blocks: dict[int, Entry] = field(default_factory=dict)
 
-    def add(self, hashes: tuple[int, ...], ids: IdArray, tier: int) -> None:
+    def add(self, hashes: tuple[int, ...], ids: IdArray, tier: int, local: list[int],
+            parent: int | None, pos: int) -> None:
+        """Blocks `hashes` (ids `ids`, per-block hashes `local`) after `parent` (an
+        engine hash; None: from position 0, `pos`)."""
         raw = ids.tobytes()
         bit = 1 << tier
         get, log, slot = self.blocks.get, self.journal.append, self.slot
         for i, h in enumerate(hashes):
             old = get(h)
-            entry = self.blocks[h] = (raw[16 * i:16 * i + 16], bit | (old[1] if old else 0))
+            entry = self.blocks[h] = (raw[16 * i:16 * i + 16], bit | (old[1] if old else 0),
+                                      local[i], parent, pos + i)
             log((slot, h, *entry))
+            parent = h
 
     def drop(self, hashes: tuple[int, ...], tier: int) -> list[bytes]:
         """The ids of the hashes held on `tier` (that tier forgotten for them)."""
@@ -117,16 +126,17 @@ class EngineMap:
             if e is None or not e[1] & bit:
                 continue
             out.append(e[0])
-            left = (e[0], e[1] & ~bit)
+            left = (e[0], e[1] & ~bit, *e[2:])
             if left[1]:
                 self.blocks[h] = left
             else:
                 del self.blocks[h]
+                left = GONE
             self.journal.append((self.slot, h, *left))
         return out
 
     def clear(self) -> None:
-        self.journal.extend((self.slot, h, b"", 0) for h in self.blocks)
+        self.journal.extend((self.slot, h, *GONE) for h in self.blocks)
         self.blocks.clear()
 
 
@@ -147,10 +157,10 @@ class Ingest:
 
     def load(self, rows: Iterable[Change]) -> None:
         """The maps as saved (`journal` rows replayed; not journaled again)."""
-        for slot, h, raw, tiers in rows:
+        for slot, h, raw, tiers, local, parent, pos in rows:
             blocks = self.engine_map(slot).blocks
             if tiers:
-                blocks[h] = (raw, tiers)
+                blocks[h] = (raw, tiers, local, parent, pos)
             else:
                 blocks.pop(h, None)
 
@@ -193,13 +203,13 @@ class Ingest:
         assert ev.token_bytes is not None
         tier = TIERS[ev.medium]
         if ev.parent is None:
-            parent_id, parent = hashing.root(ns), None
+            parent_id, parent, pos = hashing.root(ns), None, 0
         else:
             known = emap.blocks.get(ev.parent)
             if known is None or (tier == DEVICE and not known[1] & 1 << DEVICE):
                 self.skipped["unknown_parent"] += 1
                 return None
-            parent_id = known[0]
+            parent_id, pos = known[0], known[4] + 1
             parent = np.frombuffer(parent_id, dtype="<u8").reshape(1, 2)
         tokens = np.frombuffer(ev.token_bytes, dtype="<u4")
         local = hashing.local_hashes(tokens, size, hashing.seed_of(ev.lora_name, salt_of(ev)))
@@ -208,7 +218,7 @@ class Ingest:
             self.skipped["empty"] += 1
             return None
         ids = hashing.chain(parent_id, local[:n])
-        emap.add(ev.block_hashes[:n], ids, tier)
+        emap.add(ev.block_hashes[:n], ids, tier, local[:n].tolist(), ev.parent, pos)
         return model.Insert(next_id(), seq=model.SeqSpec(ns=ns, hashes=ids),
                             meta=holder(w.slot, tier), parent=parent, add_holder=True)
 

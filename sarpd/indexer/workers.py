@@ -65,6 +65,8 @@ class Registry:
     pairs: dict[tuple[str, str], int] = field(default_factory=dict)  # -> block_size
     workers: dict[tuple[str, str, int, int], Worker] = field(default_factory=dict)
     releasing: set[int] = field(default_factory=set)  # slots whose blocks are being cleared
+    peers: list[str] = field(default_factory=list)  # /register_peer's (kept, not needed:
+    # sarpd recovers from its own disk)
     version: int = 0
     _used: set[int] | None = field(default=None, repr=False, compare=False)  # slots taken
     _hint: int = field(default=0, repr=False, compare=False)  # where to look for a free one
@@ -156,6 +158,17 @@ class Registry:
         self._used = None  # recounted at the next registration
         self.version += 1
 
+    def add_peer(self, url: str) -> None:
+        if url not in self.peers:
+            self.peers.append(url)
+            self.version += 1
+
+    def remove_peer(self, url: str) -> None:
+        if url not in self.peers:
+            raise NotFound("peer not found")
+        self.peers.remove(url)
+        self.version += 1
+
     def _free_slot(self) -> int:
         """The next free slot (a registered worker's or a releasing slot is not free)."""
         used = {w.slot for w in self.workers.values()} | self.releasing \
@@ -179,6 +192,7 @@ class Registry:
             "pairs": [[m, g, s] for (m, g), s in self.pairs.items()],
             "workers": [asdict(w) for w in self.workers.values()],
             "releasing": sorted(self.releasing),
+            "peers": self.peers,
         }
         return json.dumps(doc, indent=1).encode()
 
@@ -196,6 +210,7 @@ class Registry:
                 w = Worker(**d)
                 reg.workers[w.key] = w
             reg.releasing = {int(s) for s in doc["releasing"]}
+            reg.peers = [str(u) for u in doc.get("peers", [])]
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{where}: not an indexer registry ({exc})") from exc
         if int(doc["block_tokens"]) != block_tokens:

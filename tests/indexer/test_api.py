@@ -127,3 +127,21 @@ def test_workers_answer_merges_ranks_and_takes_the_worst_status() -> None:
         {"instance_id": 8, "source": "zmq", "status": "pending", "model_name": "w",
          "routing_group": "default", "block_size": 16, "endpoints": {"0": "tcp://b:1"},
          "listeners": {"0": {"endpoint": "tcp://b:1", "status": "pending"}}}]
+
+
+def test_dump_is_dynamo_s_stored_events_parents_first() -> None:
+    blocks = {11: (b"i" * 16, 0b001, 101, None, 0), 12: (b"j" * 16, 0b011, 102, 11, 1),
+              13: (b"k" * 16, 0b100, 103, 12, 2)}
+    doc = api.dump({("m", "g"): 16, ("empty", "default"): 16}, [("m", "g", 7, 1, blocks)])
+    assert doc["empty:default"] == {"block_size": 16, "events": []}
+    events = doc["m:g"]["events"]
+    assert [(e["storage_tier"], e["event"]["event_id"],
+             e["event"]["data"]["stored"]["parent_hash"],
+             e["event"]["data"]["stored"]["blocks"]) for e in events] == [
+        ("device", 0, None, [{"block_hash": 11, "tokens_hash": 101, "mm_extra_info": None}]),
+        ("device", 1, 11, [{"block_hash": 12, "tokens_hash": 102, "mm_extra_info": None}]),
+        ("host_pinned", 0, 11, [{"block_hash": 12, "tokens_hash": 102, "mm_extra_info": None}]),
+        ("disk", 0, 12, [{"block_hash": 13, "tokens_hash": 103, "mm_extra_info": None}])]
+    assert {(e["worker_id"], e["event"]["dp_rank"], e["residency_domain"]) for e in events} == \
+        {(7, 1, "worker")}
+    assert all(e["event"]["data"]["stored"]["start_position"] is None for e in events)

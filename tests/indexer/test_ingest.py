@@ -16,7 +16,7 @@ from sarpd.config import IndexConfig
 from sarpd.events.mapping import WORKER_MASK
 from sarpd.events.schema import EventBatch, decode_batch
 from sarpd.indexer import api, hashing
-from sarpd.indexer.ingest import DEVICE, HOST, Ingest, holder
+from sarpd.indexer.ingest import DEVICE, GONE, HOST, Ingest, holder
 from sarpd.indexer.workers import Registry, Worker, namespace
 from tests.core.test_index import Harness
 from tools.bench import vllm_schema as vs
@@ -71,9 +71,12 @@ def test_a_chain_its_continuation_a_lower_tier_and_removals() -> None:
     assert len(rm) == 1 and isinstance(rm[0], model.Remove)
     assert rm[0].meta == holder(w.slot, HOST) and rm[0].ids is not None
     assert np.array_equal(rm[0].ids, ids_of(4, 5)) and ing.skipped["unknown_block"] == 1
-    journal = [(s, h, t) for s, h, _, t in ing.journal]
-    assert journal == [(0, IDS[i], 1) for i in range(3)] + [(0, IDS[3], 2), (0, IDS[4], 2),
-                                                               (0, IDS[4], 0)]
+    journal = [(s, h, t, parent, pos) for s, h, _, t, _, parent, pos in ing.journal]
+    assert journal == [(0, IDS[0], 1, None, 0), (0, IDS[1], 1, IDS[0], 1),
+                       (0, IDS[2], 1, IDS[1], 2), (0, IDS[3], 2, IDS[2], 3),
+                       (0, IDS[4], 2, IDS[3], 4), (0, IDS[4], 0, None, 0)]
+    local = hashing.local_hashes(np.array(T, np.uint32), 16, hashing.seed_of(None, None))
+    assert [e[4] for e in ing.journal[:5]] == local[:5].tolist()
 
 
 def test_skips_as_dynamo_skips() -> None:
@@ -109,7 +112,7 @@ def test_a_batch_s_rank_names_the_worker_and_clears_are_per_rank() -> None:
     (clear,) = ing.batch(w, batch(vs.AllBlocksCleared(), rank=3), nid)
     assert isinstance(clear, model.Clear)  # requests compare by identity (eq=False)
     assert (clear.ns, clear.mask, clear.value) == (NS, WORKER_MASK, other.slot << 48)
-    assert not ing.maps[other.slot].blocks and ing.journal[-1] == (other.slot, IDS[0], b"", 0)
+    assert not ing.maps[other.slot].blocks and ing.journal[-1] == (other.slot, IDS[0], *GONE)
 
 
 @pytest.mark.parametrize("backend_name", backend_names())
