@@ -82,7 +82,8 @@ class IndexerApi:
         self.ctx: zmq.asyncio.Context | None = None
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
-        self._ranks: tuple[int, dict[int, tuple[int, int]]] = (-1, {})
+        self._ranks: tuple[int, dict[int, tuple[int, int]],
+                           dict[tuple[str, str], list[int]]] = (-1, {}, {})
 
     # -- lifecycle -----------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
@@ -224,10 +225,21 @@ class IndexerApi:
             return _json(api.answer({}, size))
         ns = namespace(model_name, group)
         ids = hashing.chain(hashing.root(ns), local)
-        resp = await self.conn.request(model.Match(
-            self.conn.next_id(), seq=model.SeqSpec(ns=ns, hashes=ids), spans=True))
-        spans = [tuple(s) for s in resp.get("spans") or ()]
-        return _json(api.answer(api.reach(spans, self._slot_ranks()), size))
+        ranks, slots = self._slot_ranks(model_name, group)
+        maps = self.ingest.maps
+        if len(slots) <= api.MAX_HOLDERS and not any(
+                s in maps and maps[s].lower for s in slots):
+            # device blocks only: every rank's run from block 0 (the native kernel's)
+            match = model.Match(self.conn.next_id(), seq=model.SeqSpec(ns=ns, hashes=ids),
+                                holders=max(1, len(slots)))
+            resp = await self.conn.request(match, now=True)
+            spans = [(meta, 0, run) for meta, run in resp.get("holders") or ()]
+        else:  # a walk over lower tiers: every holder's runs
+            match = model.Match(self.conn.next_id(), seq=model.SeqSpec(ns=ns, hashes=ids),
+                                spans=True)
+            resp = await self.conn.request(match, now=True)
+            spans = [(meta, start, n) for meta, start, n in resp.get("spans") or ()]
+        return _json(api.answer(api.reach(spans, ranks), size))
 
     async def dump(self, request: web.Request) -> web.Response:
         """Every indexer's blocks as Dynamo's stored events (a peer recovers from it);
@@ -257,9 +269,14 @@ class IndexerApi:
     async def peers(self, request: web.Request) -> web.Response:
         return _json(self.registry.peers)
 
-    def _slot_ranks(self) -> dict[int, tuple[int, int]]:
-        version, ranks = self._ranks
+    def _slot_ranks(self, model_name: str, group: str
+                    ) -> tuple[dict[int, tuple[int, int]], list[int]]:
+        """worker slot -> (instance, rank), and the slots of one pair's workers."""
+        version, ranks, pairs = self._ranks
         if version != self.registry.version:
-            ranks = {w.slot: (w.instance_id, w.dp_rank) for w in self.registry.workers.values()}
-            self._ranks = (self.registry.version, ranks)
-        return ranks
+            ranks, pairs = {}, {}
+            for w in self.registry.workers.values():
+                ranks[w.slot] = (w.instance_id, w.dp_rank)
+                pairs.setdefault((w.model, w.group), []).append(w.slot)
+            self._ranks = (self.registry.version, ranks, pairs)
+        return ranks, pairs.get((model_name, group), [])

@@ -34,15 +34,16 @@ class LocalConn(Connection):
     def next_id(self) -> int:
         return next(self._ids)
 
-    def submit(self, req: Request) -> asyncio.Future[dict[str, Any]]:
-        """Queue `req` (its id from `next_id`); the future resolves with its answer."""
+    def submit(self, req: Request, now: bool = False) -> asyncio.Future[dict[str, Any]]:
+        """Queue `req` (its id from `next_id`); the future resolves with its answer.
+        `now`: without waiting out the batch window (`Server.submit`)."""
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[req.id] = fut  # before submit: a refusal is answered at once
-        self.server.submit(self, req)
+        self.server.submit(self, req, now=now)
         return fut
 
-    async def request(self, req: Request) -> dict[str, Any]:
-        return await self.submit(req)
+    async def request(self, req: Request, now: bool = False) -> dict[str, Any]:
+        return await self.submit(req, now)
 
     def send(self, data: bytes) -> None:
         self._unpacker.feed(data)

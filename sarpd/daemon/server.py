@@ -401,9 +401,12 @@ class Server:
         self.metrics.record_rejected(op_name(req), err.code)
         conn.send(encode_error(req.id, err))
 
-    def submit(self, conn: Connection, req: Request, received: float | None = None) -> None:
+    def submit(self, conn: Connection, req: Request, received: float | None = None,
+               now: bool = False) -> None:
         """Queue `req` for the batcher, or answer it at once; `received`: when it was
-        decoded (time.monotonic(); default now), for its latency."""
+        decoded (time.monotonic(); default now), for its latency. `now`: run the batch
+        it joins without waiting out the batch window (a caller that cannot pipeline:
+        an HTTP query waits for its answer before the next comes)."""
         if self.service is None or self.stopping or self.suspended:
             self.reject(conn, req, Unavailable(self.status))
             return
@@ -434,7 +437,7 @@ class Server:
         conn.batched += 1
         conn.batch_idle.clear()
         self._wake.set()
-        if len(self.queue) >= self.config.batch_max:
+        if now or len(self.queue) >= self.config.batch_max:
             self._full.set()
 
     # -- batching ------------------------------------------------------------------

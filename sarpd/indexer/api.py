@@ -36,13 +36,14 @@ from sarpd.errors import BadRequest, TooLarge
 from sarpd.events.mapping import TIER_SHIFT, WORKER_SHIFT
 from sarpd.indexer.ingest import DEVICE, DISK, HOST
 
-__all__ = ["DEFAULT_GROUP", "MAX_NAME_BYTES", "FieldError", "Listed", "Peer", "Query",
+__all__ = ["DEFAULT_GROUP", "MAX_HOLDERS", "MAX_NAME_BYTES", "FieldError", "Listed", "Peer", "Query",
            "QueryByHash", "Reach", "Register", "Unregister", "answer", "decode", "dump", "reach",
            "workers_answer"]
 
 T = TypeVar("T", "Register", "Unregister", "Query", "QueryByHash", "Peer")
 DEFAULT_GROUP = "default"
 MAX_NAME_BYTES = 1024  # model_name, routing_group, lora_name, cache_salt, endpoints
+MAX_HOLDERS = 1024  # a match's `holders: K` (sarpd's max_match_holders)
 
 U64 = Annotated[int, msgspec.Meta(ge=0)]  # < 2**64 checked by `decode` (msgspec: int64 bounds)
 U32 = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]

@@ -103,6 +103,7 @@ class EngineMap:
     slot: int
     journal: list[Change]
     blocks: dict[int, Entry] = field(default_factory=dict)
+    lower: int = 0  # blocks held on a tier below the device (a query must walk them)
 
     def add(self, hashes: tuple[int, ...], ids: IdArray, tier: int, local: list[int],
             parent: int | None, pos: int) -> None:
@@ -113,8 +114,10 @@ class EngineMap:
         get, log, slot = self.blocks.get, self.journal.append, self.slot
         for i, h in enumerate(hashes):
             old = get(h)
-            entry = self.blocks[h] = (raw[16 * i:16 * i + 16], bit | (old[1] if old else 0),
-                                      local[i], parent, pos + i)
+            was = old[1] if old else 0
+            entry = self.blocks[h] = (raw[16 * i:16 * i + 16], bit | was, local[i], parent,
+                                      pos + i)
+            self.lower += was <= 1 < bit  # the first lower tier of the block
             log((slot, h, *entry))
             parent = h
 
@@ -127,6 +130,7 @@ class EngineMap:
                 continue
             out.append(e[0])
             left = (e[0], e[1] & ~bit, *e[2:])
+            self.lower -= left[1] <= 1 < e[1]  # its last lower tier gone
             if left[1]:
                 self.blocks[h] = left
             else:
@@ -138,6 +142,7 @@ class EngineMap:
     def clear(self) -> None:
         self.journal.extend((self.slot, h, *GONE) for h in self.blocks)
         self.blocks.clear()
+        self.lower = 0
 
 
 @dataclass
@@ -163,6 +168,8 @@ class Ingest:
                 blocks[h] = (raw, tiers, local, parent, pos)
             else:
                 blocks.pop(h, None)
+        for m in self.maps.values():
+            m.lower = sum(e[1] > 1 for e in m.blocks.values())
 
     def clear(self, w: Worker, next_id: Callable[[], int]) -> model.Clear:
         """Every tier of worker `w` cleared (AllBlocksCleared, an engine restart, an
