@@ -4,11 +4,12 @@ resubscribes every registered worker and goes on from where each listener stoppe
 
     meta(key TEXT PRIMARY KEY, value BLOB)      "registry": `Registry.to_json`
     watermarks(slot INTEGER PRIMARY KEY, seq)   the newest batch applied, per worker
-    engine(slot, hash, id BLOB, tiers, local, parent, pos, PRIMARY KEY (slot, hash))
+    engine(slot, hash, id BLOB, tiers, local, parent, pos, salt, PRIMARY KEY (slot, hash))
         WITHOUT ROWID                           each worker's engine hash -> its sarp id,
                                                 tiers, Dynamo hash, parent's engine hash
-                                                (NULL: none) and position (`Entry`; 64-bit
-                                                hashes as SQLite's signed integers)
+                                                (NULL: none), position and salt term
+                                                (`Entry`; 64-bit values as SQLite's signed
+                                                integers)
 
 A registration is written (and synced) before /register answers. The engine maps and
 the watermarks are written together, in one transaction, about once a second and at a
@@ -38,7 +39,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB);
 CREATE TABLE IF NOT EXISTS watermarks (slot INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS engine (slot INTEGER NOT NULL, hash INTEGER NOT NULL, id BLOB,
     tiers INTEGER NOT NULL, local INTEGER NOT NULL, parent INTEGER, pos INTEGER NOT NULL,
-    PRIMARY KEY (slot, hash)) WITHOUT ROWID;
+    salt INTEGER NOT NULL, PRIMARY KEY (slot, hash)) WITHOUT ROWID;
 """
 
 
@@ -70,11 +71,11 @@ class IndexerStore:
     def engine_rows(self) -> Iterator[Change]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT slot, hash, id, tiers, local, parent, pos FROM engine").fetchall()
+                "SELECT slot, hash, id, tiers, local, parent, pos, salt FROM engine").fetchall()
         m = 1 << 64
-        for slot, h, raw, tiers, local, parent, pos in rows:
+        for slot, h, raw, tiers, local, parent, pos, salt in rows:
             yield (slot, h % m, bytes(raw), tiers, local % m,
-                   None if parent is None else parent % m, pos)
+                   None if parent is None else parent % m, pos, salt % m)
 
     def save_registry(self, reg: Registry) -> None:
         with self._lock:
@@ -86,17 +87,18 @@ class IndexerStore:
         """Map changes (in order: the last one of a hash wins) and watermarks in one
         transaction; `forgotten`: slots whose workers are gone (their watermarks
         dropped; their maps were cleared through `changes`)."""
-        final: dict[tuple[int, int], tuple[bytes, int, int, int | None, int]] = {}
-        for s, h, raw, t, local, parent, pos in changes:
+        final: dict[tuple[int, int], tuple[bytes, int, int, int | None, int, int]] = {}
+        for s, h, raw, t, local, parent, pos, salt in changes:
             final[(s, _signed(h))] = (raw, t, _signed(local),
-                                      None if parent is None else _signed(parent), pos)
+                                      None if parent is None else _signed(parent), pos,
+                                      _signed(salt))
         with self._lock:
             db = self._db
             db.execute("BEGIN")
             try:
                 db.executemany("DELETE FROM watermarks WHERE slot = ?",
                                [(s,) for s in forgotten])
-                db.executemany("INSERT OR REPLACE INTO engine VALUES (?, ?, ?, ?, ?, ?, ?)",
+                db.executemany("INSERT OR REPLACE INTO engine VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                [(*k, *e) for k, e in final.items() if e[1]])
                 db.executemany("DELETE FROM engine WHERE slot = ? AND hash = ?",
                                [k for k, e in final.items() if not e[1]])

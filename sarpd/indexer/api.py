@@ -36,9 +36,9 @@ from sarpd.errors import BadRequest, TooLarge
 from sarpd.events.mapping import TIER_SHIFT, WORKER_SHIFT
 from sarpd.indexer.ingest import DEVICE, DISK, HOST
 
-__all__ = ["DEFAULT_GROUP", "MAX_HOLDERS", "MAX_NAME_BYTES", "FieldError", "Listed", "Peer", "Query",
-           "QueryByHash", "Reach", "Register", "Unregister", "answer", "decode", "dump", "reach",
-           "workers_answer"]
+__all__ = ["DEFAULT_GROUP", "MAX_HOLDERS", "MAX_NAME_BYTES", "FieldError", "Listed", "Peer",
+           "Query", "QueryByHash", "Reach", "Register", "Unregister", "answer", "decode", "dump",
+           "reach", "workers_answer"]
 
 T = TypeVar("T", "Register", "Unregister", "Query", "QueryByHash", "Peer")
 DEFAULT_GROUP = "default"
@@ -235,8 +235,8 @@ def workers_answer(rows: Iterable[Listed]) -> list[dict[str, Any]]:
 
 
 _TIER_NAMES = {DEVICE: "device", HOST: "host_pinned", DISK: "disk"}
-# a worker's blocks: engine hash -> (sarp id, tiers, per-block hash, parent hash, position)
-Blocks = Mapping[int, tuple[bytes, int, int, int | None, int]]
+# a worker's blocks: engine hash -> `sarpd.indexer.ingest.Entry`
+Blocks = Mapping[int, tuple[bytes, int, int, int | None, int, int]]
 
 
 def dump(block_sizes: Mapping[tuple[str, str], int],
@@ -248,7 +248,7 @@ def dump(block_sizes: Mapping[tuple[str, str], int],
     rows: dict[tuple[str, str], list[tuple[int, int, dict[str, Any]]]] = {}
     for model, group, instance, rank, blocks in workers:
         out = rows.setdefault((model, group), [])
-        for h, (_, tiers, local, parent, pos) in blocks.items():
+        for h, (_, tiers, local, parent, pos, _) in blocks.items():
             for tier, name in _TIER_NAMES.items():
                 if tiers & 1 << tier:
                     out.append((pos, tier, {

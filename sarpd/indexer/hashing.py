@@ -26,20 +26,25 @@ import xxhash
 from sarpd.core import ids
 from sarpd.model import IdArray, U32Array, U64Array
 
-__all__ = ["BASE_SEED", "MASK64", "chain", "local_hashes", "root", "seed_of", "signed", "unsigned"]
+__all__ = ["BASE_SEED", "MASK64", "chain", "local_hashes", "root", "salt_term", "seed_of",
+           "signed", "unsigned"]
 
 BASE_SEED = 1337
 MASK64 = (1 << 64) - 1
 _LOCAL_TOKENS = 2  # uint32 words per local hash in the chain
 
 
-def seed_of(lora_name: str | None, cache_salt: str | None) -> int:
-    """The per-request seed: the LoRA adapter and the cache salt mixed into the base."""
-    seed = BASE_SEED
+def salt_term(cache_salt: str | None) -> int:
+    """What a cache salt adds to the seed (0: none; an empty salt is none)."""
+    return xxhash.xxh3_64_intdigest(cache_salt.encode(), 1) if cache_salt else 0
+
+
+def seed_of(lora_name: str | None, cache_salt: str | None, salt: int | None = None) -> int:
+    """The per-request seed: the LoRA adapter and the cache salt mixed into the base
+    (`salt`: the salt's term already computed, `salt_term`, instead of `cache_salt`)."""
+    seed = BASE_SEED + (salt_term(cache_salt) if salt is None else salt)
     if lora_name:
         seed += xxhash.xxh3_64_intdigest(lora_name.encode(), 0)
-    if cache_salt:
-        seed += xxhash.xxh3_64_intdigest(cache_salt.encode(), 1)
     return seed & MASK64
 
 

@@ -23,9 +23,10 @@ keeps a map engine hash -> (sarp id, tiers holding it) (`EngineMap`).
 
 The batch's data-parallel rank, when it carries one, names the worker (a rank never
 registered becomes a worker of its own: `Registry.dynamic`). The salt of a store
-is ``"dynamo-cache-salt:<salt>"`` among its block 0's extra keys (engines put a
-salt on a sequence's first block only: a continuation's blocks are hashed unsalted,
-as in Dynamo).
+is ``"dynamo-cache-salt:<salt>"`` among its block 0's extra keys; engines put a salt
+on a sequence's first block only, so a continuation without one is hashed with its
+parent's (as Dynamo hashes it; a disk-tier store takes no salt from its parent, as
+in Dynamo). A LoRA adapter is each store's own `lora_name`.
 What was skipped is counted by reason (`Ingest.skipped`).
 """
 
@@ -89,10 +90,11 @@ def salt_of(stored: BlockStored) -> str | None:
 
 
 # one block of a worker: (sarp id as 16 bytes, bitmask of tiers, Dynamo's per-block
-# hash, the engine hash of its parent or None, its position): what /dump tells a peer
-Entry = tuple[bytes, int, int, int | None, int]
-Change = tuple[int, int, bytes, int, int, int | None, int]  # (slot, engine hash, *Entry)
-GONE: Entry = (b"", 0, 0, None, 0)  # tiers 0: forgotten
+# hash, the engine hash of its parent or None, its position, its salt's term in the
+# seed): what /dump tells a peer, and what a continuation inherits
+Entry = tuple[bytes, int, int, int | None, int, int]
+Change = tuple[int, int, bytes, int, int, int | None, int, int]  # (slot, engine hash, *Entry)
+GONE: Entry = (b"", 0, 0, None, 0, 0)  # tiers 0: forgotten
 
 
 @dataclass
@@ -106,9 +108,9 @@ class EngineMap:
     lower: int = 0  # blocks held on a tier below the device (a query must walk them)
 
     def add(self, hashes: tuple[int, ...], ids: IdArray, tier: int, local: list[int],
-            parent: int | None, pos: int) -> None:
-        """Blocks `hashes` (ids `ids`, per-block hashes `local`) after `parent` (an
-        engine hash; None: from position 0, `pos`)."""
+            parent: int | None, pos: int, salt: int) -> None:
+        """Blocks `hashes` (ids `ids`, per-block hashes `local`, hashed with salt term
+        `salt`) after `parent` (an engine hash; None: from position 0, `pos`)."""
         raw = ids.tobytes()
         bit = 1 << tier
         get, log, slot = self.blocks.get, self.journal.append, self.slot
@@ -116,7 +118,7 @@ class EngineMap:
             old = get(h)
             was = old[1] if old else 0
             entry = self.blocks[h] = (raw[16 * i:16 * i + 16], bit | was, local[i], parent,
-                                      pos + i)
+                                      pos + i, salt)
             self.lower += was <= 1 < bit  # the first lower tier of the block
             log((slot, h, *entry))
             parent = h
@@ -162,10 +164,10 @@ class Ingest:
 
     def load(self, rows: Iterable[Change]) -> None:
         """The maps as saved (`journal` rows replayed; not journaled again)."""
-        for slot, h, raw, tiers, local, parent, pos in rows:
+        for slot, h, raw, tiers, local, parent, pos, salt in rows:
             blocks = self.engine_map(slot).blocks
             if tiers:
-                blocks[h] = (raw, tiers, local, parent, pos)
+                blocks[h] = (raw, tiers, local, parent, pos, salt)
             else:
                 blocks.pop(h, None)
         for m in self.maps.values():
@@ -209,6 +211,8 @@ class Ingest:
             return None
         assert ev.token_bytes is not None
         tier = TIERS[ev.medium]
+        own = salt_of(ev)
+        salt = hashing.salt_term(own)
         if ev.parent is None:
             parent_id, parent, pos = hashing.root(ns), None, 0
         else:
@@ -218,14 +222,16 @@ class Ingest:
                 return None
             parent_id, pos = known[0], known[4] + 1
             parent = np.frombuffer(parent_id, dtype="<u8").reshape(1, 2)
+            if own is None and tier != DISK:
+                salt = known[5]  # the sequence's salt, from its first block on (Dynamo's)
         tokens = np.frombuffer(ev.token_bytes, dtype="<u4")
-        local = hashing.local_hashes(tokens, size, hashing.seed_of(ev.lora_name, salt_of(ev)))
+        local = hashing.local_hashes(tokens, size, hashing.seed_of(ev.lora_name, None, salt))
         n = min(len(local), len(ev.block_hashes))
         if n == 0:
             self.skipped["empty"] += 1
             return None
         ids = hashing.chain(parent_id, local[:n])
-        emap.add(ev.block_hashes[:n], ids, tier, local[:n].tolist(), ev.parent, pos)
+        emap.add(ev.block_hashes[:n], ids, tier, local[:n].tolist(), ev.parent, pos, salt)
         return model.Insert(next_id(), seq=model.SeqSpec(ns=ns, hashes=ids),
                             meta=holder(w.slot, tier), parent=parent, add_holder=True)
 

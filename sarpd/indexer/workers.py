@@ -104,13 +104,13 @@ class Registry:
     # -- changes -----------------------------------------------------------------
     def register(self, model: str, group: str, instance_id: int, dp_rank: int,
                  block_size: int, endpoint: str, replay_endpoint: str | None) -> Worker:
-        if block_size != self.block_tokens:
-            raise Conflict(f"block_size: {block_size} is not this index's block size "
-                           f"({self.block_tokens} tokens a block, sarpd's block_tokens)")
         size = self.pairs.get((model, group))
         if size is not None and size != block_size:
             raise Conflict(f"block_size mismatch for model={model} routing_group={group}: "
                            f"existing={size}, requested={block_size}")
+        if block_size != self.block_tokens:
+            raise Conflict(f"block_size: {block_size} is not this index's block size "
+                           f"({self.block_tokens} tokens a block, sarpd's block_tokens)")
         for w in self.workers.values():
             if w.instance_id == instance_id and (w.model, w.group) != (model, group):
                 raise Conflict(f"instance {instance_id} is already registered for "
@@ -143,6 +143,11 @@ class Registry:
         gone = [w for w in self.workers.values()
                 if (w.model, w.group, w.instance_id) == (model, group, instance_id)]
         if not any(w.endpoint is not None for w in gone):
+            elsewhere = next((w for w in self.workers.values()
+                              if w.instance_id == instance_id and w.endpoint is not None), None)
+            if elsewhere is not None:
+                raise NotFound(f"instance {instance_id} is registered for "
+                               f"model={elsewhere.model} routing_group={elsewhere.group}")
             raise NotFound(f"instance {instance_id} not found")
         for w in gone:
             del self.workers[w.key]

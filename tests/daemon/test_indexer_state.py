@@ -22,10 +22,10 @@ def test_a_flush_and_a_reopen_give_back_the_maps_watermarks_and_registry(
     big = 2**64 - 5
     ids = np.arange(8, dtype=np.uint64).reshape(4, 2)
     m = ing.engine_map(w.slot)
-    m.add((1, 2, big), ids[:3], 0, [10, 20, 2**63 + 3], None, 0)
+    m.add((1, 2, big), ids[:3], 0, [10, 20, 2**63 + 3], None, 0, 2**64 - 9)
     m.drop((2,), 0)  # gone within the same flush
-    m.add((2,), ids[3:], 1, [21], 1, 1)  # ... and back, on another tier
-    m.add((5,), ids[:1], 0, [50], None, 0)
+    m.add((2,), ids[3:], 1, [21], 1, 1, 0)  # ... and back, on another tier
+    m.add((5,), ids[:1], 0, [50], None, 0, 0)
     store = IndexerStore(tmp_path)
     store.save_registry(reg)
     store.flush(list(ing.journal), {w.slot: 41, 9: 3}, set())
@@ -41,8 +41,8 @@ def test_a_flush_and_a_reopen_give_back_the_maps_watermarks_and_registry(
     loaded = Ingest(back)
     loaded.load(again.engine_rows())
     assert loaded.maps[w.slot].blocks == m.blocks
-    assert set(m.blocks) == {1, 2, big} and m.blocks[2][1:] == (0b10, 21, 1, 1)
-    assert m.blocks[big][2] == 2**63 + 3
+    assert set(m.blocks) == {1, 2, big} and m.blocks[2][1:] == (0b10, 21, 1, 1, 0)
+    assert m.blocks[big][2] == 2**63 + 3 and m.blocks[big][5] == 2**64 - 9
     again.close()
 
 

@@ -130,8 +130,8 @@ def test_workers_answer_merges_ranks_and_takes_the_worst_status() -> None:
 
 
 def test_dump_is_dynamo_s_stored_events_parents_first() -> None:
-    blocks = {11: (b"i" * 16, 0b001, 101, None, 0), 12: (b"j" * 16, 0b011, 102, 11, 1),
-              13: (b"k" * 16, 0b100, 103, 12, 2)}
+    blocks = {11: (b"i" * 16, 0b001, 101, None, 0, 0), 12: (b"j" * 16, 0b011, 102, 11, 1, 0),
+              13: (b"k" * 16, 0b100, 103, 12, 2, 0)}
     doc = api.dump({("m", "g"): 16, ("empty", "default"): 16}, [("m", "g", 7, 1, blocks)])
     assert doc["empty:default"] == {"block_size": 16, "events": []}
     events = doc["m:g"]["events"]

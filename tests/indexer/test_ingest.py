@@ -71,7 +71,7 @@ def test_a_chain_its_continuation_a_lower_tier_and_removals() -> None:
     assert len(rm) == 1 and isinstance(rm[0], model.Remove)
     assert rm[0].meta == holder(w.slot, HOST) and rm[0].ids is not None
     assert np.array_equal(rm[0].ids, ids_of(4, 5)) and ing.skipped["unknown_block"] == 1
-    journal = [(s, h, t, parent, pos) for s, h, _, t, _, parent, pos in ing.journal]
+    journal = [(s, h, t, parent, pos) for s, h, _, t, _, parent, pos, _ in ing.journal]
     assert journal == [(0, IDS[0], 1, None, 0), (0, IDS[1], 1, IDS[0], 1),
                        (0, IDS[2], 1, IDS[1], 2), (0, IDS[3], 2, IDS[2], 3),
                        (0, IDS[4], 2, IDS[3], 4), (0, IDS[4], 0, None, 0)]
@@ -101,6 +101,28 @@ def test_lora_salt_and_block_count() -> None:
     assert isinstance(a, model.Insert) and isinstance(b, model.Insert)
     assert a.seq.hashes is not None and np.array_equal(a.seq.hashes, ids_of(0, 2, "L", "s"))
     assert b.seq.hashes is not None and len(b.seq.hashes) == 2
+
+
+def test_a_continuation_takes_its_parent_s_salt_except_on_disk() -> None:
+    """Dynamo's rule (the conformance test found it): the salt of block 0 carries down
+    the chain on the device and host tiers, not to a disk store; a continuation's own
+    salt key wins; a LoRA name is each store's own."""
+    ing, w, nid = setup()
+    salted = [("dynamo-cache-salt:s",), None]
+    ops = ing.batch(w, batch(dev(0, 2, extra_keys=salted), dev(2, 3), dev(3, 4, medium="CPU"),
+                             dev(4, 5, medium="DISK")), nid)
+    got = [o.seq.hashes for o in ops if isinstance(o, model.Insert)]
+    assert len(got) == 4 and all(g is not None for g in got)
+    assert np.array_equal(np.concatenate(got[:3]), ids_of(0, 4, salt="s"))
+    unsalted_disk = hashing.chain(ids_of(3, 4, salt="s")[0].astype("<u8").tobytes(),
+                                  hashing.local_hashes(np.array(T[64:80], np.uint32), 16,
+                                                       hashing.seed_of(None, None)))
+    assert np.array_equal(got[3], unsalted_disk)
+    (own,) = ing.batch(w, batch(dev(3, 4, extra_keys=[("dynamo-cache-salt:t",)])), nid)
+    assert isinstance(own, model.Insert) and own.seq.hashes is not None
+    t_local = hashing.local_hashes(np.array(T[48:64], np.uint32), 16, hashing.seed_of(None, "t"))
+    assert np.array_equal(own.seq.hashes, hashing.chain(
+        ids_of(2, 3, salt="s")[0].astype("<u8").tobytes(), t_local))
 
 
 def test_a_batch_s_rank_names_the_worker_and_clears_are_per_rank() -> None:

@@ -24,7 +24,10 @@ def test_register_rules_and_dynamo_s_words() -> None:
                                        "routing_group=default"):
         r.register("m", "g2", 1, 1, 16, "tcp://h:2", None)
     with pytest.raises(Conflict, match="block_size: 32 is not this index's block size"):
-        r.register("m", "default", 2, 0, 32, "tcp://h:2", None)
+        r.register("m2", "default", 2, 0, 32, "tcp://h:2", None)  # a new pair
+    with pytest.raises(Conflict, match="block_size mismatch for model=m routing_group="
+                                       "default: existing=16, requested=32"):
+        r.register("m", "default", 2, 0, 32, "tcp://h:2", None)  # the pair's size first
     r2 = Registry(16)
     r2.pairs[("m", "default")] = 8  # a pair of another size (not reachable by register)
     with pytest.raises(Conflict, match="block_size mismatch for model=m routing_group=default: "
@@ -43,8 +46,11 @@ def test_unregister_takes_every_rank_and_the_pair_with_its_last_worker() -> None
     r.register("m", "default", 2, 0, 16, "tcp://h:3", None)
     dyn = r.dynamic("m", "default", 1, 7)  # a rank a batch named
     assert dyn.endpoint is None and [w.instance_id for w in r.listed(None, None)] == [1, 1, 2]
-    with pytest.raises(NotFound, match=r"^instance 1 not found$"):
-        r.unregister("m", "other", 1)
+    with pytest.raises(NotFound, match=r"^instance 1 is registered for model=m "
+                                       r"routing_group=default$"):
+        r.unregister("m", "other", 1)  # Dynamo's words when it is registered elsewhere
+    with pytest.raises(NotFound, match=r"^instance 99 not found$"):
+        r.unregister("m", "default", 99)
     gone = r.unregister("m", "default", 1)
     assert sorted(w.dp_rank for w in gone) == [0, 1, 7]
     assert r.releasing == {w.slot for w in gone}
