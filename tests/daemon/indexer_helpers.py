@@ -131,9 +131,11 @@ class DynamoIndexer:
 
 @contextlib.contextmanager
 def dynamo_indexer(log_dir: Path, port: int | None = None, threads: int = 1,
-                   timeout: float = 60.0) -> Iterator[DynamoIndexer]:
-    """`python -m dynamo.indexer --port P --threads N`, up (its /health answers), then
-    stopped (terminated, killed if it lingers)."""
+                   timeout: float = 60.0, peers: str | None = None
+                   ) -> Iterator[DynamoIndexer]:
+    """`python -m dynamo.indexer --port P --threads N [--peers URL]`, up (its /health
+    answers: with peers, once it loaded a peer's /dump), then stopped (terminated,
+    killed if it lingers)."""
     port = port or free_port()
     log_path = log_dir / f"dynamo-indexer-{port}.log"
     cwd = tempfile.mkdtemp(prefix="dynamo-cwd-")
@@ -142,7 +144,8 @@ def dynamo_indexer(log_dir: Path, port: int | None = None, threads: int = 1,
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dynamo.indexer", "--port", str(port), "--threads",
-             str(threads)], stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+             str(threads), *(["--peers", peers] if peers else [])],
+            stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
     ix = DynamoIndexer(port, proc, log_path)
     try:
         def up() -> bool:

@@ -37,6 +37,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,7 @@ MARK_BASE = 4_000_000_000  # marker tokens (near the top of u32), apart from the
 class Pair:
     sarp: int  # HTTP ports
     dynamo: int
+    logs: Path | None = None  # where the indexers' logs go
 
     @property
     def ports(self) -> tuple[int, int]:
@@ -93,7 +95,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         sarpd.start()
         wait_http(port)
         with dynamo_indexer(base) as dyn:
-            yield Pair(port, dyn.port)
+            yield Pair(port, dyn.port, base)
     finally:
         forget(port)
         if sarpd.alive:
@@ -503,6 +505,11 @@ def compare(pair: Pair, model: str, probes: list[Probe], phase: str, tally: Tall
     return again
 
 
+def pair_dir(pair: Pair) -> Path:
+    assert pair.logs is not None
+    return pair.logs
+
+
 def report(diffs: list[Diff], scn: Scenario) -> str:
     """The differences: how many per phase and kind of probe, then the first few."""
     counts: dict[str, int] = {}
@@ -635,6 +642,13 @@ def test_randomized_scenario_answers_as_dynamo(pair: Pair) -> None:
             for _ in range(80):
                 scn.random_op(rng.choice(scn.workers))
             check(phase, "churn")
+
+        # 8: sarp is the peer that is always there: a Dynamo indexer started with
+        # --peers at sarpd loads its /dump and answers every probe as sarp does
+        with dynamo_indexer(pair_dir(pair), peers=f"http://127.0.0.1:{pair.sarp}") as peer:
+            diffs.extend(compare(Pair(pair.sarp, peer.port), model, scn.probes(),
+                                 "8 a peer loaded sarp's /dump", tally))
+            assert call(peer.port, "GET", "/workers") == (200, [])  # it follows nothing
 
         if diffs:
             pytest.fail(report(diffs, scn))
