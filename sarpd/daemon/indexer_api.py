@@ -147,8 +147,29 @@ class IndexerApi:
             await asyncio.sleep(FLUSH_INTERVAL_S)
             try:
                 await self.flush()
+                self._report()
             except Exception:  # logged; the next flush tries again
                 log.exception("indexer API: saving the listeners' state failed")
+
+    def counters(self) -> dict[str, float]:
+        """The listeners' counters summed, their statuses, the events skipped by reason:
+        in `stats` and /metrics as the ``indexer`` source's report."""
+        out: dict[str, float] = {"indexers": len(self.registry.pairs),
+                                 "workers": len(self.registry.workers),
+                                 "engine_map_blocks": sum(len(m.blocks)
+                                                          for m in self.ingest.maps.values())}
+        for lst in self.listeners.values():
+            out[f"listeners_{lst.status}"] = out.get(f"listeners_{lst.status}", 0) + 1
+            for k, v in lst.counts.items():
+                out[k] = out.get(k, 0) + v
+        for k, v in self.ingest.skipped.items():
+            out[f"skipped_{k}"] = v
+        return out
+
+    def _report(self) -> None:
+        service = self.server.service
+        if service is not None:
+            service.reports.record(model.Report(0, "indexer", self.counters()))
 
     # -- handlers ------------------------------------------------------------------
     def _wrap(self, fn: Handler) -> Handler:
