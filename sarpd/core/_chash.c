@@ -243,7 +243,48 @@ static PyObject *chain_ids_flat(PyObject *Py_UNUSED(self), PyObject *const *args
     return out;
 }
 
+/* block_hashes(tokens, block_tokens, seed): XXH3-64 of each whole block alone (not
+ * chained), with `seed` (a uint64): the indexer API's per-block hashes (reference:
+ * sarpd.indexer.hashing `_ref_local_hashes`), 8 native bytes each. */
+static PyObject *block_hashes(PyObject *Py_UNUSED(self), PyObject *const *args,
+                              Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError,
+                     "block_hashes takes 3 arguments (tokens, block_tokens, seed), got %zd",
+                     nargs);
+        return NULL;
+    }
+    Py_ssize_t bt = get_block_tokens(args[1]);
+    if (bt < 0) return NULL;
+    if (!PyLong_Check(args[2])) {
+        PyErr_Format(PyExc_TypeError, "seed must be an int, got %.100s",
+                     Py_TYPE(args[2])->tp_name);
+        return NULL;
+    }
+    unsigned long long seed = PyLong_AsUnsignedLongLong(args[2]);
+    if (seed == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "seed must be in [0, 2**64), got %S", args[2]);
+        return NULL;
+    }
+    Py_buffer t;
+    if (get_tokens(args[0], &t) < 0) return NULL;
+    Py_ssize_t n = t.shape[0] / bt;
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, 8 * n);
+    if (out != NULL) {
+        uint64_t *o = (uint64_t *)PyByteArray_AS_STRING(out);
+        const uint32_t *tok = t.buf;
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = XXH3_64bits_withSeed(tok + i * bt, 4 * (size_t)bt, (XXH64_hash_t)seed);
+    }
+    PyBuffer_Release(&t);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"block_hashes", (PyCFunction)(void (*)(void))block_hashes, METH_FASTCALL,
+     "block_hashes(tokens, block_tokens, seed): XXH3-64 of each whole block of tokens "
+     "alone, with seed, as one bytearray of native uint64."},
     {"chain_ids", (PyCFunction)(void (*)(void))chain_ids, METH_FASTCALL,
      "chain_ids(parent, tokens, block_tokens): the 16-byte ids of the whole blocks of "
      "tokens chained after parent, as one bytearray."},

@@ -85,12 +85,15 @@ class VerifyKernel(Protocol):
 
 
 class HashKernel(Protocol):
-    """sarpd/core/_chash.c (reference: sarpd.core.ids `_ref_chain_ids*`)."""
+    """sarpd/core/_chash.c (references: sarpd.core.ids `_ref_chain_ids*`,
+    sarpd.indexer.hashing `_ref_local_hashes`)."""
 
     def chain_ids(self, parent: BufferLike, tokens: BufferLike, block_tokens: int,
                   /) -> bytearray: ...
     def chain_ids_flat(self, parents: BufferLike, tokens: BufferLike, offsets: BufferLike,
                        block_tokens: int, /) -> tuple[bytearray, bytearray]: ...
+    def block_hashes(self, tokens: BufferLike, block_tokens: int, seed: int,
+                     /) -> bytearray: ...
 
 
 class MatchKernel(Protocol):

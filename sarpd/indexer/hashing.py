@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from sarpd.core import ids
+from sarpd.core import ids, native
 from sarpd.model import IdArray, U32Array, U64Array
 
 __all__ = ["BASE_SEED", "MASK64", "chain", "local_hashes", "root", "salt_term", "seed_of",
@@ -49,9 +49,19 @@ def seed_of(lora_name: str | None, cache_salt: str | None, salt: int | None = No
 
 
 def local_hashes(tokens: U32Array, block_size: int, seed: int) -> U64Array:
-    """The per-block hashes of the whole blocks of `tokens` (1-D uint32)."""
+    """The per-block hashes of the whole blocks of `tokens` (1-D uint32): natively
+    (`sarpd.core._chash.block_hashes`) when the kernels have it, else the reference."""
+    c = native.pick().hash
+    if c is None:
+        return _ref_local_hashes(tokens, block_size, seed)
+    return np.frombuffer(c.block_hashes(np.ascontiguousarray(tokens, dtype=np.uint32),
+                                        block_size, seed), dtype=np.uint64)
+
+
+def _ref_local_hashes(tokens: U32Array, block_size: int, seed: int) -> U64Array:
     if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+        raise ValueError(f"block_tokens must be in [1, {ids.MAX_BLOCK_TOKENS}], "
+                         f"got {block_size}")
     raw = np.ascontiguousarray(tokens, dtype="<u4").tobytes()
     step = 4 * block_size
     n = len(raw) // step

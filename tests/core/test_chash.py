@@ -310,3 +310,39 @@ def test_hashing_is_expected_only_when_the_compiler_finds_libxxhash(tmp_path: Pa
     shadowed = expected(f"{cc} -I{tmp_path}")
     assert shadowed["verify"] and not shadowed["hash"]
     assert expected(None)["hash"] == native.xxhash_found()
+
+
+# -- block_hashes: the indexer API's per-block hashes (sarpd.indexer.hashing) -------
+@needs_native
+@settings(max_examples=80, deadline=None)
+@given(tokens=st.lists(st.integers(0, U32_MAX), max_size=90), bt=st.integers(1, 20),
+       seed=st.integers(0, 2**64 - 1))
+def test_block_hashes_equal_the_reference_and_xxhash(tokens: list[int], bt: int,
+                                                     seed: int) -> None:
+    from sarpd.indexer.hashing import _ref_local_hashes
+
+    arr = np.array(tokens, dtype=np.uint32)
+    k = native.pick().hash
+    assert k is not None
+    got = np.frombuffer(k.block_hashes(arr, bt, seed), dtype=np.uint64).tolist()
+    assert got == _ref_local_hashes(arr, bt, seed).tolist()
+    assert got == [xxhash.xxh3_64_intdigest(arr[i * bt:(i + 1) * bt].tobytes(), seed)
+                   for i in range(len(tokens) // bt)]
+
+
+@needs_native
+@pytest.mark.parametrize(("args", "exc", "words"), [
+    ((np.zeros(4, np.uint32), 0, 1), ValueError, "block_tokens must be in [1,"),
+    ((np.zeros(4, np.uint32), 2, -1), ValueError, "seed must be in [0, 2**64), got -1"),
+    ((np.zeros(4, np.uint32), 2, 2**64), ValueError, "seed must be in [0, 2**64)"),
+    ((np.zeros(4, np.uint32), 2, 1.5), TypeError, "seed must be an int, got float"),
+    ((np.zeros(4, np.int64), 2, 1), TypeError, "tokens"),
+    ((np.zeros(4, np.uint32), 2), TypeError, "block_hashes takes 3 arguments"),
+])
+def test_block_hashes_name_a_bad_argument(args: tuple[Any, ...], exc: type[Exception],
+                                          words: str) -> None:
+    k = native.pick().hash
+    assert k is not None
+    with pytest.raises(exc) as info:
+        k.block_hashes(*args)
+    assert words in str(info.value)
