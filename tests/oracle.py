@@ -102,15 +102,20 @@ class HolderOracle:
                 removed += 1
         return removed
 
-    def match(self, ns: str, tokens: tuple[int, ...],
-              k: int) -> tuple[list[int], list[tuple[int, int]]]:
-        """(each matched block's answer, the top k holders)."""
+    def matched(self, ns: str, tokens: tuple[int, ...]) -> list[set[int]]:
+        """The holders of each block of the matched prefix."""
         run: list[set[int]] = []
         for i in range(len(tokens) // BT):
             held = self.blocks.get(_key(ns, tokens, i))
             if not held:
                 break
             run.append(held)
+        return run
+
+    def match(self, ns: str, tokens: tuple[int, ...],
+              k: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """(each matched block's answer, the top k holders)."""
+        run = self.matched(ns, tokens)
         length = {}
         for h in set().union(*run) if run else set():
             r = 0
@@ -123,13 +128,7 @@ class HolderOracle:
 
     def spans(self, ns: str, tokens: tuple[int, ...]) -> list[tuple[int, int, int]]:
         """(holder, start, blocks) of each holder's maximal runs in the matched prefix."""
-        run: list[set[int]] = []
-        for i in range(len(tokens) // BT):
-            held = self.blocks.get(_key(ns, tokens, i))
-            if not held:
-                break
-            run.append(held)
-        return spans_of(run)
+        return spans_of(self.matched(ns, tokens))
 
     @property
     def holdings(self) -> int:

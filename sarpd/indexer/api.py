@@ -80,21 +80,22 @@ class Unregister(msgspec.Struct, frozen=True):
     tenant_id: str | None = None
 
 
-class Query(msgspec.Struct, frozen=True):
+class _Pair(msgspec.Struct, frozen=True, kw_only=True):
+    """What every query names: the indexer (`tenant_id`: accepted, ignored)."""
+
+    model_name: str
+    routing_group: str = DEFAULT_GROUP
+    cache_salt: str | None = None
+    tenant_id: str | None = None
+
+
+class Query(_Pair, frozen=True, kw_only=True):
     token_ids: list[U32]
-    model_name: str
-    routing_group: str = DEFAULT_GROUP
     lora_name: str | None = None
-    cache_salt: str | None = None
-    tenant_id: str | None = None
 
 
-class QueryByHash(msgspec.Struct, frozen=True):
-    block_hashes: list[I64]
-    model_name: str
-    routing_group: str = DEFAULT_GROUP
-    cache_salt: str | None = None
-    tenant_id: str | None = None
+class QueryByHash(_Pair, frozen=True, kw_only=True):
+    block_hashes: list[I64]  # `cache_salt` refused (`decode`)
 
 
 _NAMES = ("model_name", "routing_group", "lora_name", "cache_salt", "endpoint",
