@@ -15,8 +15,9 @@ served by sarpd's aiohttp application on `http_host:http_port`, over sarp's inde
 Requests go through the server's batcher like a socket's (`LocalConn`): a query is one
 `match` with `spans`, a listener's batch its inserts and removals. Registrations, each
 listener's watermark and the engine-hash maps are kept in `indexer.sqlite` beside the
-index (sarpd.daemon.indexer_state): after a restart every registered worker is
-subscribed again and replayed from where it stopped. Errors are JSON ``{"error": ...}``
+index (sarpd.daemon.indexer_state), saved as soon as a batch is applied: after a
+restart every registered worker is subscribed again and replayed from where it
+stopped. Errors are JSON ``{"error": ...}``
 with Dynamo's statuses (400 body, 404 unknown, 409 conflict, 413 over a limit, 422 a
 field, 503 not ready).
 """
@@ -49,7 +50,7 @@ from sarpd.indexer.workers import Worker, namespace
 __all__ = ["IndexerApi"]
 
 log = logging.getLogger("sarpd.daemon.indexer_api")
-FLUSH_INTERVAL_S = 1.0
+REPORT_INTERVAL_S = 1.0  # the listeners' counters to `stats` and /metrics
 _STATUS = {BadRequest: 400, api.FieldError: 422, NotFound: 404, Conflict: 409, TooLarge: 413,
            Unavailable: 503, Busy: 503}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -83,6 +84,7 @@ class IndexerApi:
         self.ctx: zmq.asyncio.Context | None = None
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
+        self._dirty = asyncio.Event()  # a batch applied since the last save
         self._ranks: tuple[int, dict[int, tuple[int, int]],
                            dict[tuple[str, str], list[int]]] = (-1, {}, {})
 
@@ -134,6 +136,7 @@ class IndexerApi:
 
     def _applied(self, w: Worker, seq: int) -> None:
         self.watermarks[w.slot] = seq
+        self._dirty.set()
 
     async def flush(self) -> None:
         """The engine maps' changes and the watermarks, to disk together."""
@@ -144,13 +147,25 @@ class IndexerApi:
             await asyncio.to_thread(self.store.flush, changes, marks, gone)
 
     async def _flush_loop(self) -> None:
+        """Save as soon as a batch was applied (what accumulates meanwhile goes in the
+        next save: a group commit), so that a restart replays almost nothing twice (a
+        replay passes through the older states of what it applies again); report the
+        counters about once a second."""
+        reported = 0.0
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(FLUSH_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REPORT_INTERVAL_S):
+                    await self._dirty.wait()
+            self._dirty.clear()
             try:
                 await self.flush()
-                self._report()
-            except Exception:  # logged; the next flush tries again
+                if loop.time() - reported >= REPORT_INTERVAL_S:
+                    self._report()
+                    reported = loop.time()
+            except Exception:  # logged; the next save tries again
                 log.exception("indexer API: saving the listeners' state failed")
+                await asyncio.sleep(REPORT_INTERVAL_S)
 
     def counters(self) -> dict[str, float]:
         """The listeners' counters summed, their statuses, the events skipped by reason:

@@ -12,12 +12,16 @@ resubscribes every registered worker and goes on from where each listener stoppe
                                                 integers)
 
 A registration is written (and synced) before /register answers. The engine maps and
-the watermarks are written together, in one transaction, about once a second and at a
-stop (`flush`): a watermark never runs ahead of the map changes of the batches it
-covers, and every batch past it is replayed from the engine at the restart (the
-translation of a batch is the same again; applying it again changes nothing that its
-first application did not). Writes run on a thread of their own (`asyncio.to_thread`):
-the file is only touched by one call at a time.
+the watermarks are written together, in one transaction, as soon as batches were
+applied (`flush`; the daemon groups what accumulates while one runs): a watermark
+never runs ahead of the map changes of the batches it covers, and every batch past it
+is replayed from the engine at the restart (the translation of a batch is the same
+again, and applying it again ends where its first application did; meanwhile a query
+may see the older states it passes through, so little is replayed). These commits are
+written to the WAL without an fsync (synchronous=NORMAL): a kill -9 of sarpd loses
+none of them; a power loss may lose the last ones, which then costs a replay. Writes
+run on a thread of their own (`asyncio.to_thread`): the file is only touched by one
+call at a time.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class IndexerStore:
 
     def save_registry(self, reg: Registry) -> None:
         with self._lock:
+            self._db.execute("PRAGMA synchronous=FULL")  # synced before /register answers
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('registry', ?)",
                              (reg.to_json(),))
 
@@ -94,6 +99,7 @@ class IndexerStore:
                                       _signed(salt))
         with self._lock:
             db = self._db
+            db.execute("PRAGMA synchronous=NORMAL")  # the registry's saves are FULL
             db.execute("BEGIN")
             try:
                 db.executemany("DELETE FROM watermarks WHERE slot = ?",

@@ -71,7 +71,7 @@ def test_kill_9_then_restart_without_registering_again(tmp_path: Path,
         pubs[1].publish(stored(0, 2))
         want = {"10": reach(4, 6), "11": reach(2)}
         assert stable(lambda: answer(port)) == want
-        time.sleep(1.5)  # past a flush of the watermarks (about every second)
+        time.sleep(0.3)  # the watermarks saved (as soon as a batch is applied)
         pubs[1].publish(stored(2, 3))  # may or may not be saved: replayed either way
         wait_until(lambda: answer(port) == {**want, "11": reach(3)}, 10)
         d.kill()
