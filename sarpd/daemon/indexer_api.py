@@ -27,11 +27,11 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import numpy as np
 import zmq.asyncio
 from aiohttp import web
@@ -54,6 +54,7 @@ REPORT_INTERVAL_S = 1.0  # the listeners' counters to `stats` and /metrics
 _STATUS = {BadRequest: 400, api.FieldError: 422, NotFound: 404, Conflict: 409, TooLarge: 413,
            Unavailable: 503, Busy: 503}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_ENCODE = msgspec.json.Encoder().encode  # compact JSON (~5x json.dumps)
 
 
 def _status(exc: SarpError) -> int:
@@ -64,8 +65,7 @@ def _status(exc: SarpError) -> int:
 
 
 def _json(body: object, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(body, separators=(",", ":")), status=status,
-                        content_type="application/json")
+    return web.Response(body=_ENCODE(body), status=status, content_type="application/json")
 
 
 class IndexerApi:
@@ -289,7 +289,7 @@ class IndexerApi:
         sizes = dict(reg.pairs)
 
         def build() -> bytes:
-            return json.dumps(api.dump(sizes, workers), separators=(",", ":")).encode()
+            return _ENCODE(api.dump(sizes, workers))
 
         return web.Response(body=await asyncio.to_thread(build),
                             content_type="application/json")
