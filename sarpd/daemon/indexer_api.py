@@ -265,19 +265,29 @@ class IndexerApi:
         ids = hashing.chain(hashing.root(ns), local)
         ranks, slots = self._slot_ranks(model_name, group)
         maps = self.ingest.maps
+        seq = model.SeqSpec(ns=ns, hashes=ids)
         if len(slots) <= api.MAX_HOLDERS and not any(
                 s in maps and maps[s].lower for s in slots):
             # device blocks only: every rank's run from block 0 (the native kernel's)
-            match = model.Match(self.conn.next_id(), seq=model.SeqSpec(ns=ns, hashes=ids),
-                                holders=max(1, len(slots)))
-            resp = await self.conn.request(match, now=True)
-            spans = [(meta, 0, run) for meta, run in resp.get("holders") or ()]
+            holders, _ = await self._match(model.Match(self.conn.next_id(), seq=seq,
+                                                       holders=max(1, len(slots))))
+            spans = [(meta, 0, run) for meta, run in holders]
         else:  # a walk over lower tiers: every holder's runs
-            match = model.Match(self.conn.next_id(), seq=model.SeqSpec(ns=ns, hashes=ids),
-                                spans=True)
-            resp = await self.conn.request(match, now=True)
-            spans = [(meta, start, n) for meta, start, n in resp.get("spans") or ()]
+            _, spans = await self._match(model.Match(self.conn.next_id(), seq=seq, spans=True))
         return _json(api.answer(api.reach(spans, ranks), size))
+
+    async def _match(self, match: model.Match
+                     ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+        """(holders, spans) of a match: answered on the spot when the worker is idle
+        (`Server.answer_now`), else through the batcher without its window."""
+        res = self.server.answer_now(match)
+        if isinstance(res, SarpError):
+            raise res
+        if isinstance(res, model.MatchResult):
+            return res.holders or [], res.spans or []
+        resp = await self.conn.request(match, now=True)
+        return ([(m, r) for m, r in resp.get("holders") or ()],
+                [(m, a, n) for m, a, n in resp.get("spans") or ()])
 
     async def dump(self, request: web.Request) -> web.Response:
         """Every indexer's blocks as Dynamo's stored events (a peer recovers from it);

@@ -24,6 +24,8 @@ __all__ = ["LocalConn"]
 
 
 class LocalConn(Connection):
+    trusted = True  # sarpd's own part: no access policy (bind_namespaces) applies
+
     def __init__(self, server: Server, name: str) -> None:
         super().__init__(server)
         self.peer = name

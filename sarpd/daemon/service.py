@@ -199,6 +199,7 @@ class Service:
         # (`worker_threads`; the server owns it); None: all on the calling thread
         self.match_pool = match_pool
         self.config = config
+        self.match_threads = config.match_threads  # once: os.cpu_count() costs ~10 us
         self.backend_name = backend_name
         self.recovered_in_s = recovered_in_s
         self._extra_stats = extra_stats
@@ -278,8 +279,7 @@ class Service:
         match pool and this thread (no write runs meanwhile: the index answers
         matches from several threads at once), each part contained alone."""
         pool = self.match_pool
-        parts = 1 if pool is None else min(len(reqs) // MATCH_SPLIT,
-                                            self.config.match_threads)
+        parts = 1 if pool is None else min(len(reqs) // MATCH_SPLIT, self.match_threads)
         if parts <= 1:
             self.counters["match_calls"] += 1
             return contain("match_many", len(reqs), partial(self.index.match_many, reqs))
