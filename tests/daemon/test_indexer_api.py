@@ -166,3 +166,61 @@ def test_bad_input_is_a_4xx_naming_the_field(tmp_path: Path, path: str, body: by
         assert call(port, "GET", "/health")[0] == 200 and d.alive
     finally:
         d.cleanup()
+
+
+def test_the_api_s_own_requests_pass_an_access_policy(tmp_path: Path,
+                                                      pubs: list[Publisher]) -> None:
+    """Under bind_namespaces a socket client may use only its uid's namespaces; the
+    indexer API is sarpd's own part (its requests come from inside the daemon)."""
+    port = free_port()
+    d = SarpdProc(tmp_path / "d", config={"server": {"bind_namespaces": True}},
+                  extra_args=("--http-port", str(port))).start()
+    try:
+        wait_until(lambda: call(port, "GET", "/health")[0] == 200, 30, what="http")
+        p = pubs[0]
+        assert call(port, "POST", "/register", {"instance_id": 1, "endpoint": p.endpoint,
+                                                "model_name": "m", "block_size": 16})[0] == 201
+        assert p.subscribed.wait(10)
+        p.publish(stored(0, 2))
+        assert stable(lambda: answer(port)) == {"1": reach(2)}
+    finally:
+        d.cleanup()
+
+
+def test_concurrent_queries_answer_alike_on_the_spot_or_through_the_batcher(
+        tmp_path: Path, pubs: list[Publisher]) -> None:
+    """A query is answered on the loop's thread when the worker is idle, else through
+    the batcher (Server.answer_now): many at once take both ways, answers equal."""
+    import http.client
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    port = free_port()
+    d = start(tmp_path, port)
+    try:
+        p = pubs[0]
+        assert call(port, "POST", "/register", {"instance_id": 1, "endpoint": p.endpoint,
+                                                "model_name": "m", "block_size": 16})[0] == 201
+        assert p.subscribed.wait(10)
+        p.publish(stored(0, 8))
+        assert stable(lambda: answer(port)) == {"1": reach(8)}
+        body = json.dumps({"token_ids": T[:16 * 8], "model_name": "m"})
+
+        def client(_: int) -> set[str]:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            seen = set()
+            for _ in range(60):
+                conn.request("POST", "/query", body=body,
+                             headers={"Content-Type": "application/json"})
+                seen.add(conn.getresponse().read().decode())
+            conn.close()
+            return seen
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = set().union(*pool.map(client, range(8)))
+        assert [json.loads(a)["instances"] for a in answers] == [{"1": reach(8)}]
+        status, text = call(port, "GET", "/metrics")
+        matches = [ln for ln in text.splitlines() if ln.startswith('sarpd_requests_total{op="match"}')]
+        assert matches and float(matches[0].split()[-1]) >= 8 * 60  # each counted once
+    finally:
+        d.cleanup()
