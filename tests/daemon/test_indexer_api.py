@@ -220,7 +220,9 @@ def test_concurrent_queries_answer_alike_on_the_spot_or_through_the_batcher(
             answers = set().union(*pool.map(client, range(8)))
         assert [json.loads(a)["instances"] for a in answers] == [{"1": reach(8)}]
         status, text = call(port, "GET", "/metrics")
-        matches = [ln for ln in text.splitlines() if ln.startswith('sarpd_requests_total{op="match"}')]
+        assert status == 200
+        matches = [ln for ln in text.splitlines()
+                   if ln.startswith('sarpd_requests_total{op="match"}')]
         assert matches and float(matches[0].split()[-1]) >= 8 * 60  # each counted once
     finally:
         d.cleanup()
