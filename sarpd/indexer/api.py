@@ -26,6 +26,7 @@ Counts are tokens (blocks x block size). docs/HTTP.md is the reference.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -105,7 +106,7 @@ _NAMES = ("model_name", "routing_group", "lora_name", "cache_salt", "endpoint",
 def decode(body: bytes, kind: type[T], max_items: int) -> T:
     """`body` as request `kind`; `max_items`: the most token ids / hashes it may carry."""
     try:
-        req = msgspec.json.decode(body, type=kind)
+        req: T = _decoder(kind).decode(body)
     except msgspec.ValidationError as exc:
         raise FieldError(f"body: {exc}") from exc
     except msgspec.DecodeError as exc:
@@ -124,6 +125,11 @@ def decode(body: bytes, kind: type[T], max_items: int) -> T:
         raise BadRequest("cache_salt is not accepted by /query_by_hash; block_hashes must "
                          "already include the intended cache salt")
     return req
+
+
+@functools.cache
+def _decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
+    return msgspec.json.Decoder(kind)
 
 
 def _check_name(field: str, value: str) -> None:
