@@ -67,6 +67,7 @@ from sarpd.errors import (
 from sarpd.events.endpoints import check_endpoint
 from sarpd.events.mapping import CANARY_NS, CanaryOp, ClearOp, InsertOp, Op, RemoveOp, Translator
 from sarpd.events.schema import EventDecodeError, decode_batch, decode_replay, decode_seq
+from sarpd.events.sequence import Stream
 
 __all__ = ["RETRYABLE", "BridgeConfig", "Stopped", "VllmBridge", "serve"]
 
@@ -116,9 +117,8 @@ class VllmBridge:
             cfg.worker, cfg.ns, cfg.group, known=pos.namespaces, ns_of=ns_of,
             block_size=cfg.block_size, holders=cfg.holders,
         )  # fmt: skip
-        self.last: int | None = pos.last_seq  # newest batch taken
+        self.stream = Stream(pos.last_seq)  # the newest batch taken, the last replay's
         self.applied: int | None = pos.last_seq  # newest batch acknowledged in full
-        self._replayed: tuple[int, int] | None = None
         self._client: Client | None = None
         self._connected_once = False
         self._stop = asyncio.Event()
@@ -150,7 +150,7 @@ class VllmBridge:
             connect(sub, self.cfg.endpoint, "--endpoint")
             items: list[_Req | _Mark] = []
             if self.cfg.replay:
-                await self._replay(0 if self.last is None else self.last + 1, items)
+                await self._replay(self.stream.expected, items)
             await self._connected()
             await self._apply(items)
             if on_ready is not None:
@@ -202,37 +202,35 @@ class VllmBridge:
             log.warning("dropped a message: %s", exc)
             self.stats.drop("malformed")
             return
-        last = self.last
-        if last is not None and seq <= last:
-            window = self._replayed
-            if window is not None and window[0] <= seq <= window[1]:
-                self.stats.duplicates += 1
-                return
-            log.warning("sequence went back from %d to %d: engine restarted", last, seq)
+        stream, last = self.stream, self.stream.last
+        verdict = stream.verdict(seq)  # sarpd.events.sequence: the rule
+        if verdict == "duplicate":
+            self.stats.duplicates += 1
+            return
+        if verdict == "restart":
+            log.warning("sequence went back from %s to %d: engine restarted", last, seq)
             self.stats.restarts += 1
             items.extend(self._event_reqs("cleared", self.translator.clear_all()))
-            self.last = self._replayed = None
+            stream.restarted()
             if self.cfg.replay:
                 await self._replay(0, items)
-        elif seq > (0 if last is None else last + 1):
+        elif verdict == "gap":
             self.stats.gaps += 1
             log.info("sequence gap: %d after %s", seq, "the start" if last is None else last)
             if self.cfg.replay:
-                await self._replay(0 if last is None else last + 1, items)
-        if self.last is not None and seq <= self.last:
+                await self._replay(stream.expected, items)
+        if stream.seen(seq):  # the replay brought it
             self.stats.duplicates += 1
             return
-        if self._replayed is not None and seq > self._replayed[1]:
-            self._replayed = None  # past the replay: nothing older can be a duplicate
         self._take(seq, frames[2], items)
 
     def _take(self, seq: int, payload: bytes, items: list[_Req | _Mark]) -> None:
-        expected = 0 if self.last is None else self.last + 1
-        if seq > expected:  # the engine counts from 0: before seq, nothing was taken
+        expected = self.stream.expected
+        lost = self.stream.taken(seq)
+        if lost:  # the engine counts from 0: before seq, nothing was taken
             reason = "unreplayed" if self.cfg.replay else "no_replay"
             log.warning("lost batches %d..%d (%s)", expected, seq - 1, reason)
-            self.stats.drop(reason, seq - expected)
-        self.last = seq
+            self.stats.drop(reason, lost)
         try:
             batch = decode_batch(payload)
         except EventDecodeError as exc:
@@ -286,14 +284,13 @@ class VllmBridge:
                     continue
                 if reply.end:
                     break
-                if self.last is not None and reply.seq <= self.last:
+                if self.stream.seen(reply.seq):
                     continue
                 first = reply.seq if first is None else first
                 self._take(reply.seq, reply.payload, items)
         finally:
             dealer.close(linger=0)
-        if first is not None and self.last is not None:
-            self._replayed = (first, self.last)
+        self.stream.replay_done(first)
 
     # ------------------------------------------------------------------ applying
 

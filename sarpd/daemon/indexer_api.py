@@ -43,6 +43,7 @@ from sarpd.daemon.local import LocalConn
 from sarpd.daemon.server import Server
 from sarpd.errors import BadRequest, Busy, Conflict, NotFound, SarpError, TooLarge, Unavailable
 from sarpd.events.endpoints import check_endpoint
+from sarpd.events.sequence import Stream
 from sarpd.indexer import api, hashing
 from sarpd.indexer.ingest import Ingest
 from sarpd.indexer.workers import Worker, namespace
@@ -130,7 +131,7 @@ class IndexerApi:
     def _listen(self, w: Worker) -> None:
         assert self.ctx is not None
         lst = Listener(w, self.ingest, LocalConn(self.server, f"listener {w.instance_id}"),
-                       self.ctx, self.watermarks.get(w.slot), self._applied)
+                       self.ctx, Stream(self.watermarks.get(w.slot)), self._applied)
         self.listeners[w.key] = lst
         lst.start()
 

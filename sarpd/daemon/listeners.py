@@ -12,8 +12,9 @@ each message ``[topic, seq (8 bytes, big-endian), payload]`` in order:
 - the first message after a registration: if its `seq` is past 0, the batches
   before it are asked for first (as Dynamo's indexer does: a late registration);
 - a later gap is replayed the same way; a `seq` at or below the watermark is a
-  duplicate (skipped), unless it is 0: the engine restarted, and its blocks are
-  cleared before the new stream is taken;
+  duplicate (skipped) inside the last replay's window, else the engine restarted:
+  its blocks are cleared before the new stream is taken (`sarpd.events.sequence`,
+  the bridge's rule too);
 - each batch is decoded (`sarpd.events.schema`, token ids kept), translated
   (`sarpd.indexer.ingest`) and submitted on the listener's own `LocalConn` (its
   requests take effect in order); the watermark moves once they are answered.
@@ -38,6 +39,7 @@ from sarpd.daemon.local import LocalConn
 from sarpd.errors import SarpError
 from sarpd.events.endpoints import check_endpoint
 from sarpd.events.schema import EventDecodeError, decode_batch, decode_replay, decode_seq
+from sarpd.events.sequence import Stream
 from sarpd.indexer.ingest import Ingest
 from sarpd.indexer.workers import Worker
 
@@ -53,7 +55,7 @@ class Listener:
     ingest: Ingest
     conn: LocalConn
     ctx: zmq.asyncio.Context
-    last_seq: int | None = None  # the watermark: the newest batch applied
+    stream: Stream = field(default_factory=Stream)  # the watermark, the last replay
     on_applied: Callable[[Worker, int], None] | None = None
     status: str = "pending"
     last_error: str | None = None
@@ -79,8 +81,8 @@ class Listener:
             assert self.worker.endpoint is not None
             sub.connect(check_endpoint(self.worker.endpoint, "endpoint"))
             self.status = "active"
-            if self.last_seq is not None and self.worker.replay_endpoint:
-                await self._replay(self.last_seq + 1)  # a restart: what came meanwhile
+            if self.stream.last is not None and self.worker.replay_endpoint:
+                await self._replay(self.stream.expected)  # a restart: what came meanwhile
             while True:
                 frames = await sub.recv_multipart()
                 await self._take(frames)
@@ -106,31 +108,32 @@ class Listener:
             log.warning("listener %s: dropped a message: %s", self._name, exc)
             self.counts["malformed"] += 1
             return
-        last = self.last_seq
-        if last is not None and seq <= last:
-            if seq != 0:
-                self.counts["duplicates"] += 1
-                return
-            log.warning("listener %s: sequence went back to 0: engine restarted", self._name)
+        stream, last = self.stream, self.stream.last
+        verdict = stream.verdict(seq)  # sarpd.events.sequence: the bridge's rule too
+        if verdict == "duplicate":
+            self.counts["duplicates"] += 1
+            return
+        if verdict == "restart":
+            log.warning("listener %s: sequence went back from %s to %d: engine restarted",
+                        self._name, last, seq)
             self.counts["restarts"] += 1
             await self._apply_ops([self.ingest.clear(self.worker, self.conn.next_id)])
-            self.last_seq = last = None
-        expected = 0 if last is None else last + 1
-        if seq > expected:
+            stream.restarted()
+            if seq > 0 and self.worker.replay_endpoint:
+                await self._replay(0)
+        elif verdict == "gap":
             self.counts["gaps"] += 1
             if self.worker.replay_endpoint:
-                await self._replay(expected)
-            if self.last_seq is not None and seq <= self.last_seq:
-                return  # the replay brought it
-            expected = 0 if self.last_seq is None else self.last_seq + 1
-            if seq > expected:
-                self.counts["lost_batches"] += seq - expected
-                log.warning("listener %s: lost batches %d..%d", self._name, expected, seq - 1)
+                await self._replay(stream.expected)
+        if stream.seen(seq):  # the replay brought it
+            self.counts["duplicates"] += 1
+            return
         await self._apply(seq, frames[2])
 
     async def _replay(self, start: int) -> None:
         assert self.worker.replay_endpoint is not None
         self.counts["replays"] += 1
+        first: int | None = None
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         try:
@@ -150,10 +153,12 @@ class Listener:
                     continue
                 if reply.end:
                     return
-                if self.last_seq is None or reply.seq > self.last_seq:
+                if not self.stream.seen(reply.seq):
+                    first = reply.seq if first is None else first
                     await self._apply(reply.seq, reply.payload)
         finally:
             dealer.close(linger=0)
+            self.stream.replay_done(first)
 
     async def _apply(self, seq: int, payload: bytes) -> None:
         try:
@@ -164,7 +169,10 @@ class Listener:
         else:
             self.counts["batches"] += 1
             await self._apply_ops(self.ingest.batch(self.worker, batch, self.conn.next_id))
-        self.last_seq = seq
+        lost = self.stream.taken(seq)
+        if lost:
+            self.counts["lost_batches"] += lost
+            log.warning("listener %s: lost batches %d..%d", self._name, seq - lost, seq - 1)
         if self.on_applied is not None:
             self.on_applied(self.worker, seq)
 
