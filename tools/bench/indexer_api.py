@@ -65,205 +65,50 @@ figures of one run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import random
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import click
-import numpy as np
 
 from sarpd.ctl.common import write_json
 from tools.bench import vllm_schema as vs
 from tools.bench.indexer_parts import (
-    BLOCK,
-    MODEL,
     Answer,
     Conversation,
     Http,
-    HttpConn,
+    Indexer,
+    Load,
+    Marker,
     Workload,
     connect,
-    instance_id,
+    drive,
+    dynamo_indexer,
+    pct,
     query_doc,
+    register,
     request_bytes,
+    sarp_indexer,
+    watch,
 )
-from tools.bench.spawn import start_daemon
 from tools.bench.vllm_publisher import Publisher
 
 MARKER_EVERY = 5
-POLL_S = 0.002
-DRAIN_S = 30.0  # how long markers are awaited after the last publish
 PROBES = 32
 CHECKS = 512  # conversations whose answers are checked against the engines' state
 RESUME_S = 1.0
 SLICE_S = 1.0  # the query loads take turns, index by index, in slices this long
-UP_TIMEOUT_S = 60.0
 INDEXES = ("sarp", "dynamo")
-
-# ---------------------------------------------------------------------- the indexers
-
-@dataclass
-class Indexer:
-    """One indexer process: how to spawn it (the same way every time), its port."""
-
-    name: str
-    port: int
-    launch: Callable[[], subprocess.Popen[bytes]]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def spawn(self) -> float:
-        """Start the process; the perf_counter() just before."""
-        t0 = time.perf_counter()
-        self.proc = self.launch()
-        return t0
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-
-    def rss(self) -> tuple[int, int]:
-        """VmRSS and VmHWM (its peak) of the process, bytes."""
-        assert self.proc is not None
-        fields = dict(line.split(":", 1) for line in
-                      Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
-        return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
-
-    def log_tail(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-2000:]
-        except OSError:
-            return ""
-
-    def wait_up(self, timeout: float = UP_TIMEOUT_S) -> None:
-        """Until GET /health answers 200 (RuntimeError if the process exits)."""
-        http_ = Http(self.port, timeout=2)
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: "
-                                       f"{self.log_tail()}")
-                with contextlib.suppress(ConnectionError):
-                    if http_.request("GET", "/health")[0] == 200:
-                        return
-                time.sleep(0.05)
-        finally:
-            http_.close()
-        raise RuntimeError(f"{self.name}: no /health in {timeout:g} s: {self.log_tail()}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def sarp_indexer(base: Path) -> Indexer:
-    """sarpd on `base`/data (rocksdb, sync always), its socket and log in `base`."""
-    port = free_port()
-    sock = base / "sarpd.sock"
-
-    def launch() -> subprocess.Popen[bytes]:
-        proc, _ = start_daemon(base / "data", sync="always", sock=sock, wait=False,
-                               extra=["--http-port", str(port)])
-        return proc
-
-    return Indexer("sarp", port, launch, base / "sarpd.log")
-
-
-def dynamo_indexer(base: Path, threads: int) -> Indexer:
-    """`python -m dynamo.indexer` from an empty working directory (a `dynamo/` folder
-    there would shadow the wheel), without PYTHONPATH (nor this checkout on it)."""
-    port = free_port()
-    cwd = base / "dynamo-cwd"
-    cwd.mkdir()
-    log = base / "dynamo.log"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["NO_COLOR"] = "1"
-    argv = [sys.executable, "-m", "dynamo.indexer", "--port", str(port), "--threads",
-            str(threads)]
-
-    def launch() -> subprocess.Popen[bytes]:
-        with open(log, "ab") as out:
-            return subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    return Indexer("dynamo", port, launch, log)
-
-
-def register(ixs: Sequence[Indexer], pubs: Sequence[Publisher]) -> None:
-    """Each engine on each indexer (instance `instance_id(e)`, with its replay
-    endpoint), each subscription seen by the publisher before the next registration."""
-    for e, pub in enumerate(pubs):
-        for ix in ixs:
-            pub.subscribed.clear()
-            http_ = Http(ix.port)
-            status, body = http_.request("POST", "/register", {
-                "instance_id": instance_id(e), "endpoint": pub.endpoint,
-                "replay_endpoint": pub.replay_endpoint, "model_name": MODEL,
-                "block_size": BLOCK})
-            http_.close()
-            if status != 201:
-                raise RuntimeError(f"{ix.name}: /register answered {status}: {body}")
-            if not pub.subscribed.wait(30):
-                raise RuntimeError(f"{ix.name} never subscribed to engine {e}")
-    time.sleep(0.05)  # the last subscription reaches the XPUB's filter
-
-
-# ---------------------------------------------------------------------- markers
-
-@dataclass
-class Marker:
-    engine: int
-    tokens: list[int]
-    published: float  # perf_counter() at publish()
-    seen: dict[str, float] = field(default_factory=dict)  # index -> perf_counter()
-
-
-async def watch(ix: Indexer, markers: list[Marker], done: asyncio.Event) -> None:
-    """Ask `ix` for every marker (appended to `markers` as they are published) until
-    its engine shows in the answer; stop once `done` is set and every marker was seen,
-    or `DRAIN_S` after `done`."""
-    conn = await connect(ix.port)
-    pending: list[Marker] = []
-    taken = 0
-    drain_end = None
-    try:
-        while True:
-            pending += markers[taken:]
-            taken = len(markers)
-            for m in list(pending):
-                status, body = await conn.send(request_bytes(ix.port, "/query",
-                                                             query_doc(m.tokens)))
-                if status == 200 and str(instance_id(m.engine)) in json.loads(body)["instances"]:
-                    m.seen[ix.name] = time.perf_counter()
-                    pending.remove(m)
-            if done.is_set():
-                drain_end = drain_end or time.perf_counter() + DRAIN_S
-                if (not pending and taken == len(markers)) or time.perf_counter() > drain_end:
-                    return
-            await asyncio.sleep(POLL_S)
-    finally:
-        conn.close()
-
 
 @dataclass
 class Steady:
@@ -328,41 +173,6 @@ class Bench:
                 plan.batches += 1
         for e in range(engines):  # every engine's last batch is a marker
             self.publish(e, [], markers, True)
-
-
-# ---------------------------------------------------------------------- measurements
-
-def pct(xs: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if len(xs) else None
-
-
-@dataclass
-class Load:
-    lat_us: list[float] = field(default_factory=list)
-    errors: int = 0
-    empty: int = 0
-    seconds: float = 0.0
-
-
-async def drive(conns: Sequence[HttpConn], requests: Sequence[bytes], seconds: float,
-                out: Load, seed: int) -> None:
-    """Each of `conns` sends one random request of `requests` after the other, for
-    `seconds`; into `out`."""
-    async def client(k: int, end: float) -> None:
-        rng = random.Random(seed * 1000 + k)
-        while time.perf_counter() < end:
-            raw = requests[rng.randrange(len(requests))]
-            t0 = time.perf_counter()
-            status, body = await conns[k].send(raw)
-            out.lat_us.append((time.perf_counter() - t0) * 1e6)
-            if status != 200:
-                out.errors += 1
-            elif b'"instances":{}' in body:
-                out.empty += 1
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client(k, t0 + seconds) for k in range(len(conns))))
-    out.seconds += time.perf_counter() - t0
 
 
 async def query_loads(ixs: Sequence[Indexer], requests: dict[str, list[bytes]], clients: int,
