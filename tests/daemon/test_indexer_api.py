@@ -30,10 +30,21 @@ def pubs() -> Iterator[list[Publisher]]:
         p.close()
 
 
-def start(tmp_path: Path, port: int) -> SarpdProc:
-    d = SarpdProc(tmp_path / "d", extra_args=("--http-port", str(port))).start()
+def start(tmp_path: Path, port: int, config: dict[str, dict[str, object]] | None = None
+          ) -> SarpdProc:
+    d = SarpdProc(tmp_path / "d", config=config,
+                  extra_args=("--http-port", str(port))).start()
     wait_until(lambda: call(port, "GET", "/health")[0] == 200, 30, what="http")
     return d
+
+
+def serve_one(port: int, p: Publisher, blocks: int) -> None:
+    """Instance 1 registered on `p`, which stored `blocks` blocks; answered so."""
+    assert call(port, "POST", "/register", {"instance_id": 1, "endpoint": p.endpoint,
+                                            "model_name": "m", "block_size": 16})[0] == 201
+    assert p.subscribed.wait(10)
+    p.publish(stored(0, blocks))
+    assert stable(lambda: answer(port)) == {"1": reach(blocks)}
 
 
 def stored(a: int, b: int, medium: str = "GPU") -> bytes:
@@ -173,16 +184,9 @@ def test_the_api_s_own_requests_pass_an_access_policy(tmp_path: Path,
     """Under bind_namespaces a socket client may use only its uid's namespaces; the
     indexer API is sarpd's own part (its requests come from inside the daemon)."""
     port = free_port()
-    d = SarpdProc(tmp_path / "d", config={"server": {"bind_namespaces": True}},
-                  extra_args=("--http-port", str(port))).start()
+    d = start(tmp_path, port, {"server": {"bind_namespaces": True}})
     try:
-        wait_until(lambda: call(port, "GET", "/health")[0] == 200, 30, what="http")
-        p = pubs[0]
-        assert call(port, "POST", "/register", {"instance_id": 1, "endpoint": p.endpoint,
-                                                "model_name": "m", "block_size": 16})[0] == 201
-        assert p.subscribed.wait(10)
-        p.publish(stored(0, 2))
-        assert stable(lambda: answer(port)) == {"1": reach(2)}
+        serve_one(port, pubs[0], 2)
     finally:
         d.cleanup()
 
@@ -198,12 +202,7 @@ def test_concurrent_queries_answer_alike_on_the_spot_or_through_the_batcher(
     port = free_port()
     d = start(tmp_path, port)
     try:
-        p = pubs[0]
-        assert call(port, "POST", "/register", {"instance_id": 1, "endpoint": p.endpoint,
-                                                "model_name": "m", "block_size": 16})[0] == 201
-        assert p.subscribed.wait(10)
-        p.publish(stored(0, 8))
-        assert stable(lambda: answer(port)) == {"1": reach(8)}
+        serve_one(port, pubs[0], 8)
         body = json.dumps({"token_ids": T[:16 * 8], "model_name": "m"})
 
         def client(_: int) -> set[str]:
