@@ -215,6 +215,9 @@ class IndexerApi:
 
     async def unregister(self, request: web.Request) -> web.Response:
         req = api.decode(await request.read(), api.Unregister, 0)
+        if not self.ready:  # its blocks could not be cleared now: nothing changes
+            raise Unavailable(f"unregister: the index is not serving ({self.server.status}); "
+                              "retry later")
         gone = self.registry.unregister(req.model_name, req.routing_group, req.instance_id)
         for w in gone:
             lst = self.listeners.pop(w.key, None)

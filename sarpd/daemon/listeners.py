@@ -47,6 +47,9 @@ __all__ = ["Listener"]
 
 log = logging.getLogger("sarpd.daemon.listeners")
 REPLAY_TIMEOUT_S = 5.0
+RETRIED = ("busy", "unavailable")  # the server could not take it now: submitted again
+RETRIES = 20
+RETRY_PAUSE_S = 0.05  # times the attempt: ~10 s in all before the listener fails
 
 
 @dataclass
@@ -177,12 +180,27 @@ class Listener:
             self.on_applied(self.worker, seq)
 
     async def _apply_ops(self, ops: list[Any]) -> None:
-        if not ops:
-            return
-        answers = await asyncio.gather(*(self.conn.submit(op) for op in ops),
-                                       return_exceptions=True)
-        for a in answers:
-            if isinstance(a, SarpError):
-                self.counts[f"refused_{a.code}"] += 1
-            elif isinstance(a, BaseException):
-                raise a
+        """Submit a batch's requests in order; from the first one the server could not
+        take now (`busy`, `unavailable`: a full queue, a failed sync) on, all of them
+        again after a pause (set operations, applied again in order: the same end), so
+        that the watermark never passes a batch that was not applied. Refused ones
+        (e.g. `unknown_parent`) are counted and skipped."""
+        for attempt in range(RETRIES + 1):
+            if not ops:
+                return
+            answers = await asyncio.gather(*(self.conn.submit(op) for op in ops),
+                                           return_exceptions=True)
+            again = next((i for i, a in enumerate(answers) if isinstance(a, SarpError)
+                          and a.code in RETRIED), None)
+            for a in answers[:again]:
+                if isinstance(a, SarpError):
+                    self.counts[f"refused_{a.code}"] += 1
+                elif isinstance(a, BaseException):
+                    raise a
+            if again is None:
+                return
+            if attempt == RETRIES:
+                raise answers[again]  # type: ignore[misc]  # the listener fails: shown
+            self.counts["retries"] += 1
+            ops = ops[again:]
+            await asyncio.sleep(RETRY_PAUSE_S * (attempt + 1))
