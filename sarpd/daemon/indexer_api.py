@@ -76,7 +76,7 @@ class IndexerApi:
         self.store = IndexerStore(cfg.data_dir)
         self.registry = self.store.load_registry(cfg.index.block_tokens)
         self.ingest = Ingest(self.registry)
-        self.ingest.load(self.store.engine_rows())
+        self.loaded = False  # the engine maps, read by `start` (queries need none of it)
         self.watermarks = self.store.watermarks()  # by the listener's worker slot
         self.forgotten: set[int] = set()
         self.max_items = cfg.index.max_sequence_tokens
@@ -104,9 +104,11 @@ class IndexerApi:
         r.add_get("/peers", self._wrap(self.peers))
 
     async def start(self) -> None:
-        """Once the index serves: subscribe every registered worker again."""
+        """Once the index serves: read the engine maps (on a thread: queries are
+        answered meanwhile), then subscribe every registered worker again."""
         self.ctx = zmq.asyncio.Context()
-        self.ready = True
+        await asyncio.to_thread(self.ingest.load, self.store.engine_rows())
+        self.loaded = self.ready = True
         for w in list(self.registry.workers.values()):
             if w.endpoint is not None:
                 self._listen(w)
@@ -140,12 +142,19 @@ class IndexerApi:
         self._dirty.set()
 
     async def flush(self) -> None:
-        """The engine maps' changes and the watermarks, to disk together."""
+        """The engine maps' changes and the watermarks, to disk together; the whole maps
+        instead once the store's log is long enough (`IndexerStore.compact_due`)."""
+        if not self.loaded:  # nothing changed yet, and a snapshot would be partial
+            return
         changes, self.ingest.journal[:] = self.ingest.journal[:], []
         marks, gone = dict(self.watermarks), set(self.forgotten)
         self.forgotten.clear()
+        maps = self.ingest.maps
+        snapshot = None
+        if self.store.compact_due(len(changes), sum(len(m.blocks) for m in maps.values())):
+            snapshot = [(slot, dict(m.blocks)) for slot, m in maps.items()]  # C copies
         if changes or marks or gone:
-            await asyncio.to_thread(self.store.flush, changes, marks, gone)
+            await asyncio.to_thread(self.store.flush, changes, marks, gone, snapshot)
 
     async def _flush_loop(self) -> None:
         """Save as soon as a batch was applied (what accumulates meanwhile goes in the
@@ -270,7 +279,7 @@ class IndexerApi:
         ranks, slots = self._slot_ranks(model_name, group)
         maps = self.ingest.maps
         seq = model.SeqSpec(ns=ns, hashes=ids)
-        if len(slots) <= api.MAX_HOLDERS and not any(
+        if self.loaded and len(slots) <= api.MAX_HOLDERS and not any(
                 s in maps and maps[s].lower for s in slots):
             # device blocks only: every rank's run from block 0 (the native kernel's)
             holders, _ = await self._match(model.Match(self.conn.next_id(), seq=seq,
@@ -296,6 +305,8 @@ class IndexerApi:
     async def dump(self, request: web.Request) -> web.Response:
         """Every indexer's blocks as Dynamo's stored events (a peer recovers from it);
         built on a thread from a copy of the maps."""
+        if not self.loaded:
+            raise Unavailable("dump: the engine maps are still being read; retry later")
         reg = self.registry
         workers = [(w.model, w.group, w.instance_id, w.dp_rank,
                     dict(self.ingest.maps[w.slot].blocks))

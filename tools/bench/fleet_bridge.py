@@ -41,8 +41,8 @@ def block_tokens(locals_: np.ndarray, block_size: int) -> list[int]:
     return [int(t) for t in toks.reshape(-1)]
 
 
-def payload(batch: Batch, block_size: int) -> bytes:
-    """One engine batch as the EventBatch vLLM would publish."""
+def events_of(batch: Batch, block_size: int) -> list[vs.KVCacheEvent]:
+    """One engine batch as the events of vLLM's EventBatch."""
     events: list[vs.KVCacheEvent] = []
     for ev in batch.events:
         hashes = [int(h) for h in ev.hashes]
@@ -51,7 +51,12 @@ def payload(batch: Batch, block_size: int) -> bytes:
                                           block_tokens(ev.locals, block_size), block_size))
         else:
             events.append(vs.block_removed(hashes))
-    return vs.encode_events(events)
+    return events
+
+
+def payload(batch: Batch, block_size: int) -> bytes:
+    """One engine batch as the EventBatch vLLM would publish."""
+    return vs.encode_events(events_of(batch, block_size))
 
 
 class BridgeSink:

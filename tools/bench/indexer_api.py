@@ -41,6 +41,10 @@ Phases, each index measured alike:
    (medians of the first and last quarter of the markers) tell a growing backlog
    (`backlog_grows`); `markers_unseen`: not answered 30 s after the last publish;
 4. `rss_bytes`: the indexer process's VmRSS after phases 1-3;
+4b. fleet lag (`--fleet-speedup`, 0 skips it; tools/bench/indexer_fleet.py): the
+   fleet bench's engines (the Mooncake trace, vLLM's prefix cache, 16 engines) publish
+   their batches at the trace's pace divided by the speedup, markers as in 3:
+   `fleet_event_lag_ms_*`, `fleet_backlog_grows`; then they are unregistered;
 5. restart, the publishers paused: each index answers a fixed probe set (32 queries,
    half of them the conversations the engines changed last: the "before" answers),
    is killed (SIGKILL; at once, or after `--idle-before-kill` seconds) and spawned
@@ -83,6 +87,7 @@ import click
 
 from sarpd.ctl.common import write_json
 from tools.bench import vllm_schema as vs
+from tools.bench.indexer_fleet import FleetOptions, describe, fleet_lag
 from tools.bench.indexer_parts import (
     Answer,
     Conversation,
@@ -304,6 +309,7 @@ class Options:
     restart_timeout: float = 30.0
     idle_before_kill: float = 0.0
     dynamo_threads: int = 4
+    fleet: FleetOptions | None = None  # None: no fleet phase
 
 
 def say(msg: str) -> None:
@@ -370,6 +376,21 @@ def phase_lag(bench: Bench, opts: Options) -> tuple[dict[str, dict[str, Any]], S
     return out, plan
 
 
+def phase_fleet(bench: Bench, fleet: FleetOptions) -> tuple[dict[str, dict[str, Any]],
+                                                         dict[str, Any]]:
+    """The fleet bench's engines at its pace (tools/bench/indexer_fleet.py): each
+    index's lag, as `fleet_event_lag_*`."""
+    markers, run, end = fleet_lag(bench.ixs, bench.wl, len(bench.pubs), fleet)
+    out = {}
+    for ix in bench.ixs:
+        lag = lag_figures(ix.name, markers, end)
+        out[ix.name] = {f"fleet_{k}": v for k, v in lag.items()}
+        say(f"{ix.name}: fleet x{fleet.speedup:g} ({run.blocks / max(run.span_s, 1e-9):,.0f} "
+            f"event blocks/s): lag p99 {lag['event_lag_ms_p99']:.1f} ms, first quarter "
+            f"{lag['event_lag_ms_start']:.1f} ms, last {lag['event_lag_ms_end']:.1f} ms")
+    return out, describe(run, fleet)
+
+
 def phase_restart(bench: Bench, opts: Options) -> dict[str, dict[str, Any]]:
     checks = sample(bench.wl.convs, CHECKS, opts.seed + 1)
     recent = bench.wl.recent(PROBES // 2)  # what a restart may have missed, if anything
@@ -423,7 +444,8 @@ def measure(bench: Bench, opts: Options) -> dict[str, Any]:
     queries = phase_queries(bench, opts)
     lag, plan = phase_lag(bench, opts)
     blocks = bench.wl.blocks_held()
-    for phase in (queries, lag, phase_restart(bench, opts), phase_resume(bench, opts)):
+    fleet, fleet_run = phase_fleet(bench, opts.fleet) if opts.fleet else ({}, {})
+    for phase in (queries, lag, fleet, phase_restart(bench, opts), phase_resume(bench, opts)):
         for name, got in phase.items():
             res[name].update(got)
     doc: dict[str, Any] = {
@@ -435,14 +457,16 @@ def measure(bench: Bench, opts: Options) -> dict[str, Any]:
         "conversations": len(bench.wl.convs), "batches": sum(bench.sent),
         "publish_behind_s": plan.behind_s, "idle_before_kill_s": opts.idle_before_kill,
         "sarp": {"backend": "rocksdb", "sync": "always"},
-        "dynamo": {"threads": opts.dynamo_threads, "version": _dynamo_version()}}
+        "dynamo": {"threads": opts.dynamo_threads, "version": _dynamo_version()},
+        **fleet_run}
     doc.update(ratios(res))
     return doc
 
 
 RATIOS = {"qps_ratio": "queries_per_s", "p50_ratio": "query_us_p50",
           "p99_ratio": "query_us_p99", "p50_one_client_ratio": "query_us_p50_one_client",
-          "lag_p99_ratio": "event_lag_ms_p99", "rss_ratio": "rss_bytes"}
+          "lag_p99_ratio": "event_lag_ms_p99", "fleet_lag_p99_ratio": "fleet_event_lag_ms_p99",
+          "rss_ratio": "rss_bytes"}
 
 
 def ratios(res: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -490,7 +514,10 @@ def run(opts: Options) -> dict[str, Any]:
 TABLE = (("queries_per_s", "{:,.0f}"), ("query_us_p50", "{:,.0f}"), ("query_us_p99", "{:,.0f}"),
          ("query_us_p50_one_client", "{:,.0f}"), ("event_lag_ms_p99", "{:,.1f}"),
          ("event_lag_ms_start", "{:,.1f}"), ("event_lag_ms_end", "{:,.1f}"),
-         ("markers_unseen", "{}"), ("rss_bytes", "{:,}"), ("fill_s", "{:.2f}"),
+         ("markers_unseen", "{}"), ("fleet_event_lag_ms_p99", "{:,.1f}"),
+         ("fleet_event_lag_ms_start", "{:,.1f}"), ("fleet_event_lag_ms_end", "{:,.1f}"),
+         ("fleet_backlog_grows", "{}"), ("fleet_markers_unseen", "{}"),
+         ("rss_bytes", "{:,}"), ("fill_s", "{:.2f}"),
          ("restart_s", "{:.3f}"), ("first_answer_s", "{:.3f}"),
          ("answers_right_after_restart", "{:.2f}"), ("wrong_rounds", "{}"),
          ("answers_equal_engines_before", "{:.2f}"),
@@ -553,12 +580,22 @@ def _terminate(_sig: int, _frame: FrameType | None) -> None:
               "it comes back (docs/HTTP.md, \"Restarts\").")
 @click.option("--dynamo-threads", type=click.IntRange(1), default=4, show_default=True,
               help="Dynamo's --threads (its default: 4).")
+@click.option("--fleet-speedup", type=click.FloatRange(0), default=16.0, show_default=True,
+              help="The fleet phase: the fleet bench's engines (the Mooncake trace, "
+              "vLLM's prefix cache) publish at its pace divided by this (its default, "
+              "16); the lag of their events per index. 0: no fleet phase.")
+@click.option("--fleet-requests", type=click.IntRange(1), default=1000, show_default=True,
+              help="The trace's first N requests in the fleet phase (the fleet bench's "
+              "default).")
+@click.option("--fleet-engines", type=click.IntRange(1), default=16, show_default=True,
+              help="The fleet phase's engines (the fleet bench's default).")
 @click.option("--json", "json_out", metavar="FILE|-", default=None,
               help="Write the results as one JSON object to FILE, or stdout with '-' (the "
               "table then goes to stderr).")
 def main(engines: int, clients: int, seconds: float, rate: float, sequences: int, seed: int,
          indexes: tuple[str, ...], restart_timeout: float, idle_before_kill: float,
-         dynamo_threads: int, json_out: str | None) -> None:
+         dynamo_threads: int, fleet_speedup: float, fleet_requests: int, fleet_engines: int,
+         json_out: str | None) -> None:
     """sarpd's indexer API (--http-port) against Dynamo's standalone KV indexer
     (python -m dynamo.indexer), on the same engines' events in one run.
 
@@ -570,7 +607,9 @@ def main(engines: int, clients: int, seconds: float, rate: float, sequences: int
     right at its first answer. The module docstring says how each is measured.
     """
     opts = Options(engines, clients, seconds, rate, sequences, seed, indexes,
-                   restart_timeout, idle_before_kill, dynamo_threads)
+                   restart_timeout, idle_before_kill, dynamo_threads,
+                   FleetOptions(fleet_speedup, fleet_requests, fleet_engines)
+                   if fleet_speedup else None)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         doc = run(opts)

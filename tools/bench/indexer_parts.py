@@ -390,10 +390,11 @@ def dynamo_indexer(base: Path, threads: int) -> Indexer:
     return Indexer("dynamo", port, launch, log)
 
 
-def register(ixs: Sequence[Indexer], pubs: Sequence[Publisher]) -> None:
-    """Each engine on each indexer (instance `instance_id(e)`, with its replay
-    endpoint), each subscription seen by the publisher before the next registration."""
-    for e, pub in enumerate(pubs):
+def register(ixs: Sequence[Indexer], pubs: Sequence[Publisher], first: int = 0) -> None:
+    """Each engine on each indexer (instance `instance_id(e)`, engines numbered from
+    `first`, with its replay endpoint), each subscription seen by the publisher before
+    the next registration."""
+    for e, pub in enumerate(pubs, first):
         for ix in ixs:
             pub.subscribed.clear()
             http_ = Http(ix.port)
