@@ -98,6 +98,7 @@ class Daemon:
         self._recovery_started = time.monotonic()
         self._metrics_http: Any = None
         self._api: Any = None  # sarpd.daemon.indexer_api.IndexerApi, with --http-port
+        self._api_http: Any = None  # sarpd.daemon.api_http.ApiServer, its port
 
     def request_stop(self, signame: str) -> None:
         if not self._stop.is_set():
@@ -122,6 +123,8 @@ class Daemon:
             await self.server.stop()
             return 1
         finally:
+            if self._api_http is not None:
+                await self._api_http.close()
             if self._metrics_http is not None:
                 await self._metrics_http.cleanup()  # /readyz said 503 until here
             self.server.remove_socket()
@@ -130,27 +133,33 @@ class Daemon:
                 self.server.match_pool.shutdown(wait=True)
 
     async def _start_metrics(self) -> None:
-        """/metrics, /healthz, /readyz on metrics_host:metrics_port, and with them the
-        indexer API on http_host:http_port, on this loop (sarpd.daemon.http); a
-        ConfigError if it cannot listen."""
+        """/metrics, /healthz, /readyz on metrics_host:metrics_port (sarpd.daemon.http)
+        and the indexer API on http_host:http_port (sarpd.daemon.api_http, with those
+        three too), on this loop; a ConfigError if either cannot listen."""
         cfg = self.config
         if not cfg.metrics_port and not cfg.http_port:
             return
-        from sarpd.daemon.http import make_app, server_readiness, start
+        from sarpd.daemon.http import listen_error, make_app, server_readiness, start, url
 
-        app = make_app(self.server.metrics, server_readiness(self.server))
+        readiness = server_readiness(self.server)
+        if cfg.metrics_port:
+            self._metrics_http = await start(make_app(self.server.metrics, readiness),
+                                             cfg.metrics_host, cfg.metrics_port)
         if cfg.http_port:
             if cfg.cluster.enabled:
                 raise ConfigError("http_port: the indexer API serves a single sarpd, not a "
                                   "cluster replica (leave --http-port out with --cluster)")
+            from sarpd.daemon.api_http import ApiServer
             from sarpd.daemon.indexer_api import IndexerApi
 
             self._api = IndexerApi(self.server)
-            self._api.add_routes(app)
-        sites = [(cfg.metrics_host, cfg.metrics_port, "metrics"),
-                 (cfg.http_host, cfg.http_port, "http_port")]
-        sites = [s for s in sites if s[1]]
-        self._metrics_http = await start(app, sites[0][0], sites[0][1], sites[1:])
+            self._api_http = ApiServer(self._api.routes(readiness), self._api.max_body())
+            try:
+                await self._api_http.listen(cfg.http_host, cfg.http_port)
+            except OSError as exc:
+                raise listen_error(exc, "http_port", cfg.http_host, cfg.http_port) from exc
+            log.info("http on %s: the indexer API (docs/HTTP.md), /metrics, /healthz, "
+                     "/readyz", url(cfg.http_host, cfg.http_port))
         self.server.metrics.exported = True
 
     async def _serve(self) -> int:

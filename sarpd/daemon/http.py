@@ -9,9 +9,9 @@
                    why a replica is suspended
 
 Every other path is 404, another method 405 (aiohttp's router; GET routes answer HEAD
-too). `make_app` builds the application from the metrics and a readiness source;
-later routes (issue 26: Dynamo's indexer API) join it with ``app.router.add_*``
-before `start` runs it.
+too). `make_app` builds the application from the metrics and a readiness source. The
+indexer API's port (`http_port`, sarpd.daemon.api_http) answers the same three from
+`exposition` and `readiness_answer`.
 
 A scrape runs on the loop and stays short: the exposition is built from counters
 kept in memory (`Metrics.families`); the index gauges in it are the newest that the
@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
-from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from sarpd.daemon.metrics import Metrics, registry_for
 from sarpd.errors import ConfigError
+
+if TYPE_CHECKING:  # aiohttp is imported by the functions that serve on it (~0.2 s: the
+    from aiohttp import web  # indexer API's port alone, sarpd.daemon.api_http, needs none)
 
 log = logging.getLogger("sarpd.daemon.http")
 
@@ -66,13 +68,32 @@ def server_readiness(server: Serving) -> Readiness:
     return not_ready
 
 
-def make_app(metrics: Metrics, readiness: Readiness) -> web.Application:
-    """/metrics, /healthz and /readyz; add routes to the result before `start`."""
+def exposition(metrics: Metrics) -> Callable[[str], tuple[bytes, bytes]]:
+    """A scrape of `metrics` for an Accept header: (body, content type)."""
     registry = registry_for(metrics)
 
+    def render(accept: str) -> tuple[bytes, bytes]:
+        encoder, content_type = choose_encoder(accept)
+        return encoder(registry), content_type.encode()
+
+    return render
+
+
+def readiness_answer(readiness: Readiness) -> tuple[int, str]:
+    """/readyz: (200, "ready") or (503, why not)."""
+    why = readiness()
+    return (200, "ready\n") if why is None else (503, f"{why}\n")
+
+
+def make_app(metrics: Metrics, readiness: Readiness) -> web.Application:
+    """/metrics, /healthz and /readyz; add routes to the result before `start`."""
+    from aiohttp import web
+
+    render = exposition(metrics)
+
     async def scrape(request: web.Request) -> web.Response:
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        resp = web.Response(body=encoder(registry), headers={"Content-Type": content_type})
+        body, content_type = render(request.headers.get("Accept", ""))
+        resp = web.Response(body=body, headers={"Content-Type": content_type.decode()})
         resp.enable_compression()  # only if the scraper accepts it
         return resp
 
@@ -80,10 +101,8 @@ def make_app(metrics: Metrics, readiness: Readiness) -> web.Application:
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        why = readiness()
-        if why is None:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text=f"{why}\n")
+        status, text = readiness_answer(readiness)
+        return web.Response(status=status, text=text)
 
     app = web.Application()
     app.router.add_get("/metrics", scrape)
@@ -96,23 +115,27 @@ def url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def start(app: web.Application, host: str, port: int,
-                more: Sequence[tuple[str, int, str]] = ()) -> web.AppRunner:
-    """Listen on host:port (and on each (host, port, setting) of `more`) on the running
-    loop; the runner (`await runner.cleanup()` stops it). A `ConfigError` naming the
-    setting if it cannot listen (port in use, bad address)."""
+def listen_error(exc: OSError, what: str, host: str, port: int) -> ConfigError:
+    """The `ConfigError` of a port that cannot be listened on, naming the setting."""
+    errno = exc.errno or 0  # < 0: a resolver error, its strerror says it
+    reason = os.strerror(errno) if errno > 0 else exc.strerror or str(exc)
+    return ConfigError(f"{what}: cannot listen on {host}:{port}: {reason}")
+
+
+async def start(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Listen on host:port on the running loop; the runner (`await runner.cleanup()`
+    stops it). A `ConfigError` naming the setting if it cannot listen (port in use,
+    bad address)."""
+    from aiohttp import web
+
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
-    for h, p, what in [(host, port, "metrics"), *more]:
-        try:
-            await web.TCPSite(runner, h, p).start()
-        except OSError as exc:
-            await runner.cleanup()
-            errno = exc.errno or 0  # < 0: a resolver error, its strerror says it
-            reason = os.strerror(errno) if errno > 0 else exc.strerror or str(exc)
-            raise ConfigError(f"{what}: cannot listen on {h}:{p}: {reason}") from exc
-        log.info("http on %s: %s", url(h, p), "/metrics, /healthz, /readyz" if what == "metrics"
-                 else "the indexer API (docs/HTTP.md), /metrics, /healthz, /readyz")
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise listen_error(exc, "metrics", host, port) from exc
+    log.info("http on %s: /metrics, /healthz, /readyz", url(host, port))
     return runner
 
 

@@ -1,5 +1,5 @@
 """The indexer API over HTTP (docs/HTTP.md): Dynamo's standalone KV indexer's endpoints,
-served by sarpd's aiohttp application on `http_host:http_port`, over sarp's index.
+served on `http_host:http_port` (sarpd.daemon.api_http) over sarp's index.
 
     GET  /health        200, empty (liveness, as Dynamo's)
     POST /register      a worker's ZMQ endpoint: a listener inside sarpd applies its events
@@ -11,6 +11,7 @@ served by sarpd's aiohttp application on `http_host:http_port`, over sarp's inde
                         with --peers at sarpd loads it)
     POST /register_peer, /deregister_peer, GET /peers   the peer list (kept; sarpd
                         itself recovers from its own disk)
+    GET  /metrics, /healthz, /readyz   as on `metrics_port` (sarpd.daemon.http)
 
 Requests go through the server's batcher like a socket's (`LocalConn`): a query is one
 `match` with `spans`, a listener's batch its inserts and removals. Registrations, each
@@ -30,13 +31,15 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 import msgspec
 import numpy as np
 import zmq.asyncio
-from aiohttp import web
 
 from sarpd import model
+from sarpd.daemon.api_http import Handler, Reply, Request, json_error
+from sarpd.daemon.http import Readiness, exposition, readiness_answer
 from sarpd.daemon.indexer_state import IndexerStore
 from sarpd.daemon.listeners import Listener
 from sarpd.daemon.local import LocalConn
@@ -54,8 +57,8 @@ log = logging.getLogger("sarpd.daemon.indexer_api")
 REPORT_INTERVAL_S = 1.0  # the listeners' counters to `stats` and /metrics
 _STATUS = {BadRequest: 400, api.FieldError: 422, NotFound: 404, Conflict: 409, TooLarge: 413,
            Unavailable: 503, Busy: 503}
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _ENCODE = msgspec.json.Encoder().encode  # compact JSON (~5x json.dumps)
+MAX_BODY_FLOOR = 1 << 20  # bytes of a request body at least (aiohttp's default)
 
 
 def _status(exc: SarpError) -> int:
@@ -65,8 +68,30 @@ def _status(exc: SarpError) -> int:
     return 500
 
 
-def _json(body: object, status: int = 200) -> web.Response:
-    return web.Response(body=_ENCODE(body), status=status, content_type="application/json")
+def _json(body: object, status: int = 200) -> Reply:
+    return Reply(status, _ENCODE(body))
+
+
+def _text(status: int, text: str) -> tuple[int, bytes, bytes]:
+    return status, text.encode(), b"text/plain; charset=utf-8"
+
+
+def _guard(fn: Callable[[Request], Reply | Awaitable[Reply]]) -> Handler:
+    """A handler whose `SarpError`s, raised now or later, answer with their status."""
+    def handle(req: Request) -> Reply | Awaitable[Reply]:
+        try:
+            out = fn(req)
+        except SarpError as exc:
+            return json_error(_status(exc), exc.message)
+        return out if isinstance(out, Reply) else _guarded(out)
+    return handle
+
+
+async def _guarded(aw: Awaitable[Reply]) -> Reply:
+    try:
+        return await aw
+    except SarpError as exc:
+        return json_error(_status(exc), exc.message)
 
 
 class IndexerApi:
@@ -90,18 +115,27 @@ class IndexerApi:
                            dict[tuple[str, str], list[int]]] = (-1, {}, {})
 
     # -- lifecycle -----------------------------------------------------------------
-    def add_routes(self, app: web.Application) -> None:
-        r = app.router
-        r.add_get("/health", self._wrap(self.health))
-        r.add_post("/register", self._wrap(self.register))
-        r.add_post("/unregister", self._wrap(self.unregister))
-        r.add_get("/workers", self._wrap(self.workers))
-        r.add_post("/query", self._wrap(self.query))
-        r.add_post("/query_by_hash", self._wrap(self.query_by_hash))
-        r.add_get("/dump", self._wrap(self.dump))
-        r.add_post("/register_peer", self._wrap(self.register_peer))
-        r.add_post("/deregister_peer", self._wrap(self.deregister_peer))
-        r.add_get("/peers", self._wrap(self.peers))
+    def routes(self, readiness: Readiness) -> dict[tuple[str, str], Handler]:
+        """Every endpoint of the port: the API's, and sarpd's own three."""
+        scrape = exposition(self.server.metrics)
+        own: dict[tuple[str, str], Callable[[Request], Reply | Awaitable[Reply]]] = {
+            ("GET", "/health"): self.health, ("POST", "/register"): self.register,
+            ("POST", "/unregister"): self.unregister, ("GET", "/workers"): self.workers,
+            ("POST", "/query"): self.query, ("POST", "/query_by_hash"): self.query_by_hash,
+            ("GET", "/dump"): self.dump, ("POST", "/register_peer"): self.register_peer,
+            ("POST", "/deregister_peer"): self.deregister_peer, ("GET", "/peers"): self.peers,
+        }
+        out = {k: _guard(fn) for k, fn in own.items()}
+        out["GET", "/metrics"] = lambda req: Reply(200, *scrape(
+            req.headers.get(b"accept", b"").decode("latin-1")))
+        out["GET", "/healthz"] = lambda req: Reply(*_text(200, "ok\n"))
+        out["GET", "/readyz"] = lambda req: Reply(
+            *_text(*readiness_answer(readiness)))
+        return out
+
+    def max_body(self) -> int:
+        """The largest request body taken: a query of `max_sequence_tokens` items."""
+        return max(MAX_BODY_FLOOR, 24 * self.max_items + 65536)
 
     async def start(self) -> None:
         """Once the index serves: read the engine maps (on a thread: queries are
@@ -198,19 +232,11 @@ class IndexerApi:
             service.reports.record(model.Report(0, "indexer", self.counters()))
 
     # -- handlers ------------------------------------------------------------------
-    def _wrap(self, fn: Handler) -> Handler:
-        async def handle(request: web.Request) -> web.StreamResponse:
-            try:
-                return await fn(request)
-            except SarpError as exc:
-                return _json({"error": exc.message}, _status(exc))
-        return handle
+    def health(self, request: Request) -> Reply:
+        return Reply(200, b"", b"text/plain")
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
-
-    async def register(self, request: web.Request) -> web.Response:
-        req = api.decode(await request.read(), api.Register, 0)
+    async def register(self, request: Request) -> Reply:
+        req = api.decode(request.body, api.Register, 0)
         check_endpoint(req.endpoint, "endpoint", BadRequest)
         if req.replay_endpoint is not None:
             check_endpoint(req.replay_endpoint, "replay_endpoint", BadRequest)
@@ -222,8 +248,8 @@ class IndexerApi:
             self._listen(w)
         return _json({"status": "ok"}, 201)
 
-    async def unregister(self, request: web.Request) -> web.Response:
-        req = api.decode(await request.read(), api.Unregister, 0)
+    async def unregister(self, request: Request) -> Reply:
+        req = api.decode(request.body, api.Unregister, 0)
         if not self.ready:  # its blocks could not be cleared now: nothing changes
             raise Unavailable(f"unregister: the index is not serving ({self.server.status}); "
                               "retry later")
@@ -243,8 +269,8 @@ class IndexerApi:
         await asyncio.to_thread(self.store.save_registry, self.registry)
         return _json({"status": "ok"})
 
-    async def workers(self, request: web.Request) -> web.Response:
-        q = request.query
+    def workers(self, request: Request) -> Reply:
+        q = {k: v[-1] for k, v in parse_qs(request.query).items()}
         rows = []
         for w in self.registry.listed(q.get("model_name"), q.get("routing_group")):
             lst = self.listeners.get(w.key)
@@ -255,23 +281,25 @@ class IndexerApi:
                 lst.last_error if lst else None))
         return _json(api.workers_answer(rows))
 
-    async def query(self, request: web.Request) -> web.Response:
-        req = api.decode(await request.read(), api.Query, self.max_items)
+    def query(self, request: Request) -> Reply | Awaitable[Reply]:
+        req = api.decode(request.body, api.Query, self.max_items)
         size = self.registry.require(req.model_name, req.routing_group)
         # array.array: ~3x faster than np.array on a list of ints (checked u32 by decode)
         tokens = np.frombuffer(array.array("I", req.token_ids), dtype=np.uint32)
         seed = hashing.seed_of(req.lora_name, req.cache_salt)
-        return await self._answer(req.model_name, req.routing_group, size,
-                                  hashing.local_hashes(tokens, size, seed))
+        return self._answer(req.model_name, req.routing_group, size,
+                            hashing.local_hashes(tokens, size, seed))
 
-    async def query_by_hash(self, request: web.Request) -> web.Response:
-        req = api.decode(await request.read(), api.QueryByHash, self.max_items)
+    def query_by_hash(self, request: Request) -> Reply | Awaitable[Reply]:
+        req = api.decode(request.body, api.QueryByHash, self.max_items)
         size = self.registry.require(req.model_name, req.routing_group)
-        return await self._answer(req.model_name, req.routing_group, size,
-                                  hashing.unsigned(req.block_hashes))
+        return self._answer(req.model_name, req.routing_group, size,
+                            hashing.unsigned(req.block_hashes))
 
-    async def _answer(self, model_name: str, group: str, size: int,
-                      local: np.ndarray[Any, np.dtype[np.uint64]]) -> web.Response:
+    def _answer(self, model_name: str, group: str, size: int,
+                local: np.ndarray[Any, np.dtype[np.uint64]]) -> Reply | Awaitable[Reply]:
+        """The reply now when the worker is idle (`Server.answer_now`), else an
+        awaitable of it (through the batcher without its window)."""
         if not len(local):
             return _json(api.answer({}, size))
         ns = namespace(model_name, group)
@@ -279,30 +307,34 @@ class IndexerApi:
         ranks, slots = self._slot_ranks(model_name, group)
         maps = self.ingest.maps
         seq = model.SeqSpec(ns=ns, hashes=ids)
-        if self.loaded and len(slots) <= api.MAX_HOLDERS and not any(
-                s in maps and maps[s].lower for s in slots):
-            # device blocks only: every rank's run from block 0 (the native kernel's)
-            holders, _ = await self._match(model.Match(self.conn.next_id(), seq=seq,
-                                                       holders=max(1, len(slots))))
-            spans = [(meta, 0, run) for meta, run in holders]
-        else:  # a walk over lower tiers: every holder's runs
-            _, spans = await self._match(model.Match(self.conn.next_id(), seq=seq, spans=True))
-        return _json(api.answer(api.reach(spans, ranks), size))
-
-    async def _match(self, match: model.Match
-                     ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
-        """(holders, spans) of a match: answered on the spot when the worker is idle
-        (`Server.answer_now`), else through the batcher without its window."""
+        device = self.loaded and len(slots) <= api.MAX_HOLDERS and not any(
+            s in maps and maps[s].lower for s in slots)
+        # device blocks only: every rank's run from block 0 (the native kernel's);
+        # else a walk over lower tiers: every holder's runs
+        match = (model.Match(self.conn.next_id(), seq=seq, holders=max(1, len(slots)))
+                 if device else model.Match(self.conn.next_id(), seq=seq, spans=True))
         res = self.server.answer_now(match)
         if isinstance(res, SarpError):
             raise res
         if isinstance(res, model.MatchResult):
-            return res.holders or [], res.spans or []
-        resp = await self.conn.request(match, now=True)
-        return ([(m, r) for m, r in resp.get("holders") or ()],
-                [(m, a, n) for m, a, n in resp.get("spans") or ()])
+            return self._reply(res.holders or [], res.spans or [], device, ranks, size)
+        return self._answer_later(match, device, ranks, size)
 
-    async def dump(self, request: web.Request) -> web.Response:
+    async def _answer_later(self, match: model.Match, device: bool,
+                            ranks: dict[int, tuple[int, int]], size: int) -> Reply:
+        resp = await self.conn.request(match, now=True)
+        return self._reply([(m, r) for m, r in resp.get("holders") or ()],
+                           [(m, a, n) for m, a, n in resp.get("spans") or ()],
+                           device, ranks, size)
+
+    @staticmethod
+    def _reply(holders: list[tuple[int, int]], spans: list[tuple[int, int, int]],
+               device: bool, ranks: dict[int, tuple[int, int]], size: int) -> Reply:
+        if device:
+            return _json(api.device_answer(holders, ranks, size))
+        return _json(api.answer(api.reach(spans, ranks), size))
+
+    async def dump(self, request: Request) -> Reply:
         """Every indexer's blocks as Dynamo's stored events (a peer recovers from it);
         built on a thread from a copy of the maps."""
         if not self.loaded:
@@ -316,20 +348,19 @@ class IndexerApi:
         def build() -> bytes:
             return _ENCODE(api.dump(sizes, workers))
 
-        return web.Response(body=await asyncio.to_thread(build),
-                            content_type="application/json")
+        return Reply(200, await asyncio.to_thread(build))
 
-    async def register_peer(self, request: web.Request) -> web.Response:
-        self.registry.add_peer(api.decode(await request.read(), api.Peer, 0).url)
+    async def register_peer(self, request: Request) -> Reply:
+        self.registry.add_peer(api.decode(request.body, api.Peer, 0).url)
         await asyncio.to_thread(self.store.save_registry, self.registry)
         return _json({"status": "ok"}, 201)
 
-    async def deregister_peer(self, request: web.Request) -> web.Response:
-        self.registry.remove_peer(api.decode(await request.read(), api.Peer, 0).url)
+    async def deregister_peer(self, request: Request) -> Reply:
+        self.registry.remove_peer(api.decode(request.body, api.Peer, 0).url)
         await asyncio.to_thread(self.store.save_registry, self.registry)
         return _json({"status": "ok"})
 
-    async def peers(self, request: web.Request) -> web.Response:
+    def peers(self, request: Request) -> Reply:
         return _json(self.registry.peers)
 
     def _slot_ranks(self, model_name: str, group: str

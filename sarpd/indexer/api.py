@@ -37,9 +37,25 @@ from sarpd.errors import BadRequest, TooLarge
 from sarpd.events.mapping import TIER_SHIFT, WORKER_SHIFT
 from sarpd.indexer.ingest import DEVICE, DISK, HOST
 
-__all__ = ["DEFAULT_GROUP", "MAX_HOLDERS", "MAX_NAME_BYTES", "FieldError", "Listed", "Peer",
-           "Query", "QueryByHash", "Reach", "Register", "Unregister", "answer", "decode", "dump",
-           "reach", "workers_answer"]
+__all__ = [
+    "DEFAULT_GROUP",
+    "MAX_HOLDERS",
+    "MAX_NAME_BYTES",
+    "FieldError",
+    "Listed",
+    "Peer",
+    "Query",
+    "QueryByHash",
+    "Reach",
+    "Register",
+    "Unregister",
+    "answer",
+    "decode",
+    "device_answer",
+    "dump",
+    "reach",
+    "workers_answer",
+]
 
 T = TypeVar("T", "Register", "Unregister", "Query", "QueryByHash", "Peer")
 DEFAULT_GROUP = "default"
@@ -203,6 +219,27 @@ def answer(reach: Mapping[int, Reach], block_size: int) -> dict[str, Any]:
             scores[str(inst)] = {k: v for k, v in dp.items() if v}
         instances[str(inst)] = {"longest_matched": disk * block_size, "gpu": gpu * block_size,
                                 "dp": dp, "cpu": cpu * block_size, "disk": disk * block_size}
+    return {"scores": scores, "frequencies": [], "instances": instances}
+
+
+def device_answer(holders: Iterable[tuple[int, int]], ranks: Mapping[int, tuple[int, int]],
+                  block_size: int) -> dict[str, Any]:
+    """`answer(reach(...))` of a match whose holders are all device-tier workers, from
+    their runs from block 0 (`holders`: (meta, blocks)): the same answer, without the
+    walk (the query path of a pair whose workers hold nothing on a lower tier)."""
+    best: dict[int, dict[int, int]] = {}
+    for meta, n in holders:
+        who = ranks.get(meta >> WORKER_SHIFT)
+        if who is not None and n:
+            best.setdefault(who[0], {})[who[1]] = n
+    scores: dict[str, dict[str, int]] = {}
+    instances: dict[str, dict[str, Any]] = {}
+    for inst in sorted(best):
+        dp = {str(rank): n * block_size for rank, n in sorted(best[inst].items())}
+        top = max(dp.values())
+        scores[str(inst)] = dp
+        instances[str(inst)] = {"longest_matched": top, "gpu": top, "dp": dp, "cpu": top,
+                                "disk": top}
     return {"scores": scores, "frequencies": [], "instances": instances}
 
 

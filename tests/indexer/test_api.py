@@ -89,6 +89,22 @@ def test_reach_is_the_block_by_block_walk(data: st.DataObject, n: int, slots: in
     assert got == brute(held, ranks)
 
 
+@settings(max_examples=200, deadline=None)
+@given(runs=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 40)), max_size=8,
+                     unique_by=lambda r: r[0]),
+       known=st.integers(0, 8), size=st.sampled_from([1, 16, 64]))
+def test_device_answer_is_the_walks_answer_on_device_runs(
+        runs: list[tuple[int, int]], known: int, size: int) -> None:
+    """Holders all on the device tier (several ranks an instance, some slots not
+    registered, runs of 0): the same answer as `answer(reach(...))` of their spans."""
+    ranks = {s: (100 + s // 3, s % 3) for s in range(known)}
+    holders = [(holder(s, DEVICE), n) for s, n in runs]
+    spans = [(meta, 0, n) for meta, n in holders if n]
+    want = api.answer(api.reach(spans, ranks), size)
+    got = api.device_answer(holders, ranks, size)
+    assert json.dumps(got) == json.dumps(want)  # the same keys in the same order
+
+
 def test_reach_skips_unknown_slots() -> None:
     spans = [(holder(3, DEVICE), 0, 2)]
     assert api.reach(spans, {}) == {}
