@@ -1,11 +1,13 @@
-"""vLLM events -> sarpd requests (sans-I/O): namespaces, metadata bits, the ops.
+"""Engines' events (vLLM, SGLang) -> sarpd requests (sans-I/O): namespaces, metadata
+bits, the ops.
 
 Metadata (one uint64 per block, PROTOCOL.md `meta`)::
 
     bits 63..48  worker id (0..65535, `--worker`)
-    bits 47..40  tier: 0 GPU (also: no medium given), 1 CPU, 2 storage (DISK, SSD,
-                 LOCALDISK, NVME, and vLLM's native offload medium STORAGE, with its
-                 older names FS and OBJ), 255 any other medium name
+    bits 47..40  tier: 0 GPU (also: no medium given), 1 CPU (SGLang's CPU_PINNED),
+                 2 storage (DISK, SSD, LOCALDISK, NVME, and vLLM's native offload
+                 medium STORAGE, with its older names FS and OBJ), 255 any other
+                 medium name
     bits 39..0   zero (reserved)
 
 so ``clear`` with ``mask=WORKER_MASK, value=worker << 48`` drops one worker and
@@ -19,7 +21,8 @@ ids into its block hashes; the namespace keeps adapters and tenants apart in sar
 too and tells a router where to look. The cache salt is the string extra key of a
 sequence's first block that is not the LoRA name, or its typed ``cache_salt`` key
 (vLLM adds the salt to block 0 only), so continuations (events with a parent)
-inherit their parent's namespace.
+inherit their parent's namespace. SGLang sends its salt with the event (the decoder
+makes it that typed key: `sarpd.events.schema`).
 
 Tiers. vLLM's own prefix cache reports the GPU tier; KV connectors that offload
 (vLLM's OffloadingConnector, LMCache, ...) report other media, often as bare stores
@@ -36,14 +39,16 @@ Skipped on purpose (counted as ``ignored``, by reason, `Translated.reason`):
 ``group`` (another KV-cache group), ``tier`` (a tier other than the GPU without
 ``{medium}``), ``remote`` (``locality`` other than LOCAL or unsaid: a block in a
 store remote from this worker, e.g. a shared object store, is not this worker's
-block; fail-closed, so an unknown locality is not local either), ``partial`` (a
-partial-block store: `block_size` smaller than the engine's block size, a prefix
-boundary inside a block, which is not a whole position), ``block_size`` (larger
-than a configured engine block size), ``unanchored`` (no parent and no token ids),
-``empty`` (no hashes), ``unknown_event``. Indexed as they come: stores with
-``lookahead_token_ids`` (their hashes also cover the tokens after each block, so
-they chain among themselves; a router must hash the same way, docs/BRIDGE.md) and
-stores with a ``session_id`` (which names the request, not an owner).
+block; fail-closed, so an unknown locality is not local either; SGLang says no
+locality and names its shared pool by the medium ``EXTERNAL``: remote too),
+``partial`` (a partial-block store: `block_size` smaller than the engine's block
+size, a prefix boundary inside a block, which is not a whole position),
+``block_size`` (larger than a configured engine block size), ``unanchored`` (no
+parent and no token ids), ``empty`` (no hashes), ``unknown_event``. Indexed as they
+come: stores with ``lookahead_token_ids`` (their hashes also cover the tokens after
+each block, so they chain among themselves; a router must hash the same way,
+docs/BRIDGE.md) and stores with a ``session_id`` (which names the request, not an
+owner).
 
 The engine's block size (the partial-block test) is `block_size` when configured
 (`--block-size`), else the largest `block_size` of the indexed group's GPU stores
@@ -75,7 +80,7 @@ from sarpd.events.schema import (
 )
 
 __all__ = ["CANARY_NS", "DEFAULT_NS_MAP", "LOCAL", "MAX_CANARIES", "MAX_WORKER",
-           "TIERS", "TIER_MASK", "TIER_NAMES", "TIER_OTHER", "TIER_SHIFT",
+           "SHARED_MEDIA", "TIERS", "TIER_MASK", "TIER_NAMES", "TIER_OTHER", "TIER_SHIFT",
            "WORKER_MASK", "WORKER_SHIFT", "CanaryOp", "ClearOp", "InsertOp", "Op",
            "RemoveOp", "Translated", "Translator", "block_meta", "cache_salt",
            "is_local", "join_ns", "tier_code", "worker_clear"]
@@ -89,10 +94,14 @@ TIER_OTHER = 255
 TIERS = {
     "GPU": 0,
     "CPU": 1,
+    "CPU_PINNED": 1,  # SGLang's host tier (HiCache L2)
     **dict.fromkeys(("DISK", "SSD", "LOCALDISK", "NVME", "STORAGE", "FS", "OBJ"), 2),
 }
 TIER_NAMES = {0: "gpu", 1: "cpu", 2: "disk", TIER_OTHER: "other"}
 LOCAL = "LOCAL"
+# media that name a pool shared by several engines, not this worker's own tier: SGLang's
+# EXTERNAL (HiCache L4, e.g. Mooncake), whose events say no locality
+SHARED_MEDIA = frozenset({"EXTERNAL"})
 DEFAULT_NS_MAP = 1 << 20
 
 
@@ -121,9 +130,12 @@ def worker_clear(worker: int, medium: str | None = None) -> tuple[int, int]:
     return WORKER_MASK | TIER_MASK, block_meta(worker, medium)
 
 
-def is_local(locality: str | None) -> bool:
-    """Fail-closed: only LOCAL or an unsaid locality is this worker's (module doc)."""
-    return locality is None or locality.upper() == LOCAL
+def is_local(locality: str | None, medium: str | None = None) -> bool:
+    """Fail-closed: only LOCAL, or an unsaid locality on a medium that is not a shared
+    pool (`SHARED_MEDIA`), is this worker's (module doc)."""
+    if locality is None:
+        return medium is None or medium.upper() not in SHARED_MEDIA
+    return locality.upper() == LOCAL
 
 
 def cache_salt(first_extra_keys: tuple[object, ...] | None, lora_name: str | None) -> str:
@@ -261,7 +273,7 @@ class Translator:
             return "group"
         if not self.per_tier and not self.holders and tier_code(medium) != 0:
             return "tier"
-        return "" if is_local(locality) else "remote"
+        return "" if is_local(locality, medium) else "remote"
 
     def event(self, ev: Event) -> Translated:
         if isinstance(ev, BlockStored):

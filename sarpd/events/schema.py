@@ -1,4 +1,5 @@
-"""vLLM KV-cache events: decode an `EventBatch` payload into frozen records (sans-I/O).
+"""Engines' KV-cache events (vLLM, SGLang): decode an `EventBatch` payload into frozen
+records (sans-I/O).
 
 vLLM (`vllm/distributed/kv_events.py`) publishes msgspec structs encoded as msgpack,
 one `EventBatch` per ZMQ message (frames: topic, 8-byte big-endian sequence number,
@@ -22,31 +23,53 @@ entry per block) are read for the first block only, as raw values (strings, list
 bytes) or vLLM's typed keys (maps tagged ``lora``, ``cache_salt``, ``mm``...), which
 decode to `ExtraKey`. What the bridge makes of each: `sarpd.events.mapping`.
 
-Block hashes arrive as ints (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, and every
-version before sha256 hashing; old ones could be negative: Python's ``hash()``) or as
-bytes (the full digest). Both become one unsigned 64-bit int: an int modulo 2**64,
-bytes as vLLM's own int form, ``int.from_bytes(digest, "big") & (2**64 - 1)`` (the
-last 8 bytes). One block therefore has one id whichever form the engine sends.
+SGLang (`python/sglang/srt/disaggregation/kv_events.py`) publishes the same
+`EventBatch` (its rank field is named ``attn_dp_rank``: same place), on the same
+frames, with these differences, all accepted: its older events are ``array_like``
+and end at ``lora_id`` (later at ``medium``); a salted store of those versions
+(``BlockStoredWithMetadata``) puts ``{"cache_salt": SALT}`` in the array slot where
+vLLM has ``lora_name``; its current events are maps that carry ``cache_salt`` (and
+``session_id``) by name. A salt read either way becomes a typed extra key of the
+first block, ``ExtraKey("cache_salt", SALT)``, as vLLM's typed salt decodes. Its
+media (``GPU``, ``CPU_PINNED``, ``DISK``, ``EXTERNAL``) are mapped by
+`sarpd.events.mapping`; its block hashes are signed 64-bit ints (below).
 
-Decoding is msgspec's, typed, in C (the structs at the end of this module: one per
-shape, tokens kept as raw msgpack) wherever a payload fits them; the rest goes to
-the reference (`decode_batch_reference`: msgpack and Python), which also names every
-error. Both give the same records (tests/events/test_schema_typed.py). The records
+Block hashes arrive as ints (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, and every
+version before sha256 hashing; old ones could be negative: Python's ``hash()``;
+SGLang's are sha256 digests folded to a signed int64) or as bytes (the full digest).
+All become one unsigned 64-bit int: an int modulo 2**64, bytes as vLLM's own int
+form, ``int.from_bytes(digest, "big") & (2**64 - 1)`` (the last 8 bytes). One block
+therefore has one id whichever form the engine sends.
+
+One decoder, msgspec's, typed, in C (the structs at the end of this module): a whole
+batch of one of the four shapes (array or map batch; array or map events; today's
+vLLM, array batch and map events, is tried first) is decoded and type-checked in one
+call, with `token_ids`, `lookahead_token_ids` and `extra_keys` kept as raw msgpack
+(the bridge needs the length of the first two, read off the array header, and the
+tokens of a first block or the extra keys only now and then). A batch that fits none
+of them (an unknown event type, array and map events mixed, or an error) is decoded
+again with its events raw, then each event by its own head byte: an unknown tag
+becomes `OtherEvent`, anything else wrong raises `EventDecodeError` with msgspec's
+message and the path of the field (``EventBatch: Expected `int | null`, got `str` -
+at `$.events[0].lora_id```). tests/events/schema_oracle.py (msgpack and Python) is
+the reference the tests compare it with: the same records, or both reject, except
+that what this decoder skips (token ids it does not need, unknown fields, the body
+of an unknown event) it does not check for strings that are not UTF-8. The records
 are frozen msgspec Structs (immutable, slotted, compared by value like frozen
 dataclasses, and ~20x cheaper to build: the bridge builds several per event).
 
 Replay replies (`decode_replay`): the engine's ROUTER socket answers a DEALER with
 ``[b"", topic, seq, payload]`` per buffered batch and ``[b"", b"", -1, b""]`` at the
-end (vLLM since the topic fix of its replay, 4 frames), or, in older versions,
-``[b"", seq, payload]`` and ``[b"", -1, b""]`` (3 frames).
+end (vLLM since the topic fix of its replay, 4 frames), or, in older versions and
+SGLang, ``[b"", seq, payload]`` and ``[b"", -1, b""]`` (3 frames).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
-import msgpack
 import msgspec
 import numpy as np
 
@@ -63,7 +86,6 @@ __all__ = [
     "OtherEvent",
     "ReplayReply",
     "decode_batch",
-    "decode_batch_reference",
     "decode_replay",
     "decode_seq",
     "engine_hash",
@@ -72,7 +94,8 @@ __all__ = [
 MASK64 = (1 << 64) - 1
 MAX_BYTES = 64 * 1024 * 1024  # of one payload
 END_SEQ = -1  # the sequence number of a replay's end marker
-# Field order of the array_like encoding (vLLM's declaration order, tag first).
+# Field order of the array_like encoding (vLLM's declaration order, tag first;
+# SGLang's is a prefix of it, up to `medium`, then its salt in `lora_name`'s slot).
 STORED_FIELDS = (
     "block_hashes",
     "parent_block_hash",
@@ -95,7 +118,7 @@ BATCH_FIELDS = ("ts", "events", "data_parallel_rank")
 
 
 class EventDecodeError(BadRequest):
-    """A payload that is not a vLLM EventBatch (the message names the field)."""
+    """A payload that is not an engine's EventBatch (the message names the field)."""
 
 
 class ExtraKey(msgspec.Struct, frozen=True):
@@ -205,108 +228,353 @@ def decode_replay(frames: Sequence[bytes]) -> ReplayReply:
     return ReplayReply(seq, frames[-1], topic)
 
 
-def decode_batch(payload: bytes, max_bytes: int = MAX_BYTES, typed: bool = True,
-                 tokens: bool = False) -> EventBatch:
-    """One msgpack `EventBatch` payload -> `EventBatch` (either encoding): msgspec's
-    typed decoding where the payload has one of the four shapes below (`_typed`),
-    else (or with ``typed=False``) the reference, which also names what is wrong.
-    `tokens`: keep each store's token ids (`BlockStored.token_bytes`)."""
+def decode_batch(payload: bytes, max_bytes: int = MAX_BYTES, tokens: bool = False) -> EventBatch:
+    """One msgpack `EventBatch` payload -> `EventBatch` (every shape of the module
+    docstring), or `EventDecodeError` naming the field. `tokens`: keep each store's
+    token ids (`BlockStored.token_bytes`)."""
     if len(payload) > max_bytes:
         raise EventDecodeError(f"payload: {len(payload)} bytes exceeds max_bytes ({max_bytes})")
-    if typed:
-        batch = _typed(payload, tokens)
-        if batch is not None:
-            return batch
-    return decode_batch_reference(payload, max_bytes, tokens)
+    for dec in _WHOLE.get(_SHAPE_OF[payload[0]] if payload else None, ()):
+        try:
+            raw = dec.decode(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            continue  # another shape, or an error: the per-event decoding names it
+        return _batch_of(raw, raw.events, tokens)
+    return _decode_per_event(payload, tokens)
 
 
-def decode_batch_reference(payload: bytes, max_bytes: int = MAX_BYTES,
-                           tokens: bool = False) -> EventBatch:
-    """`decode_batch` by msgpack and Python: every shape, and the errors."""
-    if len(payload) > max_bytes:
-        raise EventDecodeError(f"payload: {len(payload)} bytes exceeds max_bytes ({max_bytes})")
-    try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:
-        raise EventDecodeError(f"payload: not msgpack ({type(exc).__name__}: {exc})") from exc
-    fields = _fields(raw, BATCH_FIELDS, "EventBatch")
-    ts = fields.get("ts")
-    events = fields.get("events")
-    if not isinstance(ts, int | float) or isinstance(ts, bool):
-        raise EventDecodeError(f"EventBatch.ts: expected a number, got {ts!r:.40}")
-    if not isinstance(events, list):
-        raise EventDecodeError(f"EventBatch.events: expected a list, got {events!r:.40}")
-    rank = fields.get("data_parallel_rank")
-    decoded = tuple(decode_event(e, i, tokens) for i, e in enumerate(events))
-    return EventBatch(float(ts), decoded, rank if type(rank) is int else None)
+# ------------------------------------------------------------------ typed decoding
+#
+# msgspec (the library vLLM and SGLang encode with) decodes and type-checks a whole
+# batch in C. `token_ids`, `lookahead_token_ids` and `extra_keys` stay raw msgpack
+# (`msgspec.Raw`): the bridge needs the length of the first two (read off the array
+# header) and the tokens of a first block or the extra keys only now and then, so no
+# Python object is made per token. Every field is optional in the structs: what is
+# required (`ts`, `events`, `block_hashes`, a positive `block_size`) is checked after.
+
+_NO_RAW = msgspec.Raw()
+_Hash: TypeAlias = "int | bytes"
+_STORED_TYPES: dict[str, Any] = {
+    "block_hashes": list[int | bytes] | None,
+    "parent_block_hash": int | bytes | None,
+    "token_ids": msgspec.Raw,
+    "block_size": int | None,
+    "lora_id": int | None,
+    "medium": str | None,
+    "lora_name": str | None,
+    "extra_keys": msgspec.Raw,
+    "group_idx": int | None,
+    "locality": str | None,
+    "ownership": str | None,
+    "session_id": str | None,
+    "lookahead_token_ids": msgspec.Raw,
+}
+# SGLang: the salt of an array event's `BlockStoredWithMetadata` (a map in the slot of
+# vLLM's lora_name); a map event's `cache_salt` (by name: no array slot of its own)
+_ARRAY_STORED_TYPES = {**_STORED_TYPES, "lora_name": str | dict[Any, Any] | None}
+_MAP_STORED_TYPES = {**_STORED_TYPES, "cache_salt": str | None}
+_REMOVED_TYPES: dict[str, Any] = {
+    "block_hashes": list[int | bytes] | None,
+    "medium": str | None,
+    "group_idx": int | None,
+    "locality": str | None,
+    "ownership": str | None,
+}
+_STORED_MAP_ONLY = ("cache_salt",)
 
 
-def _fields(raw: object, order: Sequence[str], what: str) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return raw
-    if isinstance(raw, list):
-        return dict(zip(order, raw, strict=False))
-    raise EventDecodeError(f"{what}: expected an array or a map, got {type(raw).__name__}")
+def _struct_fields(order: Sequence[str], types: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Every field of `order` (ignored ones as `Any`: any value), all defaulted."""
+    return [(f, types.get(f, Any), _NO_RAW if types.get(f) is msgspec.Raw else None)
+            for f in order]  # fmt: skip
 
 
-def decode_event(raw: object, index: int = 0, tokens: bool = False) -> Event:
-    """One tagged event, ``[tag, *fields]`` or ``{"type": tag, ...}``."""
-    where = f"events[{index}]"
-    body: list[Any] | dict[str, Any]
-    if isinstance(raw, list) and raw and isinstance(raw[0], str):
-        tag, body = raw[0], raw[1:]
-    elif isinstance(raw, dict) and isinstance(raw.get("type"), str):
-        tag, body = raw["type"], raw
+def _event_structs(array_like: bool) -> tuple[type, type, type]:
+    kw: dict[str, Any] = {"array_like": array_like, "tag_field": "type"}
+    if array_like:  # `cache_salt`: None on an array event (read from `lora_name`'s slot)
+        stored = _struct_fields(STORED_FIELDS, _ARRAY_STORED_TYPES)
+        kw_stored: dict[str, Any] = {"namespace": {"cache_salt": None}}
     else:
-        raise EventDecodeError(f"{where}: expected a tagged array or a map with 'type'")
-    if tag == "BlockStored":
-        return _stored(_fields(body, STORED_FIELDS, where), where, tokens)
-    if tag == "BlockRemoved":
-        f = _fields(body, REMOVED_FIELDS, where)
-        return BlockRemoved(
-            _hashes(f.get("block_hashes"), f"{where}.block_hashes"),
-            _opt(f.get("medium"), str, f"{where}.medium"),
-            _opt(f.get("group_idx"), int, f"{where}.group_idx"),
-            _opt(f.get("locality"), str, f"{where}.locality"),
-            _opt(f.get("ownership"), str, f"{where}.ownership"),
-        )
-    if tag == "AllBlocksCleared":
-        return AllBlocksCleared()
-    return OtherEvent(tag)
+        stored = _struct_fields(STORED_FIELDS + _STORED_MAP_ONLY, _MAP_STORED_TYPES)
+        kw_stored = {}
+    return (
+        msgspec.defstruct("BlockStored", stored, tag="BlockStored", **kw, **kw_stored),
+        msgspec.defstruct("BlockRemoved", _struct_fields(REMOVED_FIELDS, _REMOVED_TYPES),
+                          tag="BlockRemoved", **kw),
+        msgspec.defstruct("AllBlocksCleared", [], tag="AllBlocksCleared", **kw),
+    )  # fmt: skip
 
 
-def _stored(f: dict[str, Any], where: str, keep_tokens: bool = False) -> BlockStored:
-    hashes = _hashes(f.get("block_hashes"), f"{where}.block_hashes")
-    parent_v = f.get("parent_block_hash")
-    parent = None if parent_v is None else engine_hash(parent_v, f"{where}.parent_block_hash")
-    block_size = f.get("block_size")
-    if type(block_size) is not int or block_size <= 0:
-        raise EventDecodeError(f"{where}.block_size: expected a positive int, got {block_size!r}")
-    tokens = f.get("token_ids")
-    lookahead = _opt(f.get("lookahead_token_ids"), list, f"{where}.lookahead_token_ids")
-    return BlockStored(
-        block_hashes=hashes,
-        parent=parent,
-        block_size=block_size,
-        medium=_opt(f.get("medium"), str, f"{where}.medium"),
-        lora_name=_opt(f.get("lora_name"), str, f"{where}.lora_name"),
-        lora_id=_opt(f.get("lora_id"), int, f"{where}.lora_id"),
-        first_extra_keys=_first_extra_keys(f.get("extra_keys")),
-        group_idx=_opt(f.get("group_idx"), int, f"{where}.group_idx"),
-        num_tokens=len(tokens) if isinstance(tokens, list) else 0,
-        locality=_opt(f.get("locality"), str, f"{where}.locality"),
-        ownership=_opt(f.get("ownership"), str, f"{where}.ownership"),
-        session_id=_opt(f.get("session_id"), str, f"{where}.session_id"),
-        lookahead=len(lookahead) if lookahead else 0,
-        first_tokens=_first_tokens(tokens, block_size) if parent is None else (),
-        token_bytes=_token_bytes(tokens) if keep_tokens else None,
-    )
+_EVENTS = {True: _event_structs(array_like=True), False: _event_structs(array_like=False)}
+_STORED = frozenset(e[0] for e in _EVENTS.values())
+_REMOVED = frozenset(e[1] for e in _EVENTS.values())
 
 
-def _token_bytes(tokens: object) -> bytes | None:
-    """Token ids as uint32 LE bytes; None unless a list of ints in 0..2**32-1."""
-    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+def _batch_struct(array_like: bool, events: Any) -> type:
+    fields = [("ts", float | None, None), ("events", list[events] | None, None),
+              ("data_parallel_rank", Any, None)]  # fmt: skip
+    return msgspec.defstruct("EventBatch", fields, array_like=array_like)
+
+
+def _union(structs: tuple[type, type, type]) -> Any:
+    return structs[0] | structs[1] | structs[2]
+
+
+# per shape of the batch (True: an array), its events maps then arrays; today's vLLM
+# (an array batch of map events) first
+_WHOLE: dict[bool | None, list[msgspec.msgpack.Decoder[Any]]] = {
+    a: [msgspec.msgpack.Decoder(_batch_struct(a, _union(_EVENTS[m]))) for m in (False, True)]
+    for a in (True, False)
+}
+_RAW_BATCH: dict[bool, msgspec.msgpack.Decoder[Any]] = {
+    a: msgspec.msgpack.Decoder(_batch_struct(a, msgspec.Raw)) for a in (True, False)}
+_EVENT = {a: msgspec.msgpack.Decoder(_union(_EVENTS[a])) for a in (True, False)}
+_TAG = {True: msgspec.msgpack.Decoder(msgspec.defstruct("Tag", [("tag", Any, None)],
+                                                          array_like=True)),
+        False: msgspec.msgpack.Decoder(msgspec.defstruct("Tag", [("type", Any, None)]))}
+_STR_KEYED = msgspec.msgpack.Decoder(dict[Any, msgspec.Raw])
+_ENCODE = msgspec.msgpack.Encoder()
+_ARRAY_HEAD = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
+_MAP_HEAD = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+
+
+_SHAPE_OF = tuple(True if b in _ARRAY_HEAD else False if b in _MAP_HEAD else None
+                  for b in range(256))  # fmt: skip
+
+
+def _shape(raw: bytes | msgspec.Raw) -> bool | None:
+    """True: a msgpack array, False: a map, None: anything else (or nothing)."""
+    return _SHAPE_OF[memoryview(raw)[0]] if len(raw) else None
+
+
+# ------------------------------------------------------------ event by event, errors
+
+
+def _decode_per_event(payload: bytes, tokens: bool) -> EventBatch:
+    """A batch that no whole-batch shape took: its events raw, then one by one."""
+    shape = _shape(payload)
+    if shape is None:
+        got = type(_value(payload)).__name__
+        raise EventDecodeError(f"EventBatch: expected an array or a map, got {got}")
+    try:
+        raw = _with_str_keys(_RAW_BATCH[shape], payload, "")
+    except msgspec.ValidationError as exc:  # (a DecodeError too: first)
+        raise EventDecodeError(_located(exc, "", BATCH_FIELDS if shape else None, 0)) from exc
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(f"payload: not msgpack ({exc})") from exc
+    events = [_event(ev, i) for i, ev in enumerate(raw.events or ())]
+    return _batch_of(raw, events if raw.events is not None else None, tokens)
+
+
+def _with_str_keys(dec: msgspec.msgpack.Decoder[Any], raw: bytes | msgspec.Raw,
+                   where: str) -> Any:  # fmt: skip
+    """`dec.decode(raw)`; a map with keys other than strings is decoded without them
+    (msgpack allows any key; no field is named by another), unless a key is an array
+    or a map (no msgpack decoder in Python takes those)."""
+    try:
+        return dec.decode(raw)
+    except msgspec.ValidationError as exc:
+        if "at `key` in" not in str(exc) or _shape(raw) is not False:
+            raise
+    fields = _STR_KEYED.decode(raw)
+    if any(isinstance(k, tuple | dict) for k in fields):
+        raise EventDecodeError(f"EventBatch: a map key is an array or a map - at `${where}`")
+    return dec.decode(_ENCODE.encode({k: v for k, v in fields.items() if isinstance(k, str)}))
+
+
+def _event(raw: msgspec.Raw, i: int) -> Any:
+    """One raw event -> its struct (array or map by its head byte), or `OtherEvent`
+    for an unknown tag (whatever the rest holds, as an unknown event is skipped)."""
+    shape, where = _shape(raw), f".events[{i}]"
+    if shape is not None:
+        try:
+            return _with_str_keys(_EVENT[shape], raw, where)
+        except msgspec.ValidationError as exc:
+            error = exc
+        tag = _with_str_keys(_TAG[shape], raw, where)
+        tag = tag.tag if shape else tag.type
+        if isinstance(tag, str) and tag not in ("BlockStored", "BlockRemoved",
+                                                "AllBlocksCleared"):
+            return OtherEvent(tag)
+        if isinstance(tag, str):
+            order = STORED_FIELDS if tag == "BlockStored" else REMOVED_FIELDS
+            raise EventDecodeError(_located(error, where, order if shape else None, 1))
+    raise EventDecodeError("EventBatch: expected a tagged array or a map with `type` - at "
+                           f"`${where}`")
+
+
+_PATH = re.compile(r"`\$((?:\[\d+\]|\.[^`.\[]+)*)`")
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def _located(exc: msgspec.ValidationError, where: str, order: Sequence[str] | None,
+             first: int) -> str:  # fmt: skip
+    """msgspec's message with its path re-rooted at `where` (``$.events[3]``), an
+    array_like struct's first index named by `order` (fields from index `first`)."""
+    msg = str(exc)
+
+    def named(m: re.Match[str]) -> str:
+        path = m.group(1)
+        head = _INDEX.match(path)
+        if order is not None and head:
+            k = int(head.group(1)) - first
+            name = order[k] if 0 <= k < len(order) else "type" if k < 0 else None
+            path = f".{name}{path[head.end():]}" if name else path
+        return f"`${where}{path}`"
+
+    located, n = _PATH.subn(named, msg, count=1)
+    return f"EventBatch: {located if n else f'{msg} - at `${where}`'}"
+
+
+def _value(raw: bytes | msgspec.Raw, field: str | None = None) -> Any:
+    """Raw msgpack as Python values (the payload, or an event's `field` read now and
+    then: extra keys, tokens that are not all ints); not msgpack (e.g. a string that is
+    not UTF-8): an error naming the field."""
+    try:
+        return msgspec.msgpack.decode(raw)
+    except msgspec.DecodeError as exc:
+        if field is None:
+            raise EventDecodeError(f"payload: not msgpack ({exc})") from exc
+        raise _Bad(f"not msgpack ({exc})", field) from exc
+
+
+# ------------------------------------------------------------- structs -> records
+
+
+class _Bad(Exception):
+    """A wrong field of the event being converted: the message and the field's path
+    below the event (``.block_size``); `_batch_of` adds the event's index."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message, field)
+        self.message, self.field = message, field
+
+
+def _batch_of(raw: Any, events: list[Any] | None, tokens: bool) -> EventBatch:
+    if raw.ts is None:
+        raise EventDecodeError("EventBatch: Expected `float`, got nothing or `null` - at `$.ts`")
+    if events is None:
+        raise EventDecodeError("EventBatch: Expected `array`, got nothing or `null` - at "
+                               "`$.events`")
+    out: list[Event] = []
+    add = out.append
+    try:
+        for ev in events:
+            cls = type(ev)
+            if cls in _STORED:
+                add(_stored_of(ev, tokens))
+            elif cls in _REMOVED:
+                add(BlockRemoved(_fold(ev.block_hashes), ev.medium, ev.group_idx, ev.locality,
+                                 ev.ownership))  # fmt: skip
+            elif cls is OtherEvent:
+                add(ev)
+            else:
+                add(AllBlocksCleared())
+    except _Bad as bad:  # the event at len(out): the ones before it are converted
+        raise EventDecodeError(f"EventBatch: {bad.message} - at "
+                               f"`$.events[{len(out)}]{bad.field}`") from bad
+    rank = raw.data_parallel_rank
+    return EventBatch(raw.ts, tuple(out), rank if type(rank) is int else None)
+
+
+def _fold(hashes: list[_Hash] | None, field: str = ".block_hashes") -> tuple[int, ...]:
+    """Engine hashes -> unsigned 64-bit ids, without Python work per hash when they are
+    ints below 2**64 (msgpack's ints are, unless negative)."""
+    if hashes is None:
+        raise _Bad("Expected `array`, got nothing or `null`", field)
+    if not hashes:
+        return ()
+    try:
+        if min(hashes) >= 0:  # type: ignore[operator]
+            return tuple(hashes)  # type: ignore[arg-type]
+    except TypeError:  # bytes, or a mix
+        pass
+    if b"" in hashes:
+        at = "" if field == ".parent_block_hash" else f"[{hashes.index(b'')}]"
+        raise _Bad("an empty bytes hash", f"{field}{at}")
+    return tuple(engine_hash(h) for h in hashes)
+
+
+def _stored_of(ev: Any, keep_tokens: bool) -> BlockStored:
+    block_size = ev.block_size
+    if block_size is None or block_size <= 0:
+        raise _Bad(f"Expected `int` > 0, got {block_size}", ".block_size")
+    pv = ev.parent_block_hash
+    parent = (pv if pv is None or (type(pv) is int and pv >= 0)
+              else _fold([pv], ".parent_block_hash")[0])  # fmt: skip
+    n_tokens = _array_len(ev.token_ids) or 0
+    lookahead = _array_len(ev.lookahead_token_ids, True) if len(ev.lookahead_token_ids) else 0
+    first_tokens = (_head_tokens(ev.token_ids, block_size)
+                    if parent is None and n_tokens >= block_size else ())  # fmt: skip
+    lora_name, salt, extra = ev.lora_name, ev.cache_salt, ev.extra_keys
+    if type(lora_name) is dict:  # SGLang's BlockStoredWithMetadata (array events)
+        salt = _metadata_salt(lora_name)
+        lora_name = None
+    return BlockStored(_fold(ev.block_hashes), parent, block_size, ev.medium, lora_name,
+                       ev.lora_id, _extra(extra, salt) if len(extra) or salt else None,
+                       ev.group_idx, n_tokens, ev.locality, ev.ownership, ev.session_id,
+                       lookahead or 0, first_tokens,
+                       _raw_token_bytes(ev.token_ids) if keep_tokens else None)
+
+
+def _metadata_salt(meta: dict[Any, Any]) -> str | None:
+    salt = meta.get("cache_salt")
+    if salt is None or type(salt) is str:
+        return salt
+    raise _Bad(f"Expected `str | null`, got `{type(salt).__name__}` (SGLang's metadata)",
+               ".lora_name.cache_salt")
+
+
+def _extra(raw: msgspec.Raw, salt: str | None) -> tuple[Any, ...] | None:
+    """The first block's extra keys, SGLang's salt (if any) last as a typed key."""
+    first = _first_extra_keys(_value(raw, ".extra_keys")) if len(raw) else None
+    if not salt:
+        return first
+    return (*(first or ()), ExtraKey("cache_salt", salt))
+
+
+def _array_len(raw: msgspec.Raw, lookahead: bool = False) -> int | None:
+    """The length of a raw msgpack array; None for nil or absent; anything else: None,
+    or, for lookahead tokens (a list or nil is required there), an error."""
+    if not len(raw):
         return None
+    m = memoryview(raw)
+    b = m[0]
+    if 0x90 <= b <= 0x9F:
+        return b & 0x0F
+    if b == 0xDC:
+        return int.from_bytes(m[1:3], "big")
+    if b == 0xDD:
+        return int.from_bytes(m[1:5], "big")
+    if b == 0xC0 or not lookahead:
+        return None
+    field = ".lookahead_token_ids"
+    raise _Bad(f"Expected `array | null`, got `{type(_value(raw, field)).__name__}`", field)
+
+
+_TOKENS = msgspec.msgpack.Decoder(list[int])
+
+
+def _head_tokens(raw: msgspec.Raw, block_size: int) -> tuple[int, ...]:
+    """`_first_tokens` of raw token ids (all ints: decoded as such, in C)."""
+    try:
+        head = _TOKENS.decode(raw)[:block_size]
+    except msgspec.ValidationError:
+        return _first_tokens(_value(raw, ".token_ids"), block_size)
+    return tuple(head) if min(head) >= 0 and max(head) < 2**32 else ()
+
+
+def _raw_token_bytes(raw: msgspec.Raw) -> bytes | None:
+    """Every token id as uint32 LE; None when absent or not all ints in 0..2**32-1."""
+    if not len(raw):
+        return None
+    try:
+        return _token_bytes(_TOKENS.decode(raw))
+    except msgspec.ValidationError:
+        return None
+
+
+def _token_bytes(tokens: list[int]) -> bytes | None:
     if tokens and (min(tokens) < 0 or max(tokens) >= 2**32):
         return None
     return np.array(tokens, dtype="<u4").tobytes()
@@ -338,216 +606,3 @@ def _freeze(v: Any) -> Any:
             return ExtraKey(tag, next(iter(rest.values())))
         return ExtraKey(tag, tuple(sorted(rest.items())))
     return v
-
-
-def _hashes(v: object, name: str) -> tuple[int, ...]:
-    if not isinstance(v, list):
-        raise EventDecodeError(f"{name}: expected a list, got {type(v).__name__}")
-    return tuple(engine_hash(h, f"{name}[{i}]") for i, h in enumerate(v))
-
-
-def _opt(v: object, kind: type, name: str) -> Any:
-    if v is None or (type(v) is kind):
-        return v
-    raise EventDecodeError(f"{name}: expected {kind.__name__} or nil, got {type(v).__name__}")
-
-
-# ------------------------------------------------------------- typed decoding (msgspec)
-#
-# The same shapes as above, as msgspec structs: msgspec (the library vLLM encodes
-# with) decodes and type-checks a whole batch in C. `token_ids`, `lookahead_token_ids`
-# and `extra_keys` stay raw msgpack (`msgspec.Raw`): the bridge needs the length of
-# the first two (read off the array header) and the tokens of a first block or the
-# extra keys only now and then, so no Python object is made per token. Anything the
-# structs do not take (an unknown event type, a batch mixing array and map events, a
-# wrong type anywhere, an empty bytes hash) returns None: the reference then decodes
-# it, or names the error, exactly as before.
-
-_Hash: TypeAlias = "int | bytes"
-_NO_RAW = msgspec.Raw()
-_STORED_TYPES: dict[str, Any] = {
-    "block_hashes": list[int | bytes],
-    "parent_block_hash": int | bytes | None,
-    "token_ids": msgspec.Raw,
-    "block_size": int | None,
-    "lora_id": int | None,
-    "medium": str | None,
-    "lora_name": str | None,
-    "extra_keys": msgspec.Raw,
-    "group_idx": int | None,
-    "locality": str | None,
-    "ownership": str | None,
-    "session_id": str | None,
-    "lookahead_token_ids": msgspec.Raw,
-}
-_REMOVED_TYPES: dict[str, Any] = {
-    "block_hashes": list[int | bytes],
-    "medium": str | None,
-    "group_idx": int | None,
-    "locality": str | None,
-    "ownership": str | None,
-}
-
-
-def _struct_fields(order: Sequence[str], types: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """Every field of `order` (ignored ones as `Any`: any value), all defaulted."""
-    return [(f, types.get(f, Any), _NO_RAW if types.get(f) is msgspec.Raw else None)
-            for f in order]  # fmt: skip
-
-
-def _event_structs(array_like: bool) -> tuple[type, type, type]:
-    kw: dict[str, Any] = {"array_like": array_like, "tag_field": "type"}
-    return (
-        msgspec.defstruct("BlockStored", _struct_fields(STORED_FIELDS, _STORED_TYPES),
-                          tag="BlockStored", **kw),
-        msgspec.defstruct("BlockRemoved", _struct_fields(REMOVED_FIELDS, _REMOVED_TYPES),
-                          tag="BlockRemoved", **kw),
-        msgspec.defstruct("AllBlocksCleared", [], tag="AllBlocksCleared", **kw),
-    )  # fmt: skip
-
-
-_ARRAY_EVENTS = _event_structs(array_like=True)
-_MAP_EVENTS = _event_structs(array_like=False)
-_BATCH_FIELDS = [("ts", float | None, None), ("events", Any, None),
-                 ("data_parallel_rank", Any, None)]  # fmt: skip
-
-
-def _batch_struct(array_like: bool, events: tuple[type, type, type]) -> type:
-    fields = [(n, list[events[0] | events[1] | events[2]] if n == "events" else t, d)  # type: ignore[valid-type]
-              for n, t, d in _BATCH_FIELDS]  # fmt: skip
-    return msgspec.defstruct("EventBatch", fields, array_like=array_like)
-
-
-# (array batch, map events) is today's vLLM: tried first
-_DECODERS: dict[bool, list[msgspec.msgpack.Decoder[Any]]] = {
-    True: [msgspec.msgpack.Decoder(_batch_struct(True, _MAP_EVENTS)),
-           msgspec.msgpack.Decoder(_batch_struct(True, _ARRAY_EVENTS))],
-    False: [msgspec.msgpack.Decoder(_batch_struct(False, _MAP_EVENTS)),
-            msgspec.msgpack.Decoder(_batch_struct(False, _ARRAY_EVENTS))],
-}  # fmt: skip
-_ARRAY_HEAD = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}
-_MAP_HEAD = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
-
-
-def _typed(payload: bytes, tokens: bool = False) -> EventBatch | None:
-    """`decode_batch` by msgspec, or None where the reference must decide."""
-    if not payload:
-        return None
-    head = payload[0]
-    if head not in _ARRAY_HEAD and head not in _MAP_HEAD:
-        return None
-    for dec in _DECODERS[head in _ARRAY_HEAD]:
-        try:
-            raw = dec.decode(payload)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            continue
-        try:
-            return _from_struct(raw, tokens)
-        except (_Reference, ValueError, TypeError):
-            return None
-    return None
-
-
-class _Reference(Exception):
-    """Something only the reference decides (or names the error of)."""
-
-
-def _from_struct(raw: Any, tokens: bool = False) -> EventBatch:
-    if raw.ts is None or raw.events is None:
-        raise _Reference
-    events: list[Event] = []
-    for ev in raw.events:
-        tag = type(ev).__name__
-        if tag == "BlockStored":
-            events.append(_stored_of(ev, tokens))
-        elif tag == "BlockRemoved":
-            events.append(BlockRemoved(_fold(ev.block_hashes), ev.medium, ev.group_idx,
-                                       ev.locality, ev.ownership))  # fmt: skip
-        else:
-            events.append(AllBlocksCleared())
-    rank = raw.data_parallel_rank
-    return EventBatch(raw.ts, tuple(events), rank if type(rank) is int else None)
-
-
-def _fold(hashes: list[_Hash] | None) -> tuple[int, ...]:
-    """Engine hashes -> unsigned 64-bit ids, without Python work per hash when they are
-    ints below 2**64 (msgpack's ints are, unless negative)."""
-    if hashes is None:  # missing: the reference names it
-        raise _Reference
-    if not hashes:
-        return ()
-    try:
-        if min(hashes) >= 0:  # type: ignore[operator]
-            return tuple(hashes)  # type: ignore[arg-type]
-    except TypeError:  # bytes, or a mix
-        pass
-    if b"" in hashes:  # an empty bytes hash: the reference names it
-        raise _Reference
-    return tuple(engine_hash(h) for h in hashes)
-
-
-def _array_len(raw: msgspec.Raw) -> int | None:
-    """The length of a raw msgpack array; None for nil or absent; else _Reference."""
-    if not len(raw):
-        return None
-    m = memoryview(raw)
-    b = m[0]
-    if 0x90 <= b <= 0x9F:
-        return b & 0x0F
-    if b == 0xC0:
-        return None
-    if b == 0xDC:
-        return int.from_bytes(m[1:3], "big")
-    if b == 0xDD:
-        return int.from_bytes(m[1:5], "big")
-    raise _Reference
-
-
-_TOKENS = msgspec.msgpack.Decoder(list[int])
-
-
-def _head_tokens(raw: msgspec.Raw, block_size: int) -> tuple[int, ...]:
-    """`_first_tokens` of raw token ids (all ints: decoded in C; else the reference's
-    way)."""
-    try:
-        head = _TOKENS.decode(raw)[:block_size]
-    except msgspec.ValidationError:
-        return _first_tokens(msgpack.unpackb(raw), block_size)
-    return tuple(head) if min(head) >= 0 and max(head) < 2**32 else ()
-
-
-def _stored_of(ev: Any, keep_tokens: bool = False) -> BlockStored:
-    block_size = ev.block_size
-    if block_size is None or block_size <= 0:
-        raise _Reference
-    pv = ev.parent_block_hash
-    parent = pv if pv is None or (type(pv) is int and pv >= 0) else _fold([pv])[0]
-    n_tokens = _array_len_or_zero(ev.token_ids)
-    lookahead = _array_len(ev.lookahead_token_ids) if len(ev.lookahead_token_ids) else 0
-    first_tokens = (_head_tokens(ev.token_ids, block_size)
-                    if parent is None and n_tokens >= block_size else ())  # fmt: skip
-    extra = ev.extra_keys
-    first_extra = (_first_extra_keys(msgpack.unpackb(extra, raw=False, strict_map_key=False))
-                   if len(extra) else None)  # fmt: skip
-    return BlockStored(_fold(ev.block_hashes), parent, block_size, ev.medium, ev.lora_name,
-                       ev.lora_id, first_extra, ev.group_idx, n_tokens, ev.locality,
-                       ev.ownership, ev.session_id, lookahead or 0, first_tokens,
-                       _raw_token_bytes(ev.token_ids) if keep_tokens else None)  # fmt: skip
-
-
-def _raw_token_bytes(raw: msgspec.Raw) -> bytes | None:
-    """`_token_bytes` of raw token ids (all ints: decoded in C; else the reference's)."""
-    if not len(raw):
-        return None
-    try:
-        return _token_bytes(_TOKENS.decode(raw))
-    except msgspec.ValidationError:
-        return _token_bytes(msgpack.unpackb(raw))
-
-
-def _array_len_or_zero(raw: msgspec.Raw) -> int:
-    """`token_ids` counts only as an array (anything else: no tokens, as the reference)."""
-    try:
-        return _array_len(raw) or 0
-    except _Reference:
-        return 0

@@ -23,7 +23,8 @@ keeps a map engine hash -> (sarp id, tiers holding it) (`EngineMap`).
 
 The batch's data-parallel rank, when it carries one, names the worker (a rank never
 registered becomes a worker of its own: `Registry.dynamic`). The salt of a store
-is ``"dynamo-cache-salt:<salt>"`` among its block 0's extra keys; engines put a salt
+is ``"dynamo-cache-salt:<salt>"`` among its block 0's extra keys (or SGLang's salt,
+sent by name: a typed ``cache_salt`` key once decoded); engines put a salt
 on a sequence's first block only, so a continuation without one is hashed with its
 parent's (as Dynamo hashes it; a disk-tier store takes no salt from its parent, as
 in Dynamo). A LoRA adapter is each store's own `lora_name`.
@@ -40,7 +41,13 @@ import numpy as np
 
 from sarpd import model
 from sarpd.events.mapping import TIER_SHIFT, WORKER_MASK, WORKER_SHIFT
-from sarpd.events.schema import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from sarpd.events.schema import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    ExtraKey,
+)
 from sarpd.indexer import hashing
 from sarpd.indexer.workers import Registry, Worker, namespace
 from sarpd.model import IdArray
@@ -81,12 +88,16 @@ def _skip(ev: BlockStored, block_size: int) -> str | None:
 
 
 def salt_of(stored: BlockStored) -> str | None:
-    """The cache salt of a store (Dynamo's marker among its block 0's extra keys), else
-    None."""
+    """The cache salt of a store: Dynamo's marker among its block 0's extra keys, else
+    a typed ``cache_salt`` key (SGLang's salt, which Dynamo reads by name, decodes to
+    one; vLLM's typed salt too), its marker taken off; else None."""
+    typed = None
     for key in stored.first_extra_keys or ():
         if isinstance(key, str) and key.startswith(SALT_PREFIX):
             return key[len(SALT_PREFIX):]
-    return None
+        if typed is None and isinstance(key, ExtraKey) and key.kind == "cache_salt":
+            typed = str(key.value).removeprefix(SALT_PREFIX)
+    return typed
 
 
 # one block of a worker: (sarp id as 16 bytes, bitmask of tiers, Dynamo's per-block

@@ -17,6 +17,7 @@ from sarpd.events.mapping import (
     Translator,
     block_meta,
     cache_salt,
+    is_local,
     worker_clear,
 )
 from sarpd.events.schema import Event, ExtraKey, decode_batch
@@ -33,6 +34,9 @@ def test_meta_bits_and_clear_masks() -> None:
     assert block_meta(3, "cpu") == (3 << 48) | (1 << 40)
     assert block_meta(65535, "LocalDisk") == (65535 << 48) | (2 << 40)
     assert block_meta(1, "tape") == (1 << 48) | (255 << 40)
+    assert block_meta(3, "CPU_PINNED") == block_meta(3, "CPU")  # SGLang's host tier
+    assert not is_local(None, "EXTERNAL") and is_local(None, "DISK") and is_local(None)
+    assert is_local("LOCAL", "EXTERNAL") and not is_local("REMOTE", "GPU")
     mask, value = worker_clear(3)
     assert (mask, value) == (WORKER_MASK, 3 << 48)
     assert block_meta(3, "CPU") & mask == value and block_meta(4, "GPU") & mask != value

@@ -92,15 +92,18 @@ def test_engine_hash_forms() -> None:
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
-        (b"\xc1", "not msgpack"),
-        (msgpack.packb(7), "EventBatch"),
-        (msgpack.packb(["x", []]), "EventBatch.ts"),
-        (msgpack.packb([1.0, {}]), "EventBatch.events"),
-        (msgpack.packb([1.0, [[5]]]), r"events\[0\]"),
-        (msgpack.packb([1.0, [["BlockStored", "nope", None, [], 16]]]), "block_hashes"),
-        (msgpack.packb([1.0, [["BlockStored", [1], None, [], 0]]]), "block_size"),
-        (msgpack.packb([1.0, [["BlockStored", [1], 2.5, [], 16]]]), "parent_block_hash"),
-        (msgpack.packb([1.0, [["BlockRemoved", [1], 7]]]), "medium"),
+        (b"\xc1", "payload: not msgpack"),
+        (msgpack.packb(7), "EventBatch: expected an array or a map, got int"),
+        (msgpack.packb(["x", []]), r"EventBatch: .* - at `\$\.ts`"),
+        (msgpack.packb([1.0, {}]), r"EventBatch: .* - at `\$\.events`"),
+        (msgpack.packb([1.0, [[5]]]), r"- at `\$\.events\[0\]`"),
+        (msgpack.packb([1.0, [["BlockStored", "nope", None, [], 16]]]),
+         r"`\$\.events\[0\]\.block_hashes`"),
+        (msgpack.packb([1.0, [["BlockStored", [1], None, [], 0]]]),
+         r"`\$\.events\[0\]\.block_size`"),
+        (msgpack.packb([1.0, [["BlockStored", [1], 2.5, [], 16]]]),
+         r"`\$\.events\[0\]\.parent_block_hash`"),
+        (msgpack.packb([1.0, [["BlockRemoved", [1], 7]]]), r"`\$\.events\[0\]\.medium`"),
     ],
 )
 def test_decode_errors_name_the_field(payload: bytes, field: str) -> None:
@@ -168,7 +171,7 @@ def test_current_fields_in_both_encodings() -> None:
         ExtraKey("cache_salt", "t"),
         ExtraKey("mm", (("block_offset", 3), ("hash", "h"), ("modality", "image"))), "raw")
     bad = {**as_map, "lookahead_token_ids": 5}
-    with pytest.raises(EventDecodeError, match=r"events\[0\].lookahead_token_ids"):
+    with pytest.raises(EventDecodeError, match=r"events\[0\]\.lookahead_token_ids"):
         decode_batch(msgpack.packb([1.0, [bad]]))
-    with pytest.raises(EventDecodeError, match=r"events\[0\].locality"):
+    with pytest.raises(EventDecodeError, match=r"events\[0\]\.locality"):
         decode_batch(msgpack.packb([1.0, [{**as_map, "locality": 1}]]))

@@ -1,7 +1,7 @@
-"""sarpd/indexer/ingest.py: vLLM events (encoded with vLLM's schema by msgspec) ->
-sarp requests keyed by tokens: ids, parents, holders, tiers, skips (Dynamo's), the
-batch's rank, clears, and the engine maps' journal; then applied to a real index, the
-answer walked as Dynamo walks it."""
+"""sarpd/indexer/ingest.py: vLLM events (encoded with vLLM's schema by msgspec; SGLang's
+salt too) -> sarp requests keyed by tokens: ids, parents, holders, tiers, skips
+(Dynamo's), the batch's rank, clears, and the engine maps' journal; then applied to a
+real index, the answer walked as Dynamo walks it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from sarpd.indexer import api, hashing
 from sarpd.indexer.ingest import DEVICE, GONE, HOST, Ingest, holder
 from sarpd.indexer.workers import Registry, Worker, namespace
 from tests.core.test_index import Harness
+from tests.events import sglang_schema as sg
 from tools.bench import vllm_schema as vs
 
 T = list(range(7000, 7000 + 8 * 16))
@@ -123,6 +124,17 @@ def test_a_continuation_takes_its_parent_s_salt_except_on_disk() -> None:
     t_local = hashing.local_hashes(np.array(T[48:64], np.uint32), 16, hashing.seed_of(None, "t"))
     assert np.array_equal(own.seq.hashes, hashing.chain(
         ids_of(2, 3, salt="s")[0].astype("<u8").tobytes(), t_local))
+
+
+def test_sglang_s_salt_by_name_keys_as_dynamo_s_marker() -> None:
+    """SGLang sends its salt by name (Dynamo reads it as the namespace): the same keys
+    as vLLM's marked salt. tests/events/sglang_schema.py: SGLang's current structs."""
+    ing, w, nid = setup()
+    ev = sg.V4.BlockStored(IDS[0:2], None, T[:32], 16, None, "GPU", cache_salt="s")
+    (op,) = ing.batch(w, decode_batch(sg.encode(sg.V4.EventBatch(1.0, [ev], 0)), tokens=True),
+                      nid)  # fmt: skip
+    assert isinstance(op, model.Insert) and op.seq.hashes is not None
+    assert np.array_equal(op.seq.hashes, ids_of(0, 2, salt="s"))
 
 
 def test_a_batch_s_rank_names_the_worker_and_clears_are_per_rank() -> None:
