@@ -66,12 +66,13 @@ SGLang, ``[b"", seq, payload]`` and ``[b"", -1, b""]`` (3 frames).
 
 from __future__ import annotations
 
+import array
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import msgspec
-import numpy as np
 
 from sarpd.errors import BadRequest
 
@@ -553,6 +554,9 @@ def _array_len(raw: msgspec.Raw, lookahead: bool = False) -> int | None:
 
 
 _TOKENS = msgspec.msgpack.Decoder(list[int])
+_BIG_ENDIAN = sys.byteorder == "big"
+if array.array("I").itemsize != 4:  # pragma: no cover (no such target is supported)
+    raise ImportError("sarpd.events.schema: a C unsigned int is not 4 bytes here")
 
 
 def _head_tokens(raw: msgspec.Raw, block_size: int) -> tuple[int, ...]:
@@ -575,9 +579,15 @@ def _raw_token_bytes(raw: msgspec.Raw) -> bytes | None:
 
 
 def _token_bytes(tokens: list[int]) -> bytes | None:
-    if tokens and (min(tokens) < 0 or max(tokens) >= 2**32):
+    """uint32 LE in one C pass (array.array checks the range: ~7x np.array's time
+    with a min and a max over 12k ids)."""
+    try:
+        arr = array.array("I", tokens)  # a C unsigned int: 4 bytes (checked at import)
+    except OverflowError:  # negative, or 2**32 and over
         return None
-    return np.array(tokens, dtype="<u4").tobytes()
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tobytes()
 
 
 def _first_tokens(tokens: object, block_size: int) -> tuple[int, ...]:
