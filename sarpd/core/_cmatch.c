@@ -7,7 +7,7 @@
  * tests hold each stage to its reference).
  *
  * match(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap,
- *       read, indexed, ks, exact[, kfilter[, cache]])
+ *       read, indexed, ks, exact[, kfilter[, cache[, with_spans]]])
  *   the first twelve as for route; read(list of seg ids) -> dict seg id -> Segment,
  *   the kernel's view of its stored value (what SegmentCache.put_values returns), or
  *   None (missing: the store's multi-get, Store.read_views), called once for every
@@ -16,9 +16,9 @@
  *   (into the call's table, no Python object made), each moved to its recent end as
  *   the store's fetch would; indexed(bytes: 16-byte ids) -> a truth
  *   value per id (may a segment hold the block? False settles its window: no locator),
- *   or None (no block locators); ks (Q,) int64 as for assemble; exact: run the
- *   bound-and-verify rounds.
- *   -> (res, meta, tops, rounds): assemble's answers and the extra rounds read.
+ *   or None (no block locators); ks (Q,) int64 and with_spans as for assemble; exact:
+ *   run the bound-and-verify rounds.
+ *   -> (res, meta, tops, hspans, rounds): assemble's answers and the extra rounds read.
  *
  * route(qids, qlens, bkeys, bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap)
  *   qids    (N, 2) uint64: every query of the batch, concatenated
@@ -47,16 +47,20 @@
  *   run (ids equal AND present, from the window start) of the window's first round
  *   and the first candidate that has it (0: none).
  *
- * assemble(rows, spans, best, sids, segs, ks)
+ * assemble(rows, spans, best, sids, segs, ks[, with_spans])
  *   rows (R, ROW_FIELDS) int64; spans (Q, 2) int64: each query's rows [lo, hi);
  *   best/sids per row (after any bound-and-verify rounds); segs as for verify; ks
- *   (Q,) int64: the holders each query asks for (0: none).
- *   -> (res: bytes, meta: bytearray, tops: bytearray): per query 4 int64: blocks
- *   matched (its windows from 0 through the first short one), meta_start, top_start,
- *   ntop; its metas (one per matched block: the holder with the longest run from
- *   block 0, csrc/holders.c, holders.match_holders' answer) are meta[meta_start :
- *   + blocks] and its top holders tops[top_start : + ntop], (uint64 holder, int64
- *   run) pairs, longest first.
+ *   (Q,) int64: the holders each query asks for (0: none); with_spans (Q,) int64:
+ *   nonzero where a query asks for its spans, or None (as not given: none asks).
+ *   -> (res: bytes, meta: bytearray, tops: bytearray, hspans: bytearray): per query
+ *   RES_FIELDS (6) int64: blocks matched (its windows from 0 through the first short
+ *   one), meta_start, top_start, ntop, span_start, nspans; its metas (one per matched
+ *   block: the holder with the longest run from block 0, csrc/holders.c,
+ *   holders.match_holders' answer) are meta[meta_start : + blocks], its top holders
+ *   tops[top_start : + ntop], (uint64 holder, int64 run) pairs, longest first, and its
+ *   spans hspans[span_start : + nspans], (uint64 holder, int64 start, int64 blocks)
+ *   triples, every holder's maximal runs inside the matched blocks by holder then
+ *   start (holders.spans' answer; nspans 0 where not asked).
  *
  * merge_order(keys, old_order, old_keys)
  *   keys (n,) uint64: the delta's keys in insertion order; old_order (n0,) int64 a
@@ -87,6 +91,9 @@
 
 #define ROW_FIELDS 12
 enum { R_Q, R_W, R_OFF, R_LEN, R_FSTART, R_FCOUNT, R_WEAK, R_FBOUND, R_BLO, R_BHI, R_DLO, R_DHI };
+#define RES_FIELDS 6  /* a query's answer (module docstring: assemble) */
+enum { RES_BLOCKS, RES_META, RES_TOP, RES_NTOP, RES_SPANS, RES_NSPANS };
+_Static_assert(sizeof(HSpan) == 3 * sizeof(uint64_t), "hspans rows are three words");
 
 #define GOLDEN SARP_MIX
 
@@ -1068,126 +1075,185 @@ static int copy_window_ready(const SegTable *t, uint64_t sid, int64_t length, Co
     return 1;
 }
 
+/* The matched windows of a batch's queries, found by `find_windows`. */
+typedef struct {
+    Copied *wins;
+    Py_ssize_t n, cap;
+    Py_ssize_t *ends;  /* per query: where its windows end in wins */
+    IVec arena;        /* the metas and holder tables copied (window_words) */
+    Py_ssize_t nmeta, ntops, widest;  /* the answers' sizes; most windows of a query */
+} Found;
+
+static void found_free(Found *f) {
+    free(f->wins);
+    free(f->ends);
+    free(f->arena.v);
+}
+
+/* Room for one more window in f->wins; 0, or -1 (out of memory, no exception). */
+static int found_room(Found *f) {
+    if (f->n < f->cap) return 0;
+    Py_ssize_t cap = f->cap ? 2 * f->cap : 64;
+    Copied *more = realloc(f->wins, (size_t)cap * sizeof *more);
+    if (more == NULL) return -1;
+    f->wins = more;
+    f->cap = cap;
+    return 0;
+}
+
+/* Each query's windows from 0 through the first short one, the matched segments'
+ * metas and tables found (copy_window_ready: a raw view's, without the GIL past
+ * gil_free_min; the others with the GIL taken back), into f; its blocks and the starts
+ * of its metas and top holders into rs (RES_FIELDS a query). 0, or -1 with an
+ * exception. */
+static int find_windows(SegTable *t, PyObject *segs, const int64_t *rows, Py_ssize_t nr,
+                        const int64_t *spans, Py_ssize_t nq, const int64_t *best,
+                        const uint64_t *sids, const int64_t *ks, int64_t *rs, Found *f) {
+    PyThreadState *ts = nr * 8 >= gil_free_min ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        int64_t total = 0;
+        Py_ssize_t from = f->n;
+        for (Py_ssize_t r = spans[2 * q]; r < spans[2 * q + 1]; r++) {
+            int64_t b = best[r], len = rows[ROW_FIELDS * r + R_LEN];
+            if (sids[r]) {
+                if (found_room(f) < 0) {
+                    if (ts != NULL) PyEval_RestoreThread(ts);
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                if (!copy_window_ready(t, sids[r], b, &f->wins[f->n])) {
+                    if (ts != NULL) PyEval_RestoreThread(ts);
+                    if (copy_window(t, segs, sids[r], b, &f->arena, &f->wins[f->n]) < 0)
+                        return -1;
+                    if (ts != NULL) ts = PyEval_SaveThread();
+                }
+                f->n++;
+            }
+            total += b;
+            if (b < len) break;
+        }
+        f->ends[q] = f->n;
+        if (f->n - from > f->widest) f->widest = f->n - from;
+        int64_t *res = rs + RES_FIELDS * q;
+        res[RES_BLOCKS] = total;
+        res[RES_META] = f->nmeta;
+        res[RES_TOP] = f->ntops;
+        f->nmeta += total;
+        int64_t k = ks[q] > 0 ? ks[q] : 0, most = 0;
+        for (Py_ssize_t w = from; w < f->n && !most; w++)
+            if (f->wins[w].length > 0) most = f->wins[w].length + f->wins[w].h;
+        f->ntops += k < most ? k : most;
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    return 0;
+}
+
+/* Every query's holders (csrc/holders.c) from its windows in f: metas into m, top
+ * holders into tp, spans (the queries `want` names; NULL: none) appended to hs; their
+ * counts and the spans' starts into rs. No Python object: the GIL may be released.
+ * 0, or -1 when memory ran out. */
+static int answer_all(const Found *f, Py_ssize_t nq, const int64_t *ks, const int64_t *want,
+                      HWindow *hw, int64_t *rs, uint64_t *m, HRun *tp, HSpans *hs) {
+    Py_ssize_t w0 = 0;
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        int nw = 0;
+        for (; w0 < f->ends[q]; w0++, nw++) {
+            const Copied *c = &f->wins[w0];
+            hw[nw] = (HWindow){c->p[0], 1, c->presence, c->p[1], c->p[2], c->h, c->length};
+        }
+        int64_t *res = rs + RES_FIELDS * q, ntop = 0;
+        res[RES_SPANS] = hs->n;
+        if (holders_match(hw, nw, ks[q] > 0 ? ks[q] : 0, m + res[RES_META], tp + res[RES_TOP],
+                          &ntop, want != NULL && want[q] ? hs : NULL) < 0)
+            return -1;
+        res[RES_NTOP] = ntop;
+        res[RES_NSPANS] = hs->n - res[RES_SPANS];
+    }
+    return 0;
+}
+
 /* Every query's answer from its rows' runs (module docstring: assemble), the windows
- * read through the table: (res, meta, tops), or NULL with an exception. */
+ * read through the table; `want` (NULL: none) the queries that ask for spans:
+ * (res, meta, tops, hspans), or NULL with an exception. */
 static PyObject *assemble_rows(SegTable *t, PyObject *segs, const int64_t *rows, Py_ssize_t nr,
                                const int64_t *spans, Py_ssize_t nq, const int64_t *best,
-                               const uint64_t *sids, const int64_t *ks) {
-    PyObject *res = NULL, *meta = NULL, *tops = NULL, *out = NULL;
-    IVec arena = {0};   /* every matched window's metas and holder table, copied */
-    Copied *wins = NULL;
-    Py_ssize_t nwins = 0, capwins = 0;
-    Py_ssize_t *ends = NULL;  /* per query: where its windows end in wins */
-    HWindow *hw = NULL;
-    res = PyBytes_FromStringAndSize(NULL, nq * 4 * (Py_ssize_t)sizeof(int64_t));
-    ends = malloc((size_t)(nq + 1) * sizeof *ends);
-    if (res == NULL || ends == NULL) {
-        if (ends == NULL) PyErr_NoMemory();
-        goto done;
-    }
-    int64_t *rs = (int64_t *)PyBytes_AS_STRING(res);
+                               const uint64_t *sids, const int64_t *ks, const int64_t *want) {
     for (Py_ssize_t q = 0; q < nq; q++) {
         Py_ssize_t lo = spans[2 * q], hi = spans[2 * q + 1];
         if (lo < 0 || hi < lo || hi > nr) {
             PyErr_Format(PyExc_ValueError, "spans[%zd] = (%zd, %zd) is not a slice of the %zd "
                          "rows", q, lo, hi, nr);
-            goto done;
+            return NULL;
         }
     }
-    /* each query's windows from 0 through the first short one, the matched segments'
-     * metas and tables found (copy_window_ready: a raw view's, without the GIL past
-     * gil_free_min; the others with the GIL taken back); the answers' sizes counted */
-    Py_ssize_t nmeta = 0, ntops = 0, widest = 0;
-    PyThreadState *ts = nr * 8 >= gil_free_min ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t q = 0; q < nq; q++) {
-        Py_ssize_t lo = spans[2 * q], hi = spans[2 * q + 1];
-        int64_t total = 0;
-        Py_ssize_t from = nwins;
-        for (Py_ssize_t r = lo; r < hi; r++) {
-            int64_t b = best[r], len = rows[ROW_FIELDS * r + R_LEN];
-            if (sids[r]) {
-                if (nwins == capwins) {
-                    Py_ssize_t cap = capwins ? 2 * capwins : 64;
-                    Copied *more = realloc(wins, (size_t)cap * sizeof *wins);
-                    if (more == NULL) {
-                        if (ts != NULL) PyEval_RestoreThread(ts);
-                        PyErr_NoMemory();
-                        goto done;
-                    }
-                    wins = more;
-                    capwins = cap;
-                }
-                if (!copy_window_ready(t, sids[r], b, &wins[nwins])) {
-                    if (ts != NULL) PyEval_RestoreThread(ts);
-                    if (copy_window(t, segs, sids[r], b, &arena, &wins[nwins]) < 0) goto done;
-                    if (ts != NULL) ts = PyEval_SaveThread();
-                }
-                nwins++;
-            }
-            total += b;
-            if (b < len) break;
-        }
-        ends[q] = nwins;
-        if (nwins - from > widest) widest = nwins - from;
-        rs[4 * q] = total;
-        rs[4 * q + 1] = nmeta;
-        rs[4 * q + 2] = ntops;
-        nmeta += total;
-        int64_t k = ks[q] > 0 ? ks[q] : 0, most = 0;
-        for (Py_ssize_t w = from; w < nwins && !most; w++)
-            if (wins[w].length > 0) most = wins[w].length + wins[w].h;
-        ntops += k < most ? k : most;
+    PyObject *res = NULL, *meta = NULL, *tops = NULL, *held = NULL, *out = NULL;
+    Found f = {0};
+    HSpans hs = {0};
+    HWindow *hw = NULL;
+    res = PyBytes_FromStringAndSize(NULL, nq * RES_FIELDS * (Py_ssize_t)sizeof(int64_t));
+    f.ends = malloc((size_t)(nq + 1) * sizeof *f.ends);
+    if (res == NULL || f.ends == NULL) {
+        if (f.ends == NULL) PyErr_NoMemory();
+        goto done;
     }
-    if (ts != NULL) PyEval_RestoreThread(ts);
-    meta = PyByteArray_FromStringAndSize(NULL, nmeta * (Py_ssize_t)sizeof(uint64_t));
-    tops = PyByteArray_FromStringAndSize(NULL, ntops * (Py_ssize_t)sizeof(HRun));
-    hw = malloc((size_t)(widest ? widest : 1) * sizeof *hw);
+    int64_t *rs = (int64_t *)PyBytes_AS_STRING(res);
+    if (find_windows(t, segs, rows, nr, spans, nq, best, sids, ks, rs, &f) < 0) goto done;
+    meta = PyByteArray_FromStringAndSize(NULL, f.nmeta * (Py_ssize_t)sizeof(uint64_t));
+    tops = PyByteArray_FromStringAndSize(NULL, f.ntops * (Py_ssize_t)sizeof(HRun));
+    hw = malloc((size_t)(f.widest ? f.widest : 1) * sizeof *hw);
     if (meta == NULL || tops == NULL || hw == NULL) {
         if (hw == NULL) PyErr_NoMemory();
         goto done;
     }
-    uint64_t *m = (uint64_t *)PyByteArray_AS_STRING(meta);
-    HRun *tp = (HRun *)PyByteArray_AS_STRING(tops);
-    const uint64_t *ar = (const uint64_t *)arena.v;
-    for (Py_ssize_t w = 0; w < nwins; w++)  /* the arena is done: its copies' places */
+    const uint64_t *ar = (const uint64_t *)f.arena.v;
+    for (Py_ssize_t w = 0; w < f.n; w++)  /* the arena is done: its copies' places */
         for (int k = 0; k < 3; k++)
-            if (wins[w].p[k] == NULL) wins[w].p[k] = ar + wins[w].at[k];
-    int nomem = 0;
-    ts = nmeta + (Py_ssize_t)arena.n >= gil_free_min ? PyEval_SaveThread() : NULL;
-    Py_ssize_t w0 = 0;
-    for (Py_ssize_t q = 0; q < nq && !nomem; q++) {  /* no Python object from here */
-        int nw = 0;
-        for (; w0 < ends[q]; w0++, nw++) {
-            const Copied *c = &wins[w0];
-            hw[nw] = (HWindow){c->p[0], 1, c->presence, c->p[1], c->p[2],
-                               c->h, c->length};
-        }
-        int64_t ntop = 0;
-        nomem = holders_match(hw, nw, ks[q] > 0 ? ks[q] : 0, m + rs[4 * q + 1],
-                              tp + rs[4 * q + 2], &ntop) < 0;
-        rs[4 * q + 3] = ntop;
-    }
+            if (f.wins[w].p[k] == NULL) f.wins[w].p[k] = ar + f.wins[w].at[k];
+    PyThreadState *ts = f.nmeta + f.arena.n >= gil_free_min ? PyEval_SaveThread() : NULL;
+    int nomem = answer_all(&f, nq, ks, want, hw, rs, (uint64_t *)PyByteArray_AS_STRING(meta),
+                           (HRun *)PyByteArray_AS_STRING(tops), &hs) < 0;
     if (ts != NULL) PyEval_RestoreThread(ts);
     if (nomem) {
         PyErr_NoMemory();
         goto done;
     }
-    out = PyTuple_Pack(3, res, meta, tops);
+    held = PyByteArray_FromStringAndSize((const char *)hs.v, hs.n * (Py_ssize_t)sizeof(HSpan));
+    if (held != NULL) out = PyTuple_Pack(4, res, meta, tops, held);
 done:
     Py_XDECREF(res);
     Py_XDECREF(meta);
     Py_XDECREF(tops);
-    free(arena.v);
-    free(wins);
-    free(ends);
+    Py_XDECREF(held);
+    found_free(&f);
+    free(hs.v);
     free(hw);
     return out;
 }
 
+/* The optional `with_spans` of assemble and match: (nq,) int64, nonzero where a query
+ * asks for its spans; None (or not given: obj NULL) for none. *want: its entries, or
+ * NULL for none; `view` released by the caller (a zeroed one when none). 0, or -1 with
+ * an exception. */
+static int with_spans_arg(PyObject *obj, Py_ssize_t nq, Py_buffer *view, const int64_t **want) {
+    *view = (Py_buffer){0};
+    *want = NULL;
+    if (obj == NULL || obj == Py_None) return 0;
+    if (get_buf(obj, "with_spans", 1, 1, 0, view) < 0) return -1;
+    if (view->shape[0] != nq) {
+        PyErr_Format(PyExc_ValueError, "with_spans has %zd entries for %zd queries",
+                     view->shape[0], nq);
+        PyBuffer_Release(view);
+        *view = (Py_buffer){0};
+        return -1;
+    }
+    *want = view->buf;
+    return 0;
+}
+
 static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "assemble takes 6 arguments (rows, spans, best, sids, "
-                     "segs, ks), got %zd", nargs);
+    if (nargs != 6 && nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "assemble takes 6 or 7 arguments (rows, spans, best, "
+                     "sids, segs, ks[, with_spans]), got %zd", nargs);
         return NULL;
     }
     PyObject *segs = segs_arg(args[4]);
@@ -1206,13 +1272,16 @@ static PyObject *assemble(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_ssize_t nr = v[0].shape[0], nq = v[1].shape[0];
     PyObject *out = NULL;
     SegTable t = {0};
+    Py_buffer ws;
+    const int64_t *want;
     if (v[2].shape[0] != nr || v[3].shape[0] != nr || v[4].shape[0] != nq) {
         PyErr_Format(PyExc_ValueError, "best and sids must have one entry per row (%zd), ks "
                      "one per query (%zd); got %zd, %zd and %zd", nr, nq, v[2].shape[0],
                      v[3].shape[0], v[4].shape[0]);
-    } else {
+    } else if (with_spans_arg(nargs > 6 ? args[6] : NULL, nq, &ws, &want) == 0) {
         out = assemble_rows(&t, segs, v[0].buf, nr, v[1].buf, nq, v[2].buf, v[3].buf,
-                            v[4].buf);
+                            v[4].buf, want);
+        PyBuffer_Release(&ws);
     }
     table_free(&t);
     release_all(v, 5);
@@ -1444,7 +1513,8 @@ static void query_spans(const int64_t *rows, Py_ssize_t nr, Py_ssize_t nq, int64
 /* Route, read and verify the first rounds, run the rounds, assemble: match's body
  * once its arguments are checked. */
 static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, SegCache *cache,
-                             PyObject *indexed, const int64_t *ks, int exact) {
+                             PyObject *indexed, const int64_t *ks, int exact,
+                             const int64_t *want) {
     Py_ssize_t maxrows = 0, nr = 0;
     for (Py_ssize_t q = 0; q < b->nq; q++) maxrows += (b->qlens[q] + b->sb - 1) / b->sb;
     size_t nrow = (size_t)(maxrows ? maxrows : 1);
@@ -1500,10 +1570,11 @@ static PyObject *match_batch(const Dir *d, const Batch *b, PyObject *read, SegCa
             bsid[r] = plans[r].best_sid;
         }
     }
-    answer = assemble_rows(&t, segs, rows, nr, spans, b->nq, best, bsid, ks);
+    answer = assemble_rows(&t, segs, rows, nr, spans, b->nq, best, bsid, ks, want);
     if (answer != NULL)
-        out = Py_BuildValue("(OOOL)", PyTuple_GET_ITEM(answer, 0), PyTuple_GET_ITEM(answer, 1),
-                            PyTuple_GET_ITEM(answer, 2), (long long)nrounds);
+        out = Py_BuildValue("(OOOOL)", PyTuple_GET_ITEM(answer, 0), PyTuple_GET_ITEM(answer, 1),
+                            PyTuple_GET_ITEM(answer, 2), PyTuple_GET_ITEM(answer, 3),
+                            (long long)nrounds);
 done:
     if (plans != NULL)
         for (Py_ssize_t r = 0; r < nr; r++) rd_free(&plans[r]);
@@ -1521,10 +1592,11 @@ done:
 }
 
 static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < NBUF + 7 || nargs > NBUF + 9) {
+    if (nargs < NBUF + 7 || nargs > NBUF + 10) {
         PyErr_Format(PyExc_TypeError, "match takes %d to %d arguments (qids, qlens, bkeys, "
                      "bsegs, bfilts, dkeys, dsegs, dfilts, dorder, sb, gap, cap, read, indexed, "
-                     "ks, exact[, kfilter[, cache]]), got %zd", NBUF + 7, NBUF + 9, nargs);
+                     "ks, exact[, kfilter[, cache[, with_spans]]]), got %zd", NBUF + 7, NBUF + 10,
+                     nargs);
         return NULL;
     }
     PyObject *read = args[NBUF + 3], *indexed = args[NBUF + 4];
@@ -1540,7 +1612,8 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     int exact = PyObject_IsTrue(args[NBUF + 6]);
     if (exact < 0) return NULL;
-    Py_buffer v[NBUF + 1], ks;
+    Py_buffer v[NBUF + 1], ks, ws = {0};  /* ws: zeroed until with_spans is read */
+    const int64_t *want;
     Dir d;
     Batch b;
     if (route_args(args, nargs > NBUF + 7 ? args[NBUF + 7] : NULL, v, &d, &b) < 0) return NULL;
@@ -1549,12 +1622,14 @@ static PyObject *match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         if (ks.shape[0] != b.nq)
             PyErr_Format(PyExc_ValueError, "ks has %zd entries for %zd queries", ks.shape[0],
                          b.nq);
-        else if (b.nq == 0)
-            out = Py_BuildValue("(y#NNi)", "", (Py_ssize_t)0, PyByteArray_FromStringAndSize(NULL, 0),
-                                PyByteArray_FromStringAndSize(NULL, 0), 0);
-        else
-            out = match_batch(&d, &b, read, cache == Py_None ? NULL : (SegCache *)cache,
-                              indexed, ks.buf, exact);
+        else if (with_spans_arg(nargs > NBUF + 9 ? args[NBUF + 9] : NULL, b.nq, &ws, &want) == 0)
+            out = b.nq ? match_batch(&d, &b, read, cache == Py_None ? NULL : (SegCache *)cache,
+                                     indexed, ks.buf, exact, want)
+                       : Py_BuildValue("(y#NNNi)", "", (Py_ssize_t)0,
+                                       PyByteArray_FromStringAndSize(NULL, 0),
+                                       PyByteArray_FromStringAndSize(NULL, 0),
+                                       PyByteArray_FromStringAndSize(NULL, 0), 0);
+        PyBuffer_Release(&ws);
         PyBuffer_Release(&ks);
     }
     release_all(v, NBUF + 1);
@@ -1818,7 +1893,8 @@ static PyMethodDef methods[] = {
     {"verify", (PyCFunction)(void (*)(void))verify, METH_FASTCALL,
      "The first round's verified run of every routed window (module docstring)."},
     {"assemble", (PyCFunction)(void (*)(void))assemble, METH_FASTCALL,
-     "Every query's blocks and metas from its windows' runs (module docstring)."},
+     "Every query's blocks, metas, top holders and spans from its windows' runs (module "
+     "docstring)."},
     {"match", (PyCFunction)(void (*)(void))match, METH_FASTCALL,
      "A whole batch: route, read, verify, bound-and-verify rounds, answers (module "
      "docstring)."},

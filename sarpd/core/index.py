@@ -233,8 +233,6 @@ class SarpIndex:
         errors: dict[int, SarpError] = {}
         got = self.store.seq_ids_many([r.seq for r in reqs])
         k = self.k.match
-        if k is not None and any(r.spans for r in reqs):
-            k = None  # spans: the reference's alone so far (holders.spans)
         if k is not None and isinstance(got, Joined):  # salted into one array: the kernel's
             return self._match_native(reqs, got, errors, k, got)
         qs: list[IdArray] = []
@@ -261,9 +259,11 @@ class SarpIndex:
         batch, reads every first round (what the store's segment cache holds taken from it
         in C, the rest in one multi-get), verifies it, runs the
         bound-and-verify rounds (`_exact_rounds`' twin: their reads and locator checks
-        call back into the store) and assembles every answer, holders included.
+        call back into the store) and assembles every answer, holders and spans included.
         `joined`: the queries' ids already one array (qs itself)."""
         geo = self.router.geo
+        spanned = (np.fromiter((r.spans for r in reqs), np.int64, len(reqs))
+                   if any(r.spans for r in reqs) else None)
         if joined is not None:
             lens, qids = joined.lens, joined.flat
             ks = np.fromiter((r.holders for r in reqs), np.int64, len(reqs))
@@ -276,15 +276,15 @@ class SarpIndex:
             qids = np.ascontiguousarray(np.concatenate(qs), np.uint64)
         cache = self.store.segment_cache  # read in C when it is the kernel's own type
         own = isinstance(cache, k.SegmentCache)  # ... whose misses go in as stored values
-        res, meta, tops, rounds = kernel.match(
+        res, meta, tops, hspans, rounds = kernel.match(
             k, qids, lens, self.router.dir.flat(), geo.sb, geo.gap, self.cfg.window_cap,
             self.store.read_views if own else self.store.fetch,
             self._indexed if self.cfg.block_locators else None, ks,
-            self.cfg.exact_match, cache if own else None)
+            self.cfg.exact_match, cache if own else None, spanned)
         out: list[MatchResult | SarpError] = []
         matched = 0
-        for i, (r, (total, start, tstart, ntop)) in enumerate(zip(reqs, res.tolist(),
-                                                                  strict=True)):
+        for i, (r, (total, start, tstart, ntop, sstart, nspans)) in enumerate(
+                zip(reqs, res.tolist(), strict=True)):
             if i in errors:
                 out.append(errors[i])
                 continue
@@ -292,7 +292,9 @@ class SarpIndex:
             top = ([(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
                    if r.holders else None)
             ids = salt_ids(r.seq.ns, qs[i][:total], self.k) if r.with_ids else None
-            out.append(MatchResult(total, meta[start : start + total], ids, top))
+            held = ([(h, a, n) for h, a, n in hspans[sstart : sstart + nspans].tolist()]
+                    if r.spans else None)
+            out.append(MatchResult(total, meta[start : start + total], ids, top, held))
         self._count(len(reqs) - len(errors), matched, len(qids), rounds)
         return out
 

@@ -22,9 +22,10 @@ after the batch's one multi-get, gives every row the longest verified run of its
 first round (ids equal AND present, from the window start) and the first candidate
 that has it (0: none). `assemble`, after any further rounds, gives every query its
 blocks, its metas and its top holders (`holders.match_holders`' answer, in C:
-csrc/holders.c). `match` is the index's: all of it in ONE call, the bound-and-verify
-rounds included (csrc/rounds.c, `plan.WindowPlan`'s twin), reading segments and
-checking locators through callbacks into the store.
+csrc/holders.c) and, where asked, its spans (`holders.spans`' answer). `match` is the
+index's: all of it in ONE call, the bound-and-verify rounds included (csrc/rounds.c,
+`plan.WindowPlan`'s twin), reading segments and checking locators through callbacks
+into the store.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ I64Array = npt.NDArray[np.int64]
 
 ROW_FIELDS = 12
 Q, W, OFF, LEN, FSTART, FCOUNT, WEAK, FBOUND, BLO, BHI, DLO, DHI = range(ROW_FIELDS)
+RES_FIELDS = 6  # a query's answer (`assemble`)
+BLOCKS, META, TOP, NTOP, SPANS, NSPANS = range(RES_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,19 +106,19 @@ Indexed = Callable[[bytes], Sequence[bool]]  # 16-byte ids -> may a segment hold
 
 def match(kernel: MatchKernel, qids: IdArray, lens: I64Array, flat: FlatDirectory, sb: int,
           gap: int, cap: int, read: Read, indexed: Indexed | None, ks: I64Array,
-          exact: bool, cache: SegmentCacheLike | None = None
-          ) -> tuple[I64Array, U64Array, U64Array, int]:
+          exact: bool, cache: SegmentCacheLike | None = None,
+          with_spans: I64Array | None = None
+          ) -> tuple[I64Array, U64Array, U64Array, U64Array, int]:
     """A whole batch in one kernel call: `route`, one `read` of every first round (what
     `cache`, the kernel's own `SegmentCache`, holds taken from it in C), `verify`, then
     (with `exact`) the bound-and-verify rounds of `SarpIndex._exact_rounds`
     (`indexed` settles a window whose next block no segment holds; None: no block
-    locators), and `assemble`'s answers: (res, meta, tops) as `assemble` gives them, and
-    the extra rounds run."""
-    res, meta, tops, rounds = kernel.match(
+    locators), and `assemble`'s answers: (res, meta, tops, hspans) as `assemble` gives
+    them (`with_spans` as there), and the extra rounds run."""
+    res, meta, tops, hspans, rounds = kernel.match(
         qids, lens, flat.keys, flat.segs, flat.filts, flat.dkeys, flat.dsegs, flat.dfilts,
-        flat.dorder, sb, gap, cap, read, indexed, ks, exact, flat.kfilter, cache)
-    return (np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64),
-            np.frombuffer(tops, np.uint64).reshape(-1, 2), rounds)
+        flat.dorder, sb, gap, cap, read, indexed, ks, exact, flat.kfilter, cache, with_spans)
+    return (*_answers(res, meta, tops, hspans), rounds)
 
 
 def verify(kernel: MatchKernel, routed: Routed, segs: Mapping[int, Segment],
@@ -127,16 +130,25 @@ def verify(kernel: MatchKernel, routed: Routed, segs: Mapping[int, Segment],
 
 
 def assemble(kernel: MatchKernel, routed: Routed, bounds: I64Array, best: I64Array,
-             sids: U64Array, segs: Mapping[int, Segment], ks: I64Array
-             ) -> tuple[I64Array, U64Array, U64Array]:
-    """Every query's answer in one call: (res, meta, tops), res (Q, 4) = blocks
-    matched, meta_start, top_start, ntop; a query's metas are meta[meta_start :
-    meta_start + blocks] (writable, its own slice: each block's holder with the
-    longest run, holders.match_holders' answer) and its top holders (ks[q] asked)
-    tops[top_start : top_start + ntop], rows (holder, run), longest first.
+             sids: U64Array, segs: Mapping[int, Segment], ks: I64Array,
+             with_spans: I64Array | None = None
+             ) -> tuple[I64Array, U64Array, U64Array, U64Array]:
+    """Every query's answer in one call: (res, meta, tops, hspans), res (Q, RES_FIELDS) =
+    blocks matched, meta_start, top_start, ntop, span_start, nspans; a query's metas are
+    meta[meta_start : meta_start + blocks] (writable, its own slice: each block's holder
+    with the longest run, holders.match_holders' answer), its top holders (ks[q] asked)
+    tops[top_start : top_start + ntop], rows (holder, run), longest first, and its spans
+    (with_spans[q] nonzero; None: no query asks) hspans[span_start : span_start +
+    nspans], rows (holder, start, blocks), holders.spans' answer (by holder, then start).
     `bounds`: the queries' row boundaries (`Routed.bounds`)."""
     span = np.empty((len(bounds) - 1, 2), dtype=np.int64)
     span[:, 0], span[:, 1] = bounds[:-1], bounds[1:]
-    res, meta, tops = kernel.assemble(routed.rows, span, best, sids, segs, ks)
-    return (np.frombuffer(res, np.int64).reshape(-1, 4), np.frombuffer(meta, np.uint64),
-            np.frombuffer(tops, np.uint64).reshape(-1, 2))
+    return _answers(*kernel.assemble(routed.rows, span, best, sids, segs, ks, with_spans))
+
+
+def _answers(res: bytes, meta: bytearray, tops: bytearray, hspans: bytearray
+             ) -> tuple[I64Array, U64Array, U64Array, U64Array]:
+    """The kernel's answers as arrays (`assemble`)."""
+    return (np.frombuffer(res, np.int64).reshape(-1, RES_FIELDS), np.frombuffer(meta, np.uint64),
+            np.frombuffer(tops, np.uint64).reshape(-1, 2),
+            np.frombuffer(hspans, np.uint64).reshape(-1, 3))

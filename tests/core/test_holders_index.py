@@ -1,14 +1,19 @@
 """Holders through the index (protocol 2) against HolderOracle, on every backend:
 a fleet of holders inserting shared prompts and their own turns (some on protocol 1:
 the first insert wins), branches, removals of one holder or all, clears by a holder
-mask, restarts; every match compared with its per-block answers and top holders,
-and the counts (new, removed, blocks, holdings)."""
+mask, restarts; every match compared with its per-block answers, top holders and
+spans, and the counts (new, removed, blocks, holdings). Spans on hard workloads
+(hundreds of holders of one block, runs across windows, holes, one holder a block,
+many windows) are also held to the index's reference match path: with the match
+kernel built (tests/conftest.py's guard), the answers must come from it."""
 
 from __future__ import annotations
 
 import random
 import shutil
 import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,9 @@ from hypothesis import strategies as st
 
 from backends.registry import backend_names
 from sarpd.config import IndexConfig
-from sarpd.errors import TooLarge
+from sarpd.core import index as index_module
+from sarpd.core import native
+from sarpd.errors import SarpError, TooLarge
 from sarpd.model import (
     Clear,
     Insert,
@@ -155,3 +162,113 @@ def test_many_holders_of_a_hot_prefix_and_the_limit(backend_name: str, tmp_path:
         assert h.ix.stats()["holdings"] == 70 * 1024
     finally:
         h.ix.close()
+
+
+# -- spans: the native kernel's against the reference's ----------------------------------
+NATIVE = native.expected()["match"]  # this run must match in C (tests/conftest.py's guard)
+# holders at uint64's edges too: spans go by holder as unsigned
+EDGES = [0, 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1]
+Op = Insert | Remove
+
+
+@st.composite
+def span_work(draw: st.DrawFn) -> tuple[tuple[int, ...], list[Op], HolderOracle]:
+    """A trunk of n blocks (window edges, many windows) and the writes of one shape, with
+    the oracle that saw them: "crowd" (up to 150 holders of the same blocks),
+    "bands" (holders of ranges: inserted to an end, taken off before a start),
+    "holes" (holders taken off ranges inside), "single" (protocol 1 inserts of growing
+    prefixes, one holder a block), or all of these."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.sampled_from([1, 7, 8, 9, 16, 63, 64, 65, 100, 130]))
+    trunk = tuple(rng.randrange(50) for _ in range(n * BT))
+    shape = draw(st.sampled_from(["crowd", "bands", "holes", "single", "mixed"]))
+    pool = EDGES + list(range(3, 3 + draw(st.integers(1, 150 if shape == "crowd" else 12))))
+    model = HolderOracle()
+    ops: list[Op] = []
+
+    def insert(end: int, holder: int, add: bool) -> None:
+        ops.append(Insert(0, seq(trunk[: end * BT]), meta=holder, add_holder=add))
+        model.insert("fleet", trunk[: end * BT], holder, add)
+
+    def take_off(start: int, end: int, holder: int) -> None:  # blocks [start, end)
+        ops.append(Remove(0, seq(trunk[: end * BT]), start, "fleet", meta=holder))
+        model.remove("fleet", trunk[: end * BT], start, holder)
+
+    insert(n, rng.choice(pool), shape != "single")
+    for _ in range(draw(st.integers(1, 60))):
+        kind = shape if shape != "mixed" else rng.choice(["crowd", "bands", "holes", "single"])
+        a, b = sorted(rng.sample(range(n + 1), 2)) if n > 1 else (0, 1)
+        holder = rng.choice(pool)
+        if kind == "single":
+            insert(rng.randint(1, n), holder, False)
+        elif kind == "crowd":
+            insert(rng.choice([n, b]), holder, True)
+        elif kind == "bands":
+            insert(b, holder, True)
+            if rng.random() < 0.7:
+                take_off(0, a, holder)
+        else:
+            take_off(a, b, holder)
+    return trunk, ops, model
+
+
+def reference_answers(ix: index_module.SarpIndex, reqs: Sequence[Match]
+                      ) -> list[MatchResult | SarpError]:
+    """The requests on the index's reference match path (holders.py's spans), the
+    index's other kernels as they are."""
+    kept = ix.k
+    ix.k = replace(kept, match=None)
+    try:
+        return ix.match_many(reqs)
+    finally:
+        ix.k = kept
+
+
+def native_answers(ix: index_module.SarpIndex, reqs: Sequence[Match]
+                   ) -> list[MatchResult | SarpError]:
+    """The requests as the index answers them; with the match kernel built, from it
+    alone (the reference's spans may not run)."""
+    if not NATIVE:
+        return ix.match_many(reqs)
+    assert ix.k.match is not None, "the match kernel is built but the index does not use it"
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("spans from the reference on the native path")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(index_module, "spans", refuse)
+        return ix.match_many(reqs)
+
+
+@BACKENDS
+@pytest.mark.parametrize("cfg", [TINY, IndexConfig()], ids=["tiny", "default"])
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(work=span_work())
+def test_holder_spans_are_the_references_on_hard_workloads(
+        backend_name: str, cfg: IndexConfig,
+        work: tuple[tuple[int, ...], list[Op], HolderOracle]) -> None:
+    """Spans through the index, in batches that mix queries with and without spans
+    (prefixes, the trunk, a branch off it): the same lists as the reference match
+    path's and the oracle's, and the metas and top holders unchanged."""
+    trunk, ops, model = work
+    root = Path(tempfile.mkdtemp(prefix="sarp-spans-"))
+    h = Harness(backend_name, cfg, root)
+    try:
+        for at in range(0, len(ops), 16):
+            for done in h.ix.write_many(ops[at : at + 16]):
+                assert isinstance(done, InsertResult | RemoveResult), done
+        n = len(trunk) // BT
+        cuts = sorted({n, max(1, n // 2), min(n, 9), min(n, 65)})
+        toks = [trunk[: c * BT] for c in cuts] + [trunk[: BT * (n - 1)] + (99,) * BT]
+        reqs = [Match(i, seq(t), holders=3 * (i % 2), spans=i % 3 != 1)
+                for i, t in enumerate(toks + toks)]
+        got, want = native_answers(h.ix, reqs), reference_answers(h.ix, reqs)
+        for r, t, g, w in zip(reqs, toks + toks, got, want, strict=True):
+            assert isinstance(g, MatchResult) and isinstance(w, MatchResult)
+            assert g.spans == w.spans == (model.spans("fleet", t) if r.spans else None)
+            assert (g.blocks, g.meta.tolist(), g.holders) == (w.blocks, w.meta.tolist(),
+                                                             w.holders)
+    finally:
+        h.ix.close()
+        shutil.rmtree(root, ignore_errors=True)

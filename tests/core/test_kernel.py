@@ -25,6 +25,7 @@ from sarpd.core.router import Router
 from sarpd.core.routing import filter_at, fingerprints
 from sarpd.core.segment import Segment
 from sarpd.model import IdArray, Insert, Match, MatchResult, Remove, SeqSpec, U64Array
+from tests.oracle import spans_of
 
 K = native.pick().match
 REF = native.pick(reference=True)
@@ -306,7 +307,7 @@ def test_match_takes_cached_segments_in_c_as_the_store_would(seed: int) -> None:
     plain = kernel.match
     def fetch_all(*args: Any) -> Any:  # no cache: every segment through Store.fetch
         assert args[7].__name__ == "read_views"  # the store's read of the kernel's misses
-        return plain(*args[:7], args[7].__self__.fetch, *args[8:-1])
+        return plain(*args[:7], args[7].__self__.fetch, *args[8:11], None, *args[12:])
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernel, "match", fetch_all)
@@ -319,7 +320,7 @@ def test_match_takes_cached_segments_in_c_as_the_store_would(seed: int) -> None:
 def test_match_runs_the_references_rounds_on_a_hot_prefix(locators: bool) -> None:
     """Hundreds of branches of one prefix, a cap of 2: windows whose first round falls
     short read further rounds (with block locators, a next block held nowhere settles
-    its window first); answers and rounds are the reference's."""
+    its window first); answers (spans too, where asked) and rounds are the reference's."""
     cfg = IndexConfig(segment_blocks=8, routing_points=2, refine_min_gap=1, window_cap=2,
                       block_locators=locators)
     ix, ref = (SarpIndex(MemoryBackend(), cfg, kernels=k) for k in (native.pick(), REF))
@@ -332,9 +333,9 @@ def test_match_runs_the_references_rounds_on_a_hot_prefix(locators: bool) -> Non
     for index in (ix, ref):
         index.write_many(ops)
     queries = [Match(i, SeqSpec("", hashes=np.concatenate([trunk[:cut], ids(3, 5000 + i)])),
-                     holders=3) for i, cut in enumerate(range(1, 24))]
-    queries += [Match(99, SeqSpec("", hashes=op.seq.hashes), holders=2) for op in ops[:40]
-                if op.seq.hashes is not None]
+                     holders=3, spans=bool(i % 2)) for i, cut in enumerate(range(1, 24))]
+    queries += [Match(99, SeqSpec("", hashes=op.seq.hashes), holders=2, spans=j % 3 == 0)
+                for j, op in enumerate(ops[:40]) if op.seq.hashes is not None]
     assert _answers(ix.match_many(queries)) == _answers(ref.match_many(queries))
     assert ix.store.activity.extra_rounds == ref.store.activity.extra_rounds > 0
 
@@ -346,9 +347,9 @@ def test_match_refuses_bad_callbacks_and_passes_their_errors_on() -> None:
     good: list[Any] = [q, np.array([3], np.int64), np.ones(1, np.uint64), np.full(1, 5, np.uint64),
                        u, u[:0], u[:0], u[:0], np.zeros(0, np.int64), 8, 1, 2, lambda s: {},
                        None, np.zeros(1, np.int64), True]
-    res, meta, tops, rounds = k.match(*good)  # segment 5 is missing: nothing matched
-    assert (np.frombuffer(res, np.int64).tolist(), len(meta), len(tops), rounds) == (
-        [0, 0, 0, 0], 0, 0, 0)
+    res, meta, tops, hspans, rounds = k.match(*good)  # segment 5 is missing: nothing matched
+    assert (np.frombuffer(res, np.int64).tolist(), len(meta), len(tops), len(hspans),
+            rounds) == ([0] * kernel.RES_FIELDS, 0, 0, 0, 0)
     for at, value, exc, word in [(12, 5, TypeError, "read"), (13, 7, TypeError, "indexed"),
                                  (14, np.zeros(2, np.int64), ValueError, "ks"),
                                  (12, lambda s: [], TypeError, "dict")]:
@@ -362,14 +363,14 @@ def test_match_refuses_bad_callbacks_and_passes_their_errors_on() -> None:
 
     with pytest.raises(OSError, match="on fire"):
         k.match(*good[:12], broken, *good[13:])
-    with pytest.raises(TypeError, match="16 to 18 arguments"):
+    with pytest.raises(TypeError, match="16 to 19 arguments"):
         k.match(*good[:5])
     with pytest.raises(TypeError, match="cache must be a SegmentCache or None, got dict"):
         k.match(*good, None, {})
     cache = native.pick().segment_cache(4)  # held segments are taken from it, not read
     cache.put_many({5: Segment(5, 0, 0b111, 0, q.copy(), np.full(3, 9, np.uint64))})
     cache.trace = []  # the kernel's hits are traced as `hits`' are
-    res, meta, _, _ = k.match(*good[:12], broken, *good[13:], None, cache)
+    res, meta, _, _, _ = k.match(*good[:12], broken, *good[13:], None, cache)
     assert cache.trace == [5]
     assert np.frombuffer(res, np.int64).tolist()[0] == 3
     assert np.frombuffer(meta, np.uint64).tolist() == [9, 9, 9]
@@ -384,7 +385,7 @@ def _answers(results: list[Any]) -> list[tuple[Any, ...]]:
     for r in results:
         assert isinstance(r, MatchResult), r
         out.append((r.blocks, r.meta.tolist(), None if r.ids is None else r.ids.tolist(),
-                    r.holders))
+                    r.holders, r.spans))
     return out
 
 
@@ -471,9 +472,9 @@ def holder_segment(draw: st.DrawFn, sid: int, w: int, run: int, sb: int) -> Segm
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_assemble_is_match_holders(data: st.DataObject) -> None:
-    """Per query: blocks through the first short window, match_holders' meta per block
-    and its top k holders (k from 0: none, to more than there are), with and without
-    holder tables (csrc/holders.c against sarpd/core/holders.py)."""
+    """Per query: blocks through the first short window, match_holders' meta per block,
+    its top k holders (k from 0: none, to more than there are) and, where asked, its
+    spans, with and without holder tables (csrc/holders.c against sarpd/core/holders.py)."""
     sb = 8
     nq = data.draw(st.integers(0, 5))
     rows, best, sids, spans, ks = [], [], [], [], []
@@ -494,22 +495,28 @@ def test_assemble_is_match_holders(data: st.DataObject) -> None:
             best.append(run)
             sids.append(sid)
         spans.append((lo, len(rows)))
+    wants = data.draw(st.none() | st.lists(st.booleans(), min_size=nq, max_size=nq))
     routed = kernel.Routed(np.empty((0, 2), np.uint64), np.zeros(nq, np.int64),
                            np.array(rows, np.int64).reshape(-1, kernel.ROW_FIELDS),
                            np.empty(0, np.uint64), _router(SMALL, [], []).dir.flat())
     bounds = np.array([0, *(hi for _, hi in spans)], np.int64)  # spans tile the rows
     assert list(pairwise(bounds.tolist())) == spans
-    res, meta, tops = kernel.assemble(kern(), routed, bounds, np.array(best, np.int64),
-                                      np.array(sids, np.uint64), segs, np.array(ks, np.int64))
-    check_answers(res, meta, tops, rows, spans, best, sids, segs, ks)
+    got = kernel.assemble(kern(), routed, bounds, np.array(best, np.int64),
+                          np.array(sids, np.uint64), segs, np.array(ks, np.int64),
+                          None if wants is None else np.array(wants, np.int64))
+    check_answers(*got, rows, spans, best, sids, segs, ks, wants)
 
 
-def check_answers(res: kernel.I64Array, meta: U64Array, tops: U64Array, rows: list[list[int]],
-                  spans: list[tuple[int, int]], best: list[int], sids: list[int],
-                  segs: dict[int, Segment], ks: list[int]) -> None:
+def check_answers(res: kernel.I64Array, meta: U64Array, tops: U64Array, hspans: U64Array,
+                  rows: list[list[int]], spans: list[tuple[int, int]], best: list[int],
+                  sids: list[int], segs: dict[int, Segment], ks: list[int],
+                  wants: list[bool] | None = None) -> None:
     """assemble's answers are the reference's: per query, blocks through the first
-    short window, match_holders' metas and top k holders."""
-    for (lo, hi), k, (total, start, tstart, ntop) in zip(spans, ks, res.tolist(), strict=True):
+    short window, match_holders' metas and top k holders, and holders.spans' spans for
+    the queries `wants` names (none where None)."""
+    asked = wants if wants is not None else [False] * len(spans)
+    for (lo, hi), k, want_spans, (total, start, tstart, ntop, sstart, nspans) in zip(
+            spans, ks, asked, res.tolist(), strict=True):
         matched, want = [], 0
         for r in range(lo, hi):
             if sids[r]:
@@ -522,26 +529,134 @@ def check_answers(res: kernel.I64Array, meta: U64Array, tops: U64Array, rows: li
         assert meta[start : start + total].tolist() == m.tolist(), "assemble: metas"
         got = [(h, run) for h, run in tops[tstart : tstart + ntop].tolist()]
         assert got == (top or []), "assemble: top holders"
+        got_spans = [(h, a, n) for h, a, n in hspans[sstart : sstart + nspans].tolist()]
+        ref = holders.spans(holders.tables(matched)) if want_spans else []
+        assert got_spans == ref, "assemble: spans"
 
 
-def test_assemble_refuses_bad_arguments_by_name() -> None:
-    k = kern()
+# holder values at uint64's edges too: spans go by holder as unsigned
+HOLDER_POOL = [0, 1, 2, 3, 7, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1]
+
+
+@st.composite
+def span_segment(draw: st.DrawFn, sid: int, w: int, sb: int, run: int, shape: str,
+                 carry: int) -> Segment:
+    """A window's segment of sb blocks, blocks [0, run) present, its holders shaped:
+    "crowd" (up to 300 holders in the table, each holding block 0, then any blocks),
+    "bands" (each holder one range of blocks, often to the window's end or from its
+    start: runs across windows), "holes" (random masks, absent blocks past run), or
+    "single" (one holder a block, no table: `carry` holds the window's first blocks, as
+    the one before it ended)."""
+    full = (1 << sb) - 1
+    presence = (1 << run) - 1 | (draw(st.integers(0, full)) if shape == "holes" else full)
+    if shape == "single":
+        cut = draw(st.integers(0, sb))
+        rest = draw(st.lists(st.sampled_from(HOLDER_POOL), min_size=sb - cut, max_size=sb - cut))
+        meta = np.array([carry] * cut + rest, np.uint64)
+        return Segment(sid, w, presence, 0, ids(sb, sid), meta)
+    meta = np.array(draw(st.lists(st.sampled_from(HOLDER_POOL[:3]), min_size=sb, max_size=sb)),
+                    np.uint64)
+    if shape == "crowd":
+        pool = draw(st.sets(st.integers(0, 2**64 - 1), min_size=1, max_size=300))
+    else:
+        pool = draw(st.sets(st.sampled_from(HOLDER_POOL) | st.integers(8, 40), max_size=12))
+    xmeta = sorted(pool)
+    xmask = []
+    for _ in xmeta:
+        if shape == "holes":
+            mask = draw(st.integers(0, full))
+        else:
+            a = draw(st.sampled_from([0, 0, sb - 1]) | st.integers(0, sb - 1))
+            b = draw(st.sampled_from([sb, sb]) | st.integers(a + 1, sb))
+            mask = ((1 << b) - 1) ^ ((1 << a) - 1)
+            if shape == "crowd":
+                mask |= 1 | draw(st.integers(0, full))
+        xmask.append(mask)
+    return Segment(sid, w, presence, 0, ids(sb, sid), meta, np.array(xmeta, np.uint64),
+                   np.array(xmask, np.uint64))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.data_too_large])
+@given(data=st.data())
+def test_assemble_spans_are_the_references_on_hard_windows(data: st.DataObject) -> None:
+    """One query of many windows (up to 12 of 8 blocks, or 3 of 64), every window but
+    the last full: its spans are holders.spans' (and brute force's) with hundreds of
+    holders of one block, runs across window boundaries, holes, one holder a block
+    (no tables), holders at uint64's edges; the metas and top holders stay the
+    reference's."""
+    sb = data.draw(st.sampled_from([8, 64]))
+    nw = data.draw(st.integers(1, 12 if sb == 8 else 3))
+    rows, best, sids, segs = [], [], [], {}
+    carry = 0
+    for w in range(nw):
+        shape = data.draw(st.sampled_from(["crowd", "bands", "holes", "single"]))
+        run = sb if w < nw - 1 else data.draw(st.integers(0, sb))
+        row = [0] * kernel.ROW_FIELDS
+        row[kernel.W], row[kernel.LEN] = w, sb
+        sid = 0
+        if run:
+            sid = w + 1
+            segs[sid] = data.draw(span_segment(sid, w, sb, run, shape, carry))
+            carry = int(segs[sid].meta[sb - 1])
+        rows.append(row)
+        best.append(run)
+        sids.append(sid)
+    k = data.draw(st.integers(0, 5))
+    routed = kernel.Routed(np.empty((0, 2), np.uint64), np.zeros(1, np.int64),
+                           np.array(rows, np.int64).reshape(-1, kernel.ROW_FIELDS),
+                           np.empty(0, np.uint64), _router(SMALL, [], []).dir.flat())
+    got = kernel.assemble(kern(), routed, np.array([0, nw], np.int64), np.array(best, np.int64),
+                          np.array(sids, np.uint64), segs, np.array([k], np.int64),
+                          np.ones(1, np.int64))
+    check_answers(*got, rows, [(0, nw)], best, sids, segs, [k], [True])
+    res, hspans = got[0][0], got[3]
+    matched = [(segs[s], b) for s, b in zip(sids, best, strict=True) if s]
+    blocks = [{h for h, m in zip(t.holders.tolist(), t.masks.tolist(), strict=True)
+               if m >> i & 1} for t in holders.tables(matched) for i in range(t.length)]
+    assert [tuple(x) for x in hspans[res[kernel.SPANS] :].tolist()] == spans_of(blocks)
+
+
+def test_assemble_and_match_refuse_a_bad_with_spans_by_name() -> None:
+    k: Any = kern()  # called with arguments its protocol refuses
     rows = np.zeros((1, kernel.ROW_FIELDS), np.int64)
     rows[0, kernel.LEN] = 4
-    one, sid, ks = np.array([2], np.int64), np.array([5], np.uint64), np.zeros(1, np.int64)
-    with pytest.raises(TypeError, match="segs"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, [], ks)
-    with pytest.raises(ValueError, match="spans\\[0\\]"):
-        k.assemble(rows, np.array([[0, 2]], np.int64), one, sid, {}, ks)
-    with pytest.raises(ValueError, match="one entry per row"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), np.zeros(2, np.int64), sid, {}, ks)
-    with pytest.raises(ValueError, match="ks one per query"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {}, np.zeros(2, np.int64))
-    with pytest.raises(KeyError, match="segment 5"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {}, ks)
-    seg = Segment(5, 0, 1, 0, ids(1, 1), np.ones(1, np.uint64))
-    with pytest.raises(ValueError, match="run 2 of segment 5"):
-        k.assemble(rows, np.array([[0, 1]], np.int64), one, sid, {5: seg}, ks)
+    args: list[Any] = [rows, np.array([[0, 1]], np.int64), np.zeros(1, np.int64),
+                       np.zeros(1, np.uint64), {}, np.zeros(1, np.int64)]
+    for with_spans in (None, np.zeros(1, np.int64), np.array([7], np.int64)):
+        res, _, _, hspans = k.assemble(*args, with_spans)
+        assert np.frombuffer(res, np.int64).tolist() == [0] * kernel.RES_FIELDS
+        assert hspans == bytearray()
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (np.zeros(1, np.uint64), TypeError, "with_spans must have dtype int64"),
+        (np.zeros(1, bool), TypeError, "with_spans must have dtype int64"),
+        ([1], TypeError, "with_spans must be a C-contiguous int64 array, got list"),
+        (np.zeros((1, 1), np.int64), ValueError, "with_spans must be 1-dimensional"),
+        (np.zeros(2, np.int64), ValueError, "with_spans has 2 entries for 1 queries"),
+        (np.zeros(0, np.int64), ValueError, "with_spans has 0 entries for 1 queries"),
+        (np.zeros(4, np.int64)[::2], TypeError, "with_spans must be a C-contiguous"),
+    ]
+    u = np.zeros(1, np.uint64)
+    good: list[Any] = [np.ones((3, 2), np.uint64), np.array([3], np.int64), np.ones(1, np.uint64),
+                       np.full(1, 5, np.uint64), u, u[:0], u[:0], u[:0], np.zeros(0, np.int64),
+                       8, 1, 2, lambda s: {}, None, np.zeros(1, np.int64), True, None, None]
+    for value, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            k.assemble(*args, value)
+        with pytest.raises(exc, match=words):
+            k.match(*good, value)
+    with pytest.raises(TypeError, match="6 or 7 arguments"):
+        k.assemble(*args, None, None)
+    with pytest.raises(TypeError, match="16 to 19 arguments"):
+        k.match(*good, None, None)
+    res_b, _, _, hspans, _ = k.match(*good, np.ones(1, np.int64))  # nothing matched: no span
+    assert np.frombuffer(res_b, np.int64).tolist() == [0] * kernel.RES_FIELDS and not hspans
+    empty = [np.empty((0, 2), np.uint64), np.zeros(0, np.int64), *good[2:14],
+             np.zeros(0, np.int64), True, None, None]
+    assert k.match(*empty, np.zeros(0, np.int64)) == (b"", bytearray(), bytearray(),
+                                                      bytearray(), 0)
+    with pytest.raises(ValueError, match="with_spans has 1 entries for 0 queries"):
+        k.match(*empty, np.zeros(1, np.int64))
 
 
 def test_verify_and_assemble_read_segments_whose_arrays_are_views() -> None:
@@ -557,11 +672,15 @@ def test_verify_and_assemble_read_segments_whose_arrays_are_views() -> None:
     best, sid = k.verify(qids, np.zeros(1, np.int64), rows, np.array([4], np.uint64),
                          {4: seg}, 8)
     assert (best, sid) == ((8).to_bytes(8, "little"), (4).to_bytes(8, "little"))
-    res, out, tops = k.assemble(rows, np.array([[0, 1]], np.int64), np.array([8], np.int64),
-                                np.array([4], np.uint64), {4: seg}, np.ones(1, np.int64))
-    assert np.frombuffer(res, np.int64).tolist() == [8, 0, 0, 1]  # blocks, starts, ntop
+    res, out, tops, hspans = k.assemble(rows, np.array([[0, 1]], np.int64),
+                                        np.array([8], np.int64), np.array([4], np.uint64),
+                                        {4: seg}, np.ones(1, np.int64), np.ones(1, np.int64))
+    # blocks, starts, ntop; spans' start and count
+    assert np.frombuffer(res, np.int64).tolist() == [8, 0, 0, 1, 0, 8]
     assert np.frombuffer(out, np.uint64).tolist() == meta[::2].tolist()
     assert np.frombuffer(tops, np.uint64).tolist() == [0, 1]  # holder 0 runs 1 block
+    assert np.frombuffer(hspans, np.uint64).reshape(-1, 3).tolist() == [
+        [2 * b, b, 1] for b in range(8)]  # one block each
 
 
 # -- merge_order ----------------------------------------------------------------------------

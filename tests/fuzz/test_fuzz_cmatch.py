@@ -10,7 +10,8 @@ helpers:
   verification round over candidates that are copies of the query, cut, holed, moved
   to another window, missing, or hostile (ids of another dtype or shape, strided
   views, presence past 64 bits or negative) is `reference_verify`'s;
-- `assemble` is `holders.match_holders` (metas and top holders);
+- `assemble` is `holders.match_holders` (metas and top holders) and `holders.spans`
+  (where a query asks for its spans);
 - `merge_order` is numpy's stable argsort (keys that collide, uint64's extremes);
 - the segment cache (`SegmentCache`, csrc/segcache.c) keeps the reference's answers
   and order (sarpd/core/segcache.py) over random operation sequences (puts of new and
@@ -38,7 +39,8 @@ import pytest
 
 from sarpd.config import IndexConfig
 from sarpd.core import kernel, native
-from sarpd.core.holders import match_holders
+from sarpd.core.holders import match_holders, tables
+from sarpd.core.holders import spans as holder_spans
 from sarpd.core.index import SarpIndex
 from sarpd.core.routing import filter_at, fingerprints
 from sarpd.core.segcache import SegmentCache
@@ -172,16 +174,16 @@ class _RefIndex:
     _exact_rounds = SarpIndex._exact_rounds
 
 
-def _reference_match(ix: _RefIndex, qs: list[IdArray], ks: list[int]
-                     ) -> tuple[list[tuple[int, list[int], Any]], int]:
-    """Per query (blocks, metas, top holders) as the reference index answers, and the
-    extra rounds it read."""
+def _reference_match(ix: _RefIndex, qs: list[IdArray], ks: list[int], wants: list[bool]
+                     ) -> tuple[list[tuple[int, list[int], Any, Any]], int]:
+    """Per query (blocks, metas, top holders, spans where `wants` asks) as the reference
+    index answers, and the extra rounds it read."""
     plans = ix.router.plan_many_reference(qs)
     segs = ix._verify_round(qs, [(qi, p, p.first) for qi, w in enumerate(plans) for p in w], {})
     if ix.cfg.exact_match:
         ix._exact_rounds(qs, plans, segs)
     out = []
-    for windows, k in zip(plans, ks, strict=True):
+    for windows, k, want in zip(plans, ks, wants, strict=True):
         matched, total = [], 0
         for p in windows:
             if p.best_sid:
@@ -190,7 +192,7 @@ def _reference_match(ix: _RefIndex, qs: list[IdArray], ks: list[int]
             if p.best < p.length:
                 break
         meta, top = match_holders(matched, k)
-        out.append((total, meta.tolist(), top or []))
+        out.append((total, meta.tolist(), top or [], holder_spans(tables(matched)) if want else []))
     return out, ix.store.activity.extra_rounds
 
 
@@ -216,17 +218,19 @@ def _check_match(src: Source) -> None:
                                 np.arange(1, seg.nblocks + 1, dtype=np.uint64))
     held = {bytes(np.ascontiguousarray(r, "<u8")) for q in qs for r in q if src.flag()}
     ks = [src.integer(0, 3) for _ in qs]
+    wants = [src.flag() for _ in qs]
     ref = _RefIndex(cfg, router, segs, held)
-    want, want_rounds = _reference_match(ref, qs, ks)
+    want, want_rounds = _reference_match(ref, qs, ks, wants)
     lens = np.array([len(q) for q in qs], np.int64)
     qids = np.concatenate(qs) if qs else np.empty((0, 2), np.uint64)
     indexed = ((lambda raw: ref.store.indexed(np.frombuffer(raw, "<u8").reshape(-1, 2)))
                if cfg.block_locators else None)
-    res, meta, tops, rounds = kernel.match(K, np.ascontiguousarray(qids, np.uint64), lens, flat,
-                                           sb, router.geo.gap, cfg.window_cap, ref.store.read,
-                                           indexed, np.array(ks, np.int64), cfg.exact_match)
-    got = [(int(n), meta[a : a + n].tolist(), [tuple(t) for t in tops[b : b + c].tolist()])
-           for n, a, b, c in res.tolist()]
+    res, meta, tops, hspans, rounds = kernel.match(
+        K, np.ascontiguousarray(qids, np.uint64), lens, flat, sb, router.geo.gap, cfg.window_cap,
+        ref.store.read, indexed, np.array(ks, np.int64), cfg.exact_match, None,
+        np.array(wants, np.int64) if any(wants) or src.flag() else None)
+    got = [(int(n), meta[a : a + n].tolist(), [tuple(t) for t in tops[b : b + c].tolist()],
+            [tuple(t) for t in hspans[d : d + e].tolist()]) for n, a, b, c, d, e in res.tolist()]
     assert got == want, "match: not the reference index's answers"
     assert rounds == want_rounds, "match: not the reference's rounds"
 
@@ -265,12 +269,14 @@ def _check_assemble(src: Source) -> None:
         spans.append((lo, len(rows)))
     span = np.array(spans, np.int64).reshape(-1, 2)
     ks = [src.integer(0, 4) for _ in range(nq)]
-    res_b, meta_b, tops_b = K.assemble(np.array(rows, np.int64).reshape(-1, R), span,
-                                       np.array(best, np.int64), np.array(sids, np.uint64),
-                                       segs, np.array(ks, np.int64))
-    check_answers(np.frombuffer(res_b, np.int64).reshape(-1, 4), np.frombuffer(meta_b, np.uint64),
-                  np.frombuffer(tops_b, np.uint64).reshape(-1, 2), rows, spans, best, sids,
-                  segs, ks)
+    wants = [src.flag() for _ in range(nq)]
+    res_b, meta_b, tops_b, spans_b = K.assemble(
+        np.array(rows, np.int64).reshape(-1, R), span, np.array(best, np.int64),
+        np.array(sids, np.uint64), segs, np.array(ks, np.int64), np.array(wants, np.int64))
+    check_answers(np.frombuffer(res_b, np.int64).reshape(-1, kernel.RES_FIELDS),
+                  np.frombuffer(meta_b, np.uint64), np.frombuffer(tops_b, np.uint64).reshape(-1, 2),
+                  np.frombuffer(spans_b, np.uint64).reshape(-1, 3), rows, spans, best, sids,
+                  segs, ks, wants)
 
 
 def u64_form_k(src: Source, arr: U64) -> tuple[object, bool]:
@@ -415,6 +421,12 @@ def _check_raw(src: Source) -> None:
     sids = vfirst[:nr] if len(vfirst) >= nr and src.flag() else np.zeros(nr, np.uint64)
     _, aerr = outcome(lambda: K.assemble(vrows, spans, best, sids, segs))
     clean(aerr, "assemble", *SEG_ERRORS)
+    nq = len(spans)
+    ws = src.pick([None, np.ones(nq, np.int64), np.ones(nq + 1, np.int64), np.ones(nq, np.uint64),
+                   np.ones((nq, 1), np.int64), [1] * nq, 1])
+    _, werr = outcome(lambda: K.assemble(vrows, spans, best, sids, segs, np.zeros(nq, np.int64),
+                                         ws))
+    clean(werr, "assemble(with_spans)", *SEG_ERRORS)
 
 
 def _u64(sid: object) -> bool:

@@ -34,6 +34,7 @@ TESTS=(
     tests/core/test_index.py tests/core/test_blockmap.py tests/core/test_cmap.py
     tests/core/test_csegment.py tests/core/test_cdir.py tests/core/test_delta.py
     tests/core/test_segcache.py tests/core/test_threads.py
+    tests/core/test_holders_index.py::test_holder_spans_are_the_references_on_hard_workloads
     tests/fuzz
 )
 (($#)) && TESTS=("$@")

@@ -7,6 +7,10 @@
  * by window while it holds the whole window (`runs`). A block's meta: among its
  * window's holders, the first holding it in the order (longest run, smaller meta)
  * (`block_meta`). Top: holders with runs > 0 in that order, the first k (`top`).
+ * Spans: every entry's maximal runs of set bits, at its window's offset in the match
+ * (the lengths of the tables before it), sorted by (holder, start); two runs of one
+ * holder that touch can only meet at a window boundary (within a window they are
+ * apart), so joining touching neighbours is the reference's rule (`spans`).
  * Tables are built in one scratch buffer: at most L + h entries a window.
  */
 #include "holders.h"
@@ -179,57 +183,131 @@ static void single(const HWindow *w, int nw, int64_t k, uint64_t *meta_out, HRun
     }
 }
 
-int holders_match(const HWindow *w, int nw, int64_t k, uint64_t *meta_out, HRun *top_out,
-                  int64_t *ntop) {
-    int tables = 0;
+/* A match's tables and the work space of its holders' answers (one allocation each). */
+typedef struct {
+    Table *tabs;
+    int nt;
+    Entry *ent;
+    HRun *runs, *order;
+    uint64_t *masks;
+    unsigned char *alive;
+} Scratch;
+
+static void scratch_free(Scratch *s) {
+    free(s->tabs);
+    free(s->ent);
+    free(s->runs);
+    free(s->order);
+    free(s->masks);
+    free(s->alive);
+}
+
+/* The tables of the windows with matched blocks, in order. 0, or -1 (out of memory). */
+static int scratch_tables(Scratch *s, const HWindow *w, int nw) {
     ptrdiff_t room = 0;
-    for (int i = 0; i < nw; i++) {
-        tables |= w[i].h > 0;
+    for (int i = 0; i < nw; i++)
         if (w[i].length > 0) room += w[i].length + w[i].h;
-    }
-    if (!tables) {
-        single(w, nw, k, meta_out, top_out, ntop);
-        return 0;
-    }
-    Table *tabs = malloc(sizeof *tabs * (size_t)(nw ? nw : 1));
-    Entry *ent = malloc(sizeof *ent * (size_t)(room ? room : 1));
-    HRun *runs = malloc(sizeof *runs * (size_t)(room ? room : 1));
-    HRun *order = malloc(sizeof *order * (size_t)(room ? room : 1));
-    uint64_t *masks = malloc(sizeof *masks * (size_t)(room ? room : 1));
-    unsigned char *alive = malloc((size_t)(room ? room : 1));
-    int rc = -1;
-    if (!tabs || !ent || !runs || !order || !masks || !alive) goto done;
-    int nt = 0;
+    size_t r = (size_t)(room ? room : 1);
+    s->tabs = malloc(sizeof *s->tabs * (size_t)(nw ? nw : 1));
+    s->ent = malloc(sizeof *s->ent * r);
+    s->runs = malloc(sizeof *s->runs * r);
+    s->order = malloc(sizeof *s->order * r);
+    s->masks = malloc(sizeof *s->masks * r);
+    s->alive = malloc(r);
+    if (!s->tabs || !s->ent || !s->runs || !s->order || !s->masks || !s->alive) return -1;
     ptrdiff_t used = 0;
     for (int i = 0; i < nw; i++) {
         if (w[i].length <= 0) continue;
-        tabs[nt].e = ent + used;
-        tabs[nt].n = build_table(&w[i], ent + used);
-        tabs[nt].length = w[i].length;
+        s->tabs[s->nt].e = s->ent + used;
+        s->tabs[s->nt].n = build_table(&w[i], s->ent + used);
+        s->tabs[s->nt].length = w[i].length;
         used += w[i].length + w[i].h;
-        nt++;
+        s->nt++;
     }
-    ptrdiff_t nr = holder_runs(tabs, nt, runs, masks, alive);
+    return 0;
+}
+
+/* Metas and top k from the tables (the path of windows with holder tables). */
+static void table_answers(Scratch *s, int64_t k, uint64_t *meta_out, HRun *top_out,
+                          int64_t *ntop) {
+    ptrdiff_t nr = holder_runs(s->tabs, s->nt, s->runs, s->masks, s->alive);
     int64_t at = 0;
-    for (int t = 0; t < nt; t++) {
-        block_meta(&tabs[t], runs, nr, order, meta_out + at);
-        at += tabs[t].length;
+    for (int t = 0; t < s->nt; t++) {
+        block_meta(&s->tabs[t], s->runs, nr, s->order, meta_out + at);
+        at += s->tabs[t].length;
     }
     *ntop = 0;
     if (k > 0) {
         ptrdiff_t m = 0;
         for (ptrdiff_t i = 0; i < nr; i++)
-            if (runs[i].run > 0) order[m++] = runs[i];
-        qsort(order, (size_t)m, sizeof *order, by_run_then_holder);
-        for (ptrdiff_t i = 0; i < m && i < k; i++) top_out[(*ntop)++] = order[i];
+            if (s->runs[i].run > 0) s->order[m++] = s->runs[i];
+        qsort(s->order, (size_t)m, sizeof *s->order, by_run_then_holder);
+        for (ptrdiff_t i = 0; i < m && i < k; i++) top_out[(*ntop)++] = s->order[i];
     }
+}
+
+static int by_holder_then_start(const void *a, const void *b) {
+    const HSpan *x = a, *y = b;
+    if (x->holder != y->holder) return x->holder > y->holder ? 1 : -1;
+    return (x->start > y->start) - (x->start < y->start);
+}
+
+static int span_push(HSpans *out, uint64_t holder, int64_t start, int64_t blocks) {
+    if (out->n == out->cap) {
+        int64_t cap = out->cap ? 2 * out->cap : 64;
+        HSpan *v = realloc(out->v, (size_t)cap * sizeof *v);
+        if (v == NULL) return -1;
+        out->v = v;
+        out->cap = cap;
+    }
+    out->v[out->n++] = (HSpan){holder, start, blocks};
+    return 0;
+}
+
+/* The tables' spans appended to *out (module comment: spans). 0, or -1 (out of memory). */
+static int add_spans(const Table *tabs, int nt, HSpans *out) {
+    int64_t from = out->n, off = 0;
+    for (int t = 0; t < nt; t++) {
+        for (ptrdiff_t i = 0; i < tabs[t].n; i++) {
+            uint64_t mask = tabs[t].e[i].mask;
+            while (mask) {  /* its runs of set bits, lowest first */
+                int a = __builtin_ctzll(mask), n = trailing_ones(mask >> a);
+                if (span_push(out, tabs[t].e[i].holder, off + a, n) < 0) return -1;
+                mask = a + n >= 64 ? 0 : mask & (~0ull << (a + n));
+            }
+        }
+        off += tabs[t].length;
+    }
+    if (out->n - from < 2) return 0;  /* (none: out->v may be NULL, which qsort refuses) */
+    qsort(out->v + from, (size_t)(out->n - from), sizeof *out->v, by_holder_then_start);
+    int64_t m = from;
+    for (int64_t i = from; i < out->n; i++) {
+        const HSpan *s = &out->v[i];
+        if (m > from && out->v[m - 1].holder == s->holder
+                && out->v[m - 1].start + out->v[m - 1].blocks == s->start)
+            out->v[m - 1].blocks += s->blocks;  /* on across a window boundary */
+        else
+            out->v[m++] = *s;
+    }
+    out->n = m;
+    return 0;
+}
+
+int holders_match(const HWindow *w, int nw, int64_t k, uint64_t *meta_out, HRun *top_out,
+                  int64_t *ntop, HSpans *spans) {
+    int tables = 0;
+    for (int i = 0; i < nw; i++) tables |= w[i].h > 0;
+    if (!tables) {
+        single(w, nw, k, meta_out, top_out, ntop);
+        if (spans == NULL) return 0;
+    }
+    Scratch s = {0};
+    int rc = -1;
+    if (scratch_tables(&s, w, nw) < 0) goto done;
+    if (tables) table_answers(&s, k, meta_out, top_out, ntop);
+    if (spans != NULL && add_spans(s.tabs, s.nt, spans) < 0) goto done;
     rc = 0;
 done:
-    free(tabs);
-    free(ent);
-    free(runs);
-    free(order);
-    free(masks);
-    free(alive);
+    scratch_free(&s);
     return rc;
 }
