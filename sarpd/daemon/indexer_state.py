@@ -70,8 +70,9 @@ class IndexerStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT coalesce(sum(rows), 0) FROM maplog").fetchone()
-        self.logged: int = row[0]  # changes in the log since its last snapshot
+        # changes in the log since its last snapshot: counted by `engine_rows` (reading
+        # them here would read every blob before the index even opens)
+        self.logged = 0
 
     def load_registry(self, block_tokens: int) -> Registry:
         with self._lock:
@@ -85,17 +86,19 @@ class IndexerStore:
             return dict(self._db.execute("SELECT slot, seq FROM watermarks").fetchall())
 
     def engine_rows(self) -> Iterator[Change]:
-        """Every change saved, in order (the last one of a hash wins)."""
+        """Every change saved, in order (the last one of a hash wins); read once, at
+        the start, before any `flush`."""
         with self._lock:
             legacy = self._db.execute(_LEGACY).fetchone() is not None
             rows = (self._db.execute("SELECT slot, hash, id, tiers, local, parent, pos, "
                                      "salt FROM engine").fetchall() if legacy else [])
-            blobs = self._db.execute("SELECT data FROM maplog ORDER BY n").fetchall()
+            blobs = self._db.execute("SELECT rows, data FROM maplog ORDER BY n").fetchall()
+        self.logged = sum(n for n, _ in blobs)
         m = 1 << 64
         for slot, h, raw, tiers, local, parent, pos, salt in rows:
             yield (slot, h % m, bytes(raw), tiers, local % m,
                    None if parent is None else parent % m, pos, salt % m)
-        for (data,) in blobs:
+        for _, data in blobs:
             yield from msgpack.unpackb(data, use_list=False)
 
     def compact_due(self, changes: int, live: int) -> bool:

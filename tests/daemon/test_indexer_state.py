@@ -86,8 +86,9 @@ def test_a_snapshot_replaces_the_log_and_a_reopen_reads_the_same_maps(tmp_path: 
     assert list(store.engine_rows()) == [(w.slot, h, *e) for h, e in m.blocks.items()]
     store.close()
     again = IndexerStore(tmp_path)
-    assert again.logged == 3 and again.watermarks() == {w.slot: 2}
+    assert again.watermarks() == {w.slot: 2}
     assert _maps(again, reg) == {w.slot: m.blocks}
+    assert again.logged == 3  # counted as the log is read
     again.close()
 
 
