@@ -40,7 +40,7 @@ import zmq.asyncio
 from sarpd import model
 from sarpd.daemon.api_http import Handler, Reply, Request, json_error
 from sarpd.daemon.http import Readiness, exposition, readiness_answer
-from sarpd.daemon.indexer_state import IndexerStore
+from sarpd.daemon.indexer_state import IndexerStore, weight
 from sarpd.daemon.listeners import Listener
 from sarpd.daemon.local import LocalConn
 from sarpd.daemon.server import Server
@@ -185,7 +185,7 @@ class IndexerApi:
         self.forgotten.clear()
         maps = self.ingest.maps
         snapshot = None
-        if self.store.compact_due(len(changes), sum(len(m.blocks) for m in maps.values())):
+        if self.store.compact_due(weight(changes), sum(len(m.blocks) for m in maps.values())):
             snapshot = [(slot, dict(m.blocks)) for slot, m in maps.items()]  # C copies
         if changes or marks or gone:
             await asyncio.to_thread(self.store.flush, changes, marks, gone, snapshot)

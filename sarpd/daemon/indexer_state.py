@@ -6,13 +6,15 @@ resubscribes every registered worker and goes on from where each listener stoppe
     watermarks(slot INTEGER PRIMARY KEY, seq)   the newest batch applied, per worker
     maplog(n INTEGER PRIMARY KEY, rows INTEGER, data BLOB)
                                                 the engine maps as a log: each `data`
-                                                a msgpack array of `rows` changes
+                                                a msgpack array of records, replayed in
+                                                `n` order (`Ingest.load`): a map
+                                                operation as called (`Logged`: add,
+                                                drop, clear) or a block's state
                                                 ``[slot, engine hash, sarp id (bin 16),
                                                 tiers, Dynamo hash, parent's engine hash
                                                 or nil, position, salt term]``
-                                                (`Change`; tiers 0: the hash forgotten),
-                                                replayed in `n` order, the last change
-                                                of a hash winning
+                                                (`Change`, a snapshot's rows); `rows`:
+                                                the blocks they name (`weight`)
     engine(slot, hash, id, tiers, local, parent, pos, salt)   the maps as one row per
                                                 block (files written before the log;
                                                 read first, emptied by the next compaction)
@@ -42,10 +44,10 @@ from pathlib import Path
 
 import msgpack
 
-from sarpd.indexer.ingest import Change, Entry
+from sarpd.indexer.ingest import Change, Entry, Logged
 from sarpd.indexer.workers import Registry
 
-__all__ = ["COMPACT_MIN_ROWS", "FILENAME", "IndexerStore", "Snapshot"]
+__all__ = ["COMPACT_MIN_ROWS", "FILENAME", "IndexerStore", "Snapshot", "weight"]
 
 FILENAME = "indexer.sqlite"
 COMPACT_MIN_ROWS = 1 << 20  # the log is compacted past max(this, 4x the live blocks)
@@ -59,6 +61,11 @@ CREATE TABLE IF NOT EXISTS maplog (n INTEGER PRIMARY KEY, rows INTEGER NOT NULL,
 """
 _LEGACY = "SELECT name FROM sqlite_master WHERE type='table' AND name='engine'"
 Snapshot = Sequence[tuple[int, dict[int, Entry]]]  # every worker's map: (slot, blocks)
+
+
+def weight(records: Sequence[Logged]) -> int:
+    """The blocks `records` name (what replaying them costs)."""
+    return sum(len(r[2]) if r[0] == "add" or r[0] == "drop" else 1 for r in records)
 
 
 class IndexerStore:
@@ -85,7 +92,7 @@ class IndexerStore:
         with self._lock:
             return dict(self._db.execute("SELECT slot, seq FROM watermarks").fetchall())
 
-    def engine_rows(self) -> Iterator[Change]:
+    def engine_rows(self) -> Iterator[Logged]:
         """Every change saved, in order (the last one of a hash wins); read once, at
         the start, before any `flush`."""
         with self._lock:
@@ -102,10 +109,10 @@ class IndexerStore:
             yield from msgpack.unpackb(data, use_list=False)
 
     def compact_due(self, changes: int, live: int) -> bool:
-        """Whether the log, with `changes` more, should give way to a snapshot of the
-        `live` blocks (past max(COMPACT_MIN_ROWS, LIVE_FACTOR * live) rows: a snapshot
-        costs a pass over every live block, the log a replay at the next start, read
-        off the query path)."""
+        """Whether the log, with `changes` more rows (`weight`), should give way to a
+        snapshot of the `live` blocks (past max(COMPACT_MIN_ROWS, LIVE_FACTOR * live)
+        rows: a snapshot costs a pass over every live block, the log a replay at the
+        next start, read off the query path)."""
         return self.logged + changes > max(COMPACT_MIN_ROWS, LIVE_FACTOR * live)
 
     def save_registry(self, reg: Registry) -> None:
@@ -114,14 +121,14 @@ class IndexerStore:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('registry', ?)",
                              (reg.to_json(),))
 
-    def flush(self, changes: list[Change], watermarks: dict[int, int],
+    def flush(self, changes: list[Logged], watermarks: dict[int, int],
               forgotten: set[int], snapshot: Snapshot | None = None) -> None:
-        """Map changes and watermarks in one transaction; `forgotten`: slots whose
+        """Map operations and watermarks in one transaction; `forgotten`: slots whose
         workers are gone (their watermarks dropped; their maps were cleared through
         `changes`). `snapshot`: the whole maps after `changes`, written instead of them,
         the log before it dropped."""
         if snapshot is None:
-            blobs = [(len(changes), msgpack.packb(changes))] if changes else []
+            blobs = [(weight(changes), msgpack.packb(changes))] if changes else []
         else:
             blobs = [(len(part), msgpack.packb(part)) for part in _chunks(snapshot)]
         with self._lock:

@@ -36,6 +36,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
 
 import numpy as np
 
@@ -50,10 +52,9 @@ from sarpd.events.schema import (
 )
 from sarpd.indexer import hashing
 from sarpd.indexer.workers import Registry, Worker, namespace
-from sarpd.model import IdArray
 
 __all__ = ["DEVICE", "DISK", "GONE", "HOST", "SALT_PREFIX", "TIERS", "Change", "EngineMap",
-           "Entry", "Ingest", "holder"]
+           "Entry", "Ingest", "Logged", "holder"]
 
 DEVICE, HOST, DISK = 0, 1, 2
 TIERS: dict[str | None, int] = {  # medium -> tier, exactly as Dynamo's indexer names them
@@ -106,54 +107,65 @@ def salt_of(stored: BlockStored) -> str | None:
 Entry = tuple[bytes, int, int, int | None, int, int]
 Change = tuple[int, int, bytes, int, int, int | None, int, int]  # (slot, engine hash, *Entry)
 GONE: Entry = (b"", 0, 0, None, 0, 0)  # tiers 0: forgotten
+# what the journal holds: a map operation as called, replayed by `Ingest.load` (one
+# record an event, not one a block: the journal and its saving cost a tenth of a
+# block's translation), or a block's state (`Change`: a snapshot's rows)
+#   ("add", slot, hashes, ids as bytes, tier, local hashes, parent, pos, salt)
+#   ("drop", slot, hashes, tier)     ("clear", slot)
+Logged = tuple[Any, ...]
 
 
 @dataclass
 class EngineMap:
-    """One worker's engine hashes: hash -> `Entry`. Every change is also appended to
-    `journal` (the daemon persists and empties it)."""
+    """One worker's engine hashes: hash -> `Entry`. Every operation is also appended to
+    `journal` (`Logged`; the daemon persists and empties it)."""
 
     slot: int
-    journal: list[Change]
+    journal: list[Logged]
     blocks: dict[int, Entry] = field(default_factory=dict)
     lower: int = 0  # blocks held on a tier below the device (a query must walk them)
 
-    def add(self, hashes: tuple[int, ...], ids: IdArray, tier: int, local: list[int],
+    def add(self, hashes: tuple[int, ...], raw: bytes, tier: int, local: list[int],
             parent: int | None, pos: int, salt: int) -> None:
-        """Blocks `hashes` (ids `ids`, per-block hashes `local`, hashed with salt term
-        `salt`) after `parent` (an engine hash; None: from position 0, `pos`)."""
-        raw = ids.tobytes()
-        bit = 1 << tier
-        get, log, slot = self.blocks.get, self.journal.append, self.slot
+        """Blocks `hashes` (their sarp ids `raw`, 16 bytes each, per-block hashes
+        `local`, hashed with salt term `salt`) after `parent` (an engine hash; None:
+        from position 0, `pos`)."""
+        self.journal.append(("add", self.slot, hashes, raw, tier, local, parent, pos, salt))
+        n, bit, blocks = len(hashes), 1 << tier, self.blocks
+        raws = [raw[i:i + 16] for i in range(0, 16 * n, 16)]
+        if blocks.keys().isdisjoint(hashes) and len(set(hashes)) == n:  # all new
+            entries = zip(raws, repeat(bit, n), local, (parent, *hashes[:-1]),
+                          range(pos, pos + n), repeat(salt, n), strict=True)
+            blocks.update(zip(hashes, entries, strict=True))
+            self.lower += n if bit > 1 else 0
+            return
+        get = blocks.get
         for i, h in enumerate(hashes):
             old = get(h)
             was = old[1] if old else 0
-            entry = self.blocks[h] = (raw[16 * i:16 * i + 16], bit | was, local[i], parent,
-                                      pos + i, salt)
+            blocks[h] = (raws[i], bit | was, local[i], parent, pos + i, salt)
             self.lower += was <= 1 < bit  # the first lower tier of the block
-            log((slot, h, *entry))
             parent = h
 
     def drop(self, hashes: tuple[int, ...], tier: int) -> list[bytes]:
         """The ids of the hashes held on `tier` (that tier forgotten for them)."""
-        out, bit = [], 1 << tier
+        self.journal.append(("drop", self.slot, hashes, tier))
+        out, bit, blocks = [], 1 << tier, self.blocks
         for h in hashes:
-            e = self.blocks.get(h)
+            e = blocks.get(h)
             if e is None or not e[1] & bit:
                 continue
             out.append(e[0])
-            left = (e[0], e[1] & ~bit, *e[2:])
-            self.lower -= left[1] <= 1 < e[1]  # its last lower tier gone
-            if left[1]:
-                self.blocks[h] = left
+            left = e[1] & ~bit
+            self.lower -= left <= 1 < e[1]  # its last lower tier gone
+            if left:
+                blocks[h] = (e[0], left, *e[2:])
             else:
-                del self.blocks[h]
-                left = GONE
-            self.journal.append((self.slot, h, *left))
+                del blocks[h]
         return out
 
     def clear(self) -> None:
-        self.journal.extend((self.slot, h, *GONE) for h in self.blocks)
+        self.journal.append(("clear", self.slot))
         self.blocks.clear()
         self.lower = 0
 
@@ -165,7 +177,7 @@ class Ingest:
     registry: Registry
     maps: dict[int, EngineMap] = field(default_factory=dict)  # by worker slot
     skipped: Counter[str] = field(default_factory=Counter)
-    journal: list[Change] = field(default_factory=list)  # the maps' changes, unsaved
+    journal: list[Logged] = field(default_factory=list)  # the maps' operations, unsaved
 
     def engine_map(self, slot: int) -> EngineMap:
         m = self.maps.get(slot)
@@ -173,14 +185,26 @@ class Ingest:
             m = self.maps[slot] = EngineMap(slot, self.journal)
         return m
 
-    def load(self, rows: Iterable[Change]) -> None:
-        """The maps as saved (`journal` rows replayed; not journaled again)."""
-        for slot, h, raw, tiers, local, parent, pos, salt in rows:
-            blocks = self.engine_map(slot).blocks
-            if tiers:
-                blocks[h] = (raw, tiers, local, parent, pos, salt)
+    def load(self, rows: Iterable[Logged]) -> None:
+        """The maps as saved: blocks' states (`Change`) and operations replayed in
+        order (not journaled again)."""
+        for row in rows:
+            kind = row[0]
+            if kind == "add":
+                _, slot, hashes, raw, tier, local, parent, pos, salt = row
+                self.engine_map(slot).add(tuple(hashes), raw, tier, local, parent, pos, salt)
+            elif kind == "drop":
+                self.engine_map(row[1]).drop(tuple(row[2]), row[3])
+            elif kind == "clear":
+                self.engine_map(row[1]).clear()
             else:
-                blocks.pop(h, None)
+                slot, h, raw, tiers, local, parent, pos, salt = row
+                blocks = self.engine_map(slot).blocks
+                if tiers:
+                    blocks[h] = (raw, tiers, local, parent, pos, salt)
+                else:
+                    blocks.pop(h, None)
+        self.journal.clear()
         for m in self.maps.values():
             m.lower = sum(e[1] > 1 for e in m.blocks.values())
 
@@ -242,7 +266,8 @@ class Ingest:
             self.skipped["empty"] += 1
             return None
         ids = hashing.chain(parent_id, local[:n])
-        emap.add(ev.block_hashes[:n], ids, tier, local[:n].tolist(), ev.parent, pos, salt)
+        emap.add(ev.block_hashes[:n], ids.tobytes(), tier, local[:n].tolist(), ev.parent,
+                 pos, salt)
         return model.Insert(next_id(), seq=model.SeqSpec(ns=ns, hashes=ids),
                             meta=holder(w.slot, tier), parent=parent, add_holder=True)
 

@@ -30,10 +30,10 @@ def test_a_flush_and_a_reopen_give_back_the_maps_watermarks_and_registry(
     big = 2**64 - 5
     ids = np.arange(8, dtype=np.uint64).reshape(4, 2)
     m = ing.engine_map(w.slot)
-    m.add((1, 2, big), ids[:3], 0, [10, 20, 2**63 + 3], None, 0, 2**64 - 9)
+    m.add((1, 2, big), ids[:3].tobytes(), 0, [10, 20, 2**63 + 3], None, 0, 2**64 - 9)
     m.drop((2,), 0)  # gone within the same flush
-    m.add((2,), ids[3:], 1, [21], 1, 1, 0)  # ... and back, on another tier
-    m.add((5,), ids[:1], 0, [50], None, 0, 0)
+    m.add((2,), ids[3:].tobytes(), 1, [21], 1, 1, 0)  # ... and back, on another tier
+    m.add((5,), ids[:1].tobytes(), 0, [50], None, 0, 0)
     store = IndexerStore(tmp_path)
     store.save_registry(reg)
     store.flush(list(ing.journal), {w.slot: 41, 9: 3}, set())
@@ -74,11 +74,11 @@ def test_a_snapshot_replaces_the_log_and_a_reopen_reads_the_same_maps(tmp_path: 
     m = ing.engine_map(w.slot)
     ids = np.arange(16, dtype=np.uint64).reshape(8, 2)
     store = IndexerStore(tmp_path)
-    m.add((1, 2, 3, 4), ids[:4], 0, [11, 12, 13, 14], None, 0, 0)
+    m.add((1, 2, 3, 4), ids[:4].tobytes(), 0, [11, 12, 13, 14], None, 0, 0)
     store.flush(ing.journal[:], {w.slot: 1}, set())
     assert store.logged == 4
     m.drop((3, 4), 0)
-    m.add((9,), ids[4:5], 2, [19], 2, 2, 5)
+    m.add((9,), ids[4:5].tobytes(), 2, [19], 2, 2, 5)
     del ing.journal[:4]
     assert not store.compact_due(len(ing.journal), len(m.blocks))  # far below the floor
     store.flush([], {w.slot: 2}, set(), snapshot=[(w.slot, dict(m.blocks))])

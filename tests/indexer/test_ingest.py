@@ -6,9 +6,13 @@ real index, the answer walked as Dynamo walks it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.registry import backend_names
 from sarpd import model
@@ -16,7 +20,7 @@ from sarpd.config import IndexConfig
 from sarpd.events.mapping import WORKER_MASK
 from sarpd.events.schema import EventBatch, decode_batch
 from sarpd.indexer import api, hashing
-from sarpd.indexer.ingest import DEVICE, GONE, HOST, Ingest, holder
+from sarpd.indexer.ingest import DEVICE, HOST, Entry, Ingest, holder
 from sarpd.indexer.workers import Registry, Worker, namespace
 from tests.core.test_index import Harness
 from tests.events import sglang_schema as sg
@@ -72,12 +76,17 @@ def test_a_chain_its_continuation_a_lower_tier_and_removals() -> None:
     assert len(rm) == 1 and isinstance(rm[0], model.Remove)
     assert rm[0].meta == holder(w.slot, HOST) and rm[0].ids is not None
     assert np.array_equal(rm[0].ids, ids_of(4, 5)) and ing.skipped["unknown_block"] == 1
-    journal = [(s, h, t, parent, pos) for s, h, _, t, _, parent, pos, _ in ing.journal]
-    assert journal == [(0, IDS[0], 1, None, 0), (0, IDS[1], 1, IDS[0], 1),
-                       (0, IDS[2], 1, IDS[1], 2), (0, IDS[3], 2, IDS[2], 3),
-                       (0, IDS[4], 2, IDS[3], 4), (0, IDS[4], 0, None, 0)]
+    blocks = ing.maps[w.slot].blocks
+    assert {h: (e[1], e[3], e[4]) for h, e in blocks.items()} == {
+        IDS[0]: (1, None, 0), IDS[1]: (1, IDS[0], 1), IDS[2]: (1, IDS[1], 2),
+        IDS[3]: (2, IDS[2], 3)}  # IDS[4] gone with its only tier
     local = hashing.local_hashes(np.array(T, np.uint32), 16, hashing.seed_of(None, None))
-    assert [e[4] for e in ing.journal[:5]] == local[:5].tolist()
+    assert [blocks[h][2] for h in IDS[:4]] == local[:4].tolist()
+    assert [r[0] for r in ing.journal] == ["add", "add", "drop", "drop"]
+    again = Ingest(ing.registry)  # the journal replayed (what a restart reads back)
+    again.load(list(ing.journal))
+    assert again.maps[w.slot].blocks == blocks and again.maps[w.slot].lower == 1
+    assert not again.journal
 
 
 def test_skips_as_dynamo_skips() -> None:
@@ -146,7 +155,7 @@ def test_a_batch_s_rank_names_the_worker_and_clears_are_per_rank() -> None:
     (clear,) = ing.batch(w, batch(vs.AllBlocksCleared(), rank=3), nid)
     assert isinstance(clear, model.Clear)  # requests compare by identity (eq=False)
     assert (clear.ns, clear.mask, clear.value) == (NS, WORKER_MASK, other.slot << 48)
-    assert not ing.maps[other.slot].blocks and ing.journal[-1] == (other.slot, IDS[0], *GONE)
+    assert not ing.maps[other.slot].blocks and ing.journal[-1] == ("clear", other.slot)
 
 
 @pytest.mark.parametrize("backend_name", backend_names())
@@ -174,3 +183,62 @@ def test_applied_to_an_index_the_walk_is_dynamo_s(backend_name: str, tmp_path: P
             "2": {"longest_matched": 48, "gpu": 32, "dp": {"0": 32}, "cpu": 32, "disk": 48}}
     finally:
         ix.close()
+
+
+def _brute_add(blocks: dict[int, Entry], hashes: tuple[int, ...], raw: bytes, tier: int,
+               local: list[int], parent: int | None, pos: int, salt: int) -> None:
+    for i, h in enumerate(hashes):  # block by block, as the map's first version
+        was = blocks[h][1] if h in blocks else 0
+        blocks[h] = (raw[16 * i:16 * i + 16], was | 1 << tier, local[i], parent, pos + i, salt)
+        parent = h
+
+
+def _brute_drop(blocks: dict[int, Entry], hashes: tuple[int, ...], tier: int) -> list[bytes]:
+    out = []
+    for h in hashes:
+        if h in blocks and blocks[h][1] & 1 << tier:
+            e = blocks[h]
+            out.append(e[0])
+            left = e[1] & ~(1 << tier)
+            if left:
+                blocks[h] = (e[0], left, *e[2:])
+            else:
+                del blocks[h]
+    return out
+
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(st.integers(0, 7), min_size=1, max_size=6),
+              st.integers(0, 2), st.one_of(st.none(), st.integers(0, 7)), st.integers(0, 9)),
+    st.tuples(st.just("drop"), st.lists(st.integers(0, 7), max_size=6), st.integers(0, 2)),
+    st.tuples(st.just("clear"))), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_OPS)
+def test_the_map_is_the_block_by_block_model_and_its_journal_replays_it(
+        ops: list[tuple[Any, ...]]) -> None:
+    """Adds (new blocks, known ones, repeated hashes, lower tiers), drops and clears:
+    the same blocks, ids dropped and `lower` as a block-by-block model; the journal,
+    replayed by `load` (through msgpack, as saved), gives the same map."""
+    reg = Registry(16)
+    ing = Ingest(reg)
+    m = ing.engine_map(0)
+    want: dict[int, Entry] = {}
+    for k, op in enumerate(ops):
+        if op[0] == "add":
+            hashes = tuple(op[1])
+            raw = bytes(range(k, k + 16 * len(hashes)))
+            local = [h * 3 + k for h in hashes]
+            m.add(hashes, raw, op[2], local, op[3], op[4], k)
+            _brute_add(want, hashes, raw, op[2], local, op[3], op[4], k)
+        elif op[0] == "drop":
+            assert m.drop(tuple(op[1]), op[2]) == _brute_drop(want, tuple(op[1]), op[2])
+        else:
+            m.clear()
+            want.clear()
+        assert m.blocks == want
+        assert m.lower == sum(e[1] > 1 for e in want.values())
+    again = Ingest(reg)
+    again.load(msgpack.unpackb(msgpack.packb(ing.journal), use_list=False))
+    assert again.engine_map(0).blocks == want and not again.journal
