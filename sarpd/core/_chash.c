@@ -14,6 +14,13 @@
  *     sequence j is tokens[offsets[j] : offsets[j + 1]] chained after parents[16 j :
  *     16 j + 16]; its ids are rows id_offsets[j] : id_offsets[j + 1] of the result.
  *
+ * msgpack_u32(raw) -> bytes of 4 n, or None
+ *     raw: ONE msgpack value (a message's field, e.g. an event's token_ids as
+ *     msgspec.Raw); an array of n ints in [0, 2**32) in any msgpack int encoding ->
+ *     their uint32 little-endian bytes; None for anything else (another type, an
+ *     element that is not such an int, bytes past the value or missing). Reference:
+ *     sarpd.events.schema `_ref_token_bytes` (msgspec's list[int], then array.array).
+ *
  * Argument errors are TypeError / ValueError naming the argument, with the same text
  * as the reference's (tests compare them; the array checks are csrc/sarp.h's). The GIL
  * is released around the hashing loop when it is long enough to pay for it. */
@@ -281,7 +288,84 @@ static PyObject *block_hashes(PyObject *Py_UNUSED(self), PyObject *const *args,
     return out;
 }
 
+/* One msgpack int at *p (end: one past the buffer) in [0, 2**32): 0 and *out set and
+ * *p advanced, or -1 (not such an int, or truncated). */
+static int read_u32(const uint8_t **p, const uint8_t *end, uint32_t *out) {
+    const uint8_t *q = *p;
+    if (q >= end) return -1;
+    uint8_t b = *q++;
+    uint64_t v;
+    int width;
+    if (b <= 0x7f) { *out = b; *p = q; return 0; }
+    switch (b) {
+    case 0xcc: case 0xd0: width = 1; break;
+    case 0xcd: case 0xd1: width = 2; break;
+    case 0xce: case 0xd2: width = 4; break;
+    case 0xcf: case 0xd3: width = 8; break;
+    default: return -1; /* negative fixint, nil, bool, float, str, bin, array, map, ext */
+    }
+    if (end - q < width) return -1;
+    v = 0;
+    for (int i = 0; i < width; i++) v = v << 8 | q[i];
+    if (b >= 0xd0 && (q[0] & 0x80)) return -1; /* a signed encoding of a negative int */
+    if (v > 0xffffffffu) return -1;
+    *out = (uint32_t)v;
+    *p = q + width;
+    return 0;
+}
+
+static PyObject *msgpack_u32(PyObject *Py_UNUSED(self), PyObject *const *args,
+                             Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "msgpack_u32 takes 1 argument (raw), got %zd", nargs);
+        return NULL;
+    }
+    Py_buffer raw;
+    if (PyObject_GetBuffer(args[0], &raw, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "raw must be a bytes-like object, got %.100s",
+                     Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    const uint8_t *p = raw.buf, *end = p + raw.len;
+    Py_ssize_t n = -1;
+    if (p < end) {
+        uint8_t b = *p++;
+        if (b >= 0x90 && b <= 0x9f) {
+            n = b & 0x0f;
+        } else if (b == 0xdc && end - p >= 2) {
+            n = (Py_ssize_t)p[0] << 8 | p[1];
+            p += 2;
+        } else if (b == 0xdd && end - p >= 4) {
+            n = (Py_ssize_t)((uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
+                             (uint32_t)p[2] << 8 | p[3]);
+            p += 4;
+        }
+    }
+    PyObject *out = NULL;
+    if (n >= 0 && n <= end - p) { /* every element takes a byte at least */
+        out = PyBytes_FromStringAndSize(NULL, 4 * n);
+        if (out == NULL) { PyBuffer_Release(&raw); return NULL; }
+        uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t v;
+            if (read_u32(&p, end, &v) < 0) { Py_CLEAR(out); break; }
+            o[4 * i] = (uint8_t)v;
+            o[4 * i + 1] = (uint8_t)(v >> 8);
+            o[4 * i + 2] = (uint8_t)(v >> 16);
+            o[4 * i + 3] = (uint8_t)(v >> 24);
+        }
+        if (out != NULL && p != end) Py_CLEAR(out); /* bytes past the array */
+    }
+    PyBuffer_Release(&raw);
+    if (out == NULL) Py_RETURN_NONE;
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"msgpack_u32", (PyCFunction)(void (*)(void))msgpack_u32, METH_FASTCALL,
+     "msgpack_u32(raw): one msgpack array of ints in [0, 2**32) as uint32 LE bytes; None "
+     "for any other value."},
     {"block_hashes", (PyCFunction)(void (*)(void))block_hashes, METH_FASTCALL,
      "block_hashes(tokens, block_tokens, seed): XXH3-64 of each whole block of tokens "
      "alone, with seed, as one bytearray of native uint64."},

@@ -74,6 +74,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
+from sarpd.core import native
 from sarpd.errors import BadRequest
 
 __all__ = [
@@ -569,9 +570,17 @@ def _head_tokens(raw: msgspec.Raw, block_size: int) -> tuple[int, ...]:
 
 
 def _raw_token_bytes(raw: msgspec.Raw) -> bytes | None:
-    """Every token id as uint32 LE; None when absent or not all ints in 0..2**32-1."""
+    """Every token id as uint32 LE; None when absent or not all ints in 0..2**32-1:
+    natively from the msgpack bytes (`sarpd.core._chash.msgpack_u32`: no Python int a
+    token) when the kernels have it, else `_ref_token_bytes`."""
     if not len(raw):
         return None
+    c = native.pick().hash
+    return _ref_token_bytes(raw) if c is None else c.msgpack_u32(raw)
+
+
+def _ref_token_bytes(raw: msgspec.Raw) -> bytes | None:
+    """`_raw_token_bytes` by msgspec's list[int] and one array.array pass."""
     try:
         return _token_bytes(_TOKENS.decode(raw))
     except msgspec.ValidationError:

@@ -346,3 +346,73 @@ def test_block_hashes_name_a_bad_argument(args: tuple[Any, ...], exc: type[Excep
     with pytest.raises(exc) as info:
         k.block_hashes(*args)
     assert words in str(info.value)
+
+
+# ------------------------------------------------- msgpack_u32: token ids off the wire
+
+def _int_encodings(v: int) -> list[bytes]:
+    """Every msgpack encoding of int v (unsigned and signed widths that hold it)."""
+    out = []
+    if 0 <= v <= 0x7F:
+        out.append(bytes([v]))
+    if -32 <= v < 0:
+        out.append((v & 0xFF).to_bytes(1, "big"))
+    for tag, width in ((0xCC, 1), (0xCD, 2), (0xCE, 4), (0xCF, 8)):
+        if 0 <= v < 1 << 8 * width:
+            out.append(bytes([tag]) + v.to_bytes(width, "big"))
+    for tag, width in ((0xD0, 1), (0xD1, 2), (0xD2, 4), (0xD3, 8)):
+        if -(1 << 8 * width - 1) <= v < 1 << 8 * width - 1:
+            out.append(bytes([tag]) + v.to_bytes(width, "big", signed=True))
+    return out
+
+
+_IN_RANGE = st.integers(0, 2**32 - 1).flatmap(lambda v: st.sampled_from(_int_encodings(v)))
+_ELEMENT = st.one_of(
+    _IN_RANGE,
+    st.sampled_from([2**32, 2**64 - 1, -1, -32, -(2**63)]).flatmap(
+        lambda v: st.sampled_from(_int_encodings(v))),
+    st.sampled_from([b"\xc0", b"\xc2", b"\xc3", b"\xca\x3f\x80\x00\x00", b"\xa1x", b"\x91\x01",
+                     b"\x80"]))
+
+
+def _array(elements: list[bytes], form: int) -> bytes:
+    n = len(elements)
+    head = [bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big"),
+            b"\xdc" + n.to_bytes(2, "big"), b"\xdd" + n.to_bytes(4, "big")][form]
+    return head + b"".join(elements)
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(elements=st.one_of(st.lists(_IN_RANGE, max_size=40), st.lists(_ELEMENT, max_size=40)),
+       form=st.integers(0, 2))
+def test_msgpack_u32_is_the_reference_on_every_int_encoding(
+        elements: list[bytes], form: int) -> None:
+    """Arrays of ints in every msgpack width (signed encodings of positive ints too),
+    out-of-range ints, other types among them: the native decoder answers as the
+    reference (msgspec's list[int] and array.array): the bytes, or None."""
+    import msgspec
+
+    from sarpd.events.schema import _ref_token_bytes
+
+    raw = _array(elements, form)
+    c = native.pick().hash
+    assert c is not None
+    assert c.msgpack_u32(raw) == _ref_token_bytes(msgspec.Raw(raw))
+
+
+@needs_native
+def test_msgpack_u32_refuses_what_is_not_one_whole_array() -> None:
+    c = native.pick().hash
+    assert c is not None
+    whole = _array([b"\x01", b"\xcd\x01\x00", b"\xce\xff\xff\xff\xff"], 0)
+    assert c.msgpack_u32(whole) == array.array("I", [1, 256, 2**32 - 1]).tobytes()
+    for cut in range(len(whole)):  # truncated anywhere: no value, nothing read past it
+        assert c.msgpack_u32(whole[:cut]) is None
+    assert c.msgpack_u32(whole + b"\x01") is None  # bytes past the array
+    assert c.msgpack_u32(b"\xdd\xff\xff\xff\xff") is None  # a length past the buffer
+    assert c.msgpack_u32(memoryview(whole)) == c.msgpack_u32(bytearray(whole))
+    with pytest.raises(TypeError, match="raw must be a bytes-like object, got int"):
+        c.msgpack_u32(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes 1 argument"):
+        c.msgpack_u32()  # type: ignore[call-arg]

@@ -1,5 +1,8 @@
 """Fuzz sarpd/core/_chash.c (`chain_ids`, `chain_ids_flat`) against sarpd/core/ids.py's
-`_ref_chain_ids` / `_ref_chain_ids_flat`: the same ids and id offsets bit for bit
+`_ref_chain_ids` / `_ref_chain_ids_flat`, and `msgpack_u32` against sarpd.events.schema's
+`_ref_token_bytes` (arbitrary bytes behind an array header: the same uint32 bytes, or
+None where the reference finds no such array or no msgpack at all): the same ids and
+id offsets bit for bit
 (empty token arrays, partial blocks, block sizes from 1 to MAX_BLOCK_TOKENS, empty
 batches, empty and repeated sequences, identical parents), and for every argument
 either refuses (another dtype, byte order, shape or memory order, no buffer, a parent
@@ -12,10 +15,12 @@ import array
 import sys
 from collections.abc import Callable
 
+import msgspec
 import numpy as np
 import pytest
 
 from sarpd.core import ids
+from sarpd.events.schema import _ref_token_bytes
 from tests.fuzz._common import HOSTILE_INTS, Source, clean, extension, outcome, replay
 
 C = extension("hash")
@@ -93,10 +98,29 @@ def _compare(name: str, native: Outcome, ref: Outcome) -> None:
     assert got == want, f"{name}: ids differ"
 
 
+def _msgpack_u32(src: Source) -> None:
+    """A header (fixarray, array16, array32; a length that may not fit), then bytes:
+    mostly small ints, else anything."""
+    n = src.integer(0, 40)
+    head = src.pick([bytes([0x90 | min(n, 15)]), b"\xdc" + n.to_bytes(2, "big"),
+                     b"\xdd" + n.to_bytes(4, "big"), b""])
+    body = bytes(b & 0x7F for b in src.raw(n)) if src.chance(50) else src.raw(src.integer(0, 80))
+    raw = head + body
+    try:
+        want = _ref_token_bytes(msgspec.Raw(raw))
+    except msgspec.DecodeError:  # not one msgpack value: no array of ints either
+        want = None
+    got = C.msgpack_u32(raw)
+    assert got == want, f"msgpack_u32({raw!r}): native {got!r}, reference {want!r}"
+
+
 def one_input(data: bytes) -> None:
     if C is None:
         return
     src = Source(data)
+    if src.chance(25):
+        _msgpack_u32(src)
+        return
     tokens, _ = _tokens(src)
     bt = _block_tokens(src)
     if src.flag():

@@ -36,7 +36,9 @@ Phases, each index measured alike:
    (a raw asyncio protocol, `HttpConn`): it takes little CPU from the servers;
 3. event lag: every engine publishes `--rate` batches a second for `--seconds`, each
    5th batch ending with a store of a marker block (tokens of its own); a poller per
-   index asks /query for each marker every 2 ms until its engine shows:
+   index asks /query every 2 ms for each engine's oldest marker not seen yet (then
+   its next ones while they show: an engine's batches apply in order, so the probing
+   does not grow with the lag) until its engine shows:
    `event_lag_ms_p99` from publish() to that answer. `event_lag_ms_start` / `_end`
    (medians of the first and last quarter of the markers) tell a growing backlog
    (`backlog_grows`); `markers_unseen`: not answered 30 s after the last publish;

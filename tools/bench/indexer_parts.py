@@ -421,26 +421,34 @@ class Marker:
 
 
 async def watch(ix: Indexer, markers: list[Marker], done: asyncio.Event) -> None:
-    """Ask `ix` for every marker (appended to `markers` as they are published) until
-    its engine shows in the answer; stop once `done` is set and every marker was seen,
-    or `DRAIN_S` after `done`."""
+    """Ask `ix` for the markers (appended to `markers` as they are published) until
+    each one's engine shows in the answer; stop once `done` is set and every marker was
+    seen, or `DRAIN_S` after `done`. An engine's batches are applied in order, so only
+    its oldest unseen marker is asked for in a round (then its next ones, as long as
+    they show): the probing does not grow with the lag it measures."""
     conn = await connect(ix.port)
-    pending: list[Marker] = []
+    pending: dict[int, list[Marker]] = {}  # by engine, oldest first
     taken = 0
     drain_end = None
     try:
         while True:
-            pending += markers[taken:]
+            for m in markers[taken:]:
+                pending.setdefault(m.engine, []).append(m)
             taken = len(markers)
-            for m in list(pending):
-                status, body = await conn.send(request_bytes(ix.port, "/query",
-                                                             query_doc(m.tokens)))
-                if status == 200 and str(instance_id(m.engine)) in json.loads(body)["instances"]:
+            for queue in pending.values():
+                while queue:
+                    m = queue[0]
+                    status, body = await conn.send(request_bytes(ix.port, "/query",
+                                                                 query_doc(m.tokens)))
+                    if status != 200 or str(instance_id(m.engine)) not in json.loads(
+                            body)["instances"]:
+                        break
                     m.seen[ix.name] = time.perf_counter()
-                    pending.remove(m)
+                    queue.pop(0)
+            left = any(pending.values())
             if done.is_set():
                 drain_end = drain_end or time.perf_counter() + DRAIN_S
-                if (not pending and taken == len(markers)) or time.perf_counter() > drain_end:
+                if (not left and taken == len(markers)) or time.perf_counter() > drain_end:
                     return
             await asyncio.sleep(POLL_S)
     finally:
