@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from tools.bench import indexer_api as ia
+from tools.bench.indexer_parts import Marker
 
 needs_dynamo = pytest.mark.skipif(importlib.util.find_spec("dynamo") is None,
                                   reason="ai-dynamo-runtime (dynamo.indexer) not installed; "
@@ -69,3 +70,17 @@ def test_every_process_stops_when_the_run_is_interrupted(
         ia.run(ia.Options(engines=1))
     assert [ix.name for ix in seen] == ["sarp", "dynamo"]
     assert all(ix.proc is not None and ix.proc.poll() is not None for ix in seen)
+
+
+def test_lag_figures_split_the_phase_in_tenths_and_tell_a_growing_backlog() -> None:
+    """Markers published 1 s apart, each seen later than the one before (a backlog):
+    the tenths' medians follow the lag, the last quarter is past twice the first, and
+    a marker never seen counts until the end."""
+    markers = [Marker(0, [], float(i)) for i in range(20)]
+    for i, m in enumerate(markers[:-1]):
+        m.seen["x"] = m.published + 0.01 * (i + 1)
+    got = ia.lag_figures("x", markers, end=19.5)
+    assert got["event_lag_ms_tenths"] == pytest.approx(
+        [15.0, 35.0, 55.0, 75.0, 95.0, 115.0, 135.0, 155.0, 175.0, 345.0])
+    assert got["backlog_grows"] is True and got["markers_unseen"] == 1
+    assert got["event_lag_ms_max"] == pytest.approx(500.0)

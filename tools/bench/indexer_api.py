@@ -41,7 +41,8 @@ Phases, each index measured alike:
    does not grow with the lag) until its engine shows:
    `event_lag_ms_p99` from publish() to that answer. `event_lag_ms_start` / `_end`
    (medians of the first and last quarter of the markers) tell a growing backlog
-   (`backlog_grows`); `markers_unseen`: not answered 30 s after the last publish;
+   (`backlog_grows`), `event_lag_ms_tenths` the median of each tenth of the phase
+   (by publish time); `markers_unseen`: not answered 30 s after the last publish;
 4. `rss_bytes`: the indexer process's VmRSS after phases 1-3;
 4b. fleet lag (`--fleet-speedup`, 0 skips it; tools/bench/indexer_fleet.py): the
    fleet bench's engines (the Mooncake trace, vLLM's prefix cache, 16 engines) publish
@@ -207,6 +208,18 @@ async def query_loads(ixs: Sequence[Indexer], requests: dict[str, list[bytes]], 
     return out
 
 
+def _tenths(markers: Sequence[Marker], lags: Sequence[float]) -> list[list[float]]:
+    """The lags split in ten by publish time (equal spans of the phase's clock)."""
+    if not markers:
+        return []
+    t0, t1 = markers[0].published, markers[-1].published
+    width = (t1 - t0) / 10 or 1.0
+    parts: list[list[float]] = [[] for _ in range(10)]
+    for m, lag in zip(markers, lags, strict=True):
+        parts[min(9, int((m.published - t0) / width))].append(lag)
+    return parts
+
+
 def lag_figures(name: str, markers: Sequence[Marker], end: float) -> dict[str, Any]:
     """Per-marker lag of index `name` (an unseen marker counts until `end`)."""
     lags = [(m.seen.get(name, end) - m.published) * 1e3 for m in markers]
@@ -215,7 +228,9 @@ def lag_figures(name: str, markers: Sequence[Marker], end: float) -> dict[str, A
     grows = None
     if start is not None and last is not None:
         grows = bool(last > 2 * start and last - start > 50)
+    tenths = [pct(part, 50) for part in _tenths(markers, lags)]
     return {"event_lag_ms_p50": pct(lags, 50), "event_lag_ms_p99": pct(lags, 99),
+            "event_lag_ms_tenths": tenths,
             "event_lag_ms_max": max(lags) if lags else None, "event_lag_ms_start": start,
             "event_lag_ms_end": last, "backlog_grows": grows, "markers": len(lags),
             "markers_unseen": sum(name not in m.seen for m in markers)}
