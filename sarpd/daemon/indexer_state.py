@@ -50,7 +50,7 @@ from sarpd.indexer.workers import Registry
 __all__ = ["COMPACT_MIN_ROWS", "FILENAME", "IndexerStore", "Snapshot", "weight"]
 
 FILENAME = "indexer.sqlite"
-COMPACT_MIN_ROWS = 1 << 20  # the log is compacted past max(this, 4x the live blocks)
+COMPACT_MIN_ROWS = 1 << 16  # the log is compacted past max(this, 4x the live blocks)
 LIVE_FACTOR = 4
 CHUNK_ROWS = 65_536  # rows per blob of a snapshot
 _SCHEMA = """
