@@ -29,6 +29,8 @@ from sarpd.events.schema import (
     EventDecodeError,
     ExtraKey,
     OtherEvent,
+    _first_extra_keys,  # the extra keys' freezing rule: one place (the decoder's)
+    _first_tokens,
     engine_hash,
 )
 
@@ -150,34 +152,6 @@ def _token_bytes(tokens: object) -> bytes | None:
     if tokens and (min(tokens) < 0 or max(tokens) >= 2**32):
         return None
     return np.array(tokens, dtype="<u4").tobytes()
-
-
-def _first_tokens(tokens: object, block_size: int) -> tuple[int, ...]:
-    if not isinstance(tokens, list) or len(tokens) < block_size:
-        return ()
-    head = tokens[:block_size]
-    return tuple(head) if all(type(t) is int and 0 <= t < 2**32 for t in head) else ()
-
-
-def _first_extra_keys(extra: object) -> tuple[Any, ...] | None:
-    """The first block's extra keys (vLLM sends one entry per block, or None)."""
-    if isinstance(extra, list) and extra and isinstance(extra[0], list | tuple):
-        return tuple(_freeze(k) for k in extra[0])
-    return None
-
-
-def _freeze(v: Any) -> Any:
-    if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
-    if isinstance(v, dict):
-        tag = v.get("type")
-        if not isinstance(tag, str):
-            return tuple(sorted((str(k), _freeze(x)) for k, x in v.items()))
-        rest = {str(k): _freeze(x) for k, x in v.items() if k != "type"}
-        if len(rest) == 1:
-            return ExtraKey(tag, next(iter(rest.values())))
-        return ExtraKey(tag, tuple(sorted(rest.items())))
-    return v
 
 
 def _hashes(v: object, name: str) -> tuple[int, ...]:
