@@ -29,7 +29,8 @@ import array
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -48,7 +49,7 @@ from sarpd.errors import BadRequest, Busy, Conflict, NotFound, SarpError, TooLar
 from sarpd.events.endpoints import check_endpoint
 from sarpd.events.sequence import Stream
 from sarpd.indexer import api, hashing
-from sarpd.indexer.ingest import Ingest
+from sarpd.indexer.ingest import Ingest, Logged
 from sarpd.indexer.workers import Worker, namespace
 
 __all__ = ["IndexerApi"]
@@ -70,6 +71,17 @@ def _status(exc: SarpError) -> int:
 
 def _json(body: object, status: int = 200) -> Reply:
     return Reply(status, _ENCODE(body))
+
+
+def _yielding(rows: Iterator[Logged], every: int = 4096) -> Iterator[Logged]:
+    """`rows`, letting the loop's thread take the GIL every `every` of them: the maps are
+    read on a thread while the first queries after a restart are answered, and a
+    thread that never waits holds the GIL for its whole switch interval (5 ms) each
+    time the loop wants it."""
+    for i, row in enumerate(rows):
+        if i % every == 0:
+            time.sleep(0)
+        yield row
 
 
 def _text(status: int, text: str) -> tuple[int, bytes, bytes]:
@@ -141,7 +153,7 @@ class IndexerApi:
         """Once the index serves: read the engine maps (on a thread: queries are
         answered meanwhile), then subscribe every registered worker again."""
         self.ctx = zmq.asyncio.Context()
-        await asyncio.to_thread(self.ingest.load, self.store.engine_rows())
+        await asyncio.to_thread(self.ingest.load, _yielding(self.store.engine_rows()))
         self.loaded = self.ready = True
         for w in list(self.registry.workers.values()):
             if w.endpoint is not None:
