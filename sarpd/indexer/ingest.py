@@ -53,7 +53,7 @@ from sarpd.events.schema import (
 from sarpd.indexer import hashing
 from sarpd.indexer.workers import Registry, Worker, namespace
 
-__all__ = ["DEVICE", "DISK", "GONE", "HOST", "SALT_PREFIX", "TIERS", "Change", "EngineMap",
+__all__ = ["DEVICE", "DISK", "HOST", "SALT_PREFIX", "TIERS", "Change", "EngineMap",
            "Entry", "Ingest", "Logged", "holder"]
 
 DEVICE, HOST, DISK = 0, 1, 2
@@ -106,7 +106,6 @@ def salt_of(stored: BlockStored) -> str | None:
 # seed): what /dump tells a peer, and what a continuation inherits
 Entry = tuple[bytes, int, int, int | None, int, int]
 Change = tuple[int, int, bytes, int, int, int | None, int, int]  # (slot, engine hash, *Entry)
-GONE: Entry = (b"", 0, 0, None, 0, 0)  # tiers 0: forgotten
 # what the journal holds: a map operation as called, replayed by `Ingest.load` (one
 # record an event, not one a block: the journal and its saving cost a tenth of a
 # block's translation), or a block's state (`Change`: a snapshot's rows)
