@@ -291,6 +291,9 @@ class ServerConfig:
     socket_group: str | None = None
     batch_window_ms: float = 0.5  # gather requests this long before running a batch
     batch_max: int = 256  # ... or until this many are queued
+    # blocks of writes a batch takes at most (one larger write goes alone): a query
+    # waits behind one batch of writes at most (sarpd.daemon.batching)
+    batch_max_blocks: int = 4096
     max_frame_size: int = 64 * 1024 * 1024
     max_connections: int = 1024
     max_inflight_per_conn: int = 1024
@@ -330,9 +333,9 @@ class ServerConfig:
 SERVER_RULES: dict[str, Rule] = {
     "socket": pathname, "data_dir": pathname, "backend": nonempty, "sync": one_of(SyncPolicy),
     "socket_mode": file_mode, "socket_group": optional(nonempty), "batch_window_ms": number(0.0),
-    **{key: integer(1) for key in ("batch_max", "max_frame_size", "max_connections",
-                                 "max_inflight_per_conn", "max_queue", "max_queue_bytes",
-                                 "max_buffered_bytes", "max_write_buffer")},
+    **{key: integer(1) for key in ("batch_max", "batch_max_blocks", "max_frame_size",
+                                 "max_connections", "max_inflight_per_conn", "max_queue",
+                                 "max_queue_bytes", "max_buffered_bytes", "max_write_buffer")},
     "allow_uids": id_list, "allow_gids": id_list, "admin_uids": id_list, "bind_namespaces": boolean,
     "metrics_port": integer(0, 65535), "metrics_host": nonempty,
     "http_port": integer(0, 65535), "http_host": nonempty,

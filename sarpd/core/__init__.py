@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sarpd.core.inspection import dump_or_error
     from sarpd.core.segment import MANIFEST_KEY, Counters, Segment, block_keys, seg_key
     from sarpd.core.shards import check_shards, shard_of
+    from sarpd.core.snapshot import PendingSnapshot
     from sarpd.core.store import Activity, Store, data_paths, open_backend
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Counters",
     "Directory",
     "DirectoryArrays",
+    "PendingSnapshot",
     "RecoveryReport",
     "SarpIndex",
     "Segment",
@@ -72,6 +74,7 @@ _HOME = {
     "MANIFEST_KEY": "segment", "Counters": "segment", "Segment": "segment",
     "block_keys": "segment", "seg_key": "segment",
     "check_shards": "shards", "shard_of": "shards",
+    "PendingSnapshot": "snapshot",
     "Activity": "store", "Store": "store", "data_paths": "store", "open_backend": "store",
 }
 

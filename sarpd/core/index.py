@@ -41,6 +41,7 @@ from backends.base import Backend, WriteBatch
 from sarpd.config import IndexConfig
 from sarpd.core import kernel, native, verify
 from sarpd.core.blockmap import MapArrays
+from sarpd.core.directory import DirectoryArrays
 from sarpd.core.fsck import run_check
 from sarpd.core.holders import match_holders, spans, tables
 from sarpd.core.ids import HASH_NAME, Joined, salt_ids
@@ -50,10 +51,11 @@ from sarpd.core.router import Router
 from sarpd.core.segment import LOG_PREFIX, SEG_PREFIX, Counters, Segment, log_key, seg_id_of_key
 from sarpd.core.snapshot import (
     Loaded,
+    PendingSnapshot,
     SnapshotMeta,
     list_snapshots,
     load_newest,
-    read_snapshot,
+    read_meta,
     write_snapshot,
 )
 from sarpd.core.store import Activity, Held, Store, data_paths
@@ -447,19 +449,37 @@ class SarpIndex:
 
     # -- snapshots -----------------------------------------------------------------
     def snapshot(self) -> SnapshotResult:
+        pending = self.prepare_snapshot()
+        return self.finish_snapshot(pending, pending.write())
+
+    def prepare_snapshot(self) -> PendingSnapshot:
+        """A snapshot's first step, with the index to itself: what it will hold is made
+        durable and copied. `PendingSnapshot.write` then writes it from any thread while the
+        index serves (a daemon's worker is not held for the file: at 2M blocks it
+        stalled every request ~100 ms); `finish_snapshot` ends it, again with the
+        index to itself. The changes made meanwhile count for the next one."""
         if self.snapshot_dir is None:
             raise SarpError("snapshot: this index has no snapshot directory")
         if self._stale:
             self._reload_or_raise(resume=False)
         t0 = time.perf_counter()
         self.store.sync()  # what the snapshot holds is durable first (group commit)
-        meta = self._snapshot_meta()
-        path = write_snapshot(self.snapshot_dir, self.dir.to_arrays(), meta, keep=2,
-                              blockmap=self._map_arrays())
+        d = self.dir.to_arrays()
+        arrays = DirectoryArrays(d.keys.copy(), d.segs.copy(), d.filts.copy())
+        pending = PendingSnapshot(self.snapshot_dir, arrays, self._map_arrays(),
+                          self._snapshot_meta(), t0)
         self.changed_segments = 0
-        self.snapshot_time, self.snapshot_watermark = _mtime(path), meta.watermark
-        self._gc_log()
-        return SnapshotResult(meta.newest_seg, time.perf_counter() - t0)
+        return pending
+
+    def finish_snapshot(self, pending: PendingSnapshot, path: Path) -> SnapshotResult:
+        """After `pending` was written to `path`: the index knows its newest snapshot,
+        and drops the change-log records every kept snapshot folds in."""
+        if self.snapshot_watermark is None or pending.meta.watermark >= self.snapshot_watermark:
+            self.snapshot_time = _mtime(path)
+            self.snapshot_watermark = pending.meta.watermark
+        if not self._stale:  # a failed commit since: the next snapshot collects
+            self._gc_log()
+        return SnapshotResult(pending.meta.newest_seg, time.perf_counter() - pending.started)
 
     @property
     def snapshot_current(self) -> bool:
@@ -501,7 +521,7 @@ class SarpIndex:
         assert self.snapshot_dir is not None
         snaps = list_snapshots(self.snapshot_dir)
         try:
-            oldest = read_snapshot(snaps[-1])[0].watermark if snaps else 0
+            oldest = read_meta(snaps[-1]).watermark if snaps else 0
         except (OSError, CorruptData, FormatVersionError):
             return
         wb = WriteBatch()

@@ -1,8 +1,10 @@
 """The asyncio side of sarpd: a Protocol server on a Unix socket and the batcher.
 
 Every connection has its own sans-I/O `Decoder`; decoded requests of all connections
-go into one queue. The batcher waits up to `batch_window_ms` after the oldest queued
-request (or until `batch_max` are queued), then runs `Service.run_batch` in a single
+go into one queue (sarpd.daemon.batching: reads of connections with nothing queued
+in a lane of their own; a batch's writes bounded by `batch_max_blocks`). The batcher
+waits up to `batch_window_ms` after the oldest queued request (or until `batch_max`
+are queued), then runs `Service.run_batch` in a single
 worker thread, so batches run one at a time and in order, and writes each response
 to its connection (connections that are gone are skipped). The same worker thread
 runs recovery and the periodic snapshot, so they never overlap a batch.
@@ -43,7 +45,6 @@ import socket
 import stat
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -55,6 +56,7 @@ import numpy as np
 from sarpd.config import ServerConfig
 from sarpd.core import Activity
 from sarpd.daemon.access import PeerCred, Policy, peer_cred
+from sarpd.daemon.batching import BatchQueue
 from sarpd.daemon.metrics import Metrics, op_name
 from sarpd.daemon.service import Service, kind_of
 from sarpd.daemon.syncer import Syncer
@@ -251,8 +253,8 @@ class Server:
         self.stopping = False
         self.suspended = False  # `suspend`: no new requests until `set_ready`
         self.conns: set[Connection] = set()
-        self.queue: deque[Queued] = deque()
-        self.queue_bytes = 0  # decoded array bytes of the queued requests
+        self.queue: BatchQueue[Connection] = BatchQueue(config.batch_max_blocks,
+                                                       config.index.block_tokens)
         self.buffered = 0  # bytes of unfinished messages over all connections
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="sarpd-worker")
         # held by whatever runs on the worker (`run_exclusive`), or by `answer_now` on
@@ -397,7 +399,7 @@ class Server:
         """Server-side gauges for `stats` and /metrics."""
         return {
             "queue_depth": len(self.queue),
-            "queue_bytes": self.queue_bytes,
+            "queue_bytes": self.queue.nbytes,
             "buffered_bytes": self.buffered,
             "connections": len(self.conns),
         }
@@ -454,16 +456,16 @@ class Server:
                                         f"max_queue ({limit}); retry later"))
             return
         size = request_bytes(req)
-        if self.queue and self.queue_bytes + size > self.config.max_queue_bytes:
+        if self.queue and self.queue.nbytes + size > self.config.max_queue_bytes:
             limit = self.config.max_queue_bytes
             self.reject(conn, req, Busy(
-                f"queue: {self.queue_bytes} + {size} bytes queued exceeds max_queue_bytes "
+                f"queue: {self.queue.nbytes} + {size} bytes queued exceeds max_queue_bytes "
                 f"({limit}); retry later"))
             return
-        self.queue_bytes += size
         if not self.queue:
             self._first_at = asyncio.get_running_loop().time()
-        self.queue.append((conn, req, size, time.monotonic() if received is None else received))
+        self.queue.push((conn, req, size, time.monotonic() if received is None else received),
+                        kind_of(req) == "read")
         conn.inflight += 1
         conn.batched += 1
         conn.batch_idle.clear()
@@ -489,8 +491,7 @@ class Server:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
                         await self._full.wait()
-            batch = [self.queue.popleft() for _ in range(min(bmax, len(self.queue)))]
-            self.queue_bytes -= sum(size for _, _, size, _ in batch)
+            batch = self.queue.take(bmax)  # which requests: sarpd.daemon.batching
             self._first_at = float("-inf")  # leftovers have waited long enough
             self._busy = True
             try:

@@ -26,11 +26,12 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Literal, Protocol
 
 import sarpd
 from sarpd.config import ServerConfig
-from sarpd.core import HASH_NAME, Activity, dump_or_error
+from sarpd.core import HASH_NAME, Activity, PendingSnapshot, dump_or_error
 from sarpd.daemon.reports import Reports
 from sarpd.errors import Internal, SarpError, StorageError
 from sarpd.model import (
@@ -72,6 +73,10 @@ class IndexLike(Protocol):
     def sync_now(self) -> None: ...
 
     def snapshot(self) -> SnapshotResult: ...
+
+    def prepare_snapshot(self) -> PendingSnapshot: ...
+
+    def finish_snapshot(self, pending: PendingSnapshot, path: Path) -> SnapshotResult: ...
 
     @property
     def snapshot_current(self) -> bool: ...
@@ -364,10 +369,14 @@ class Service:
 
     # -- daemon housekeeping (run in the worker thread, between batches) -------
 
-    def periodic_snapshot(self) -> SnapshotResult | None:
-        """A snapshot, unless the newest one already holds every change (an index that
-        says so with `snapshot_current`): None, nothing written."""
+    def prepare_periodic_snapshot(self) -> PendingSnapshot | None:
+        """A snapshot's content (`SarpIndex.prepare_snapshot`: the daemon writes it off
+        the worker, then calls `finish_snapshot`), unless the newest one already holds
+        every change (an index that says so with `snapshot_current`): None."""
         if self.index.snapshot_current:
             return None
         self.counters["snapshots"] += 1
-        return self.index.snapshot()
+        return self.index.prepare_snapshot()
+
+    def finish_snapshot(self, pending: PendingSnapshot, path: Path) -> SnapshotResult:
+        return self.index.finish_snapshot(pending, path)

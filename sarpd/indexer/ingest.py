@@ -149,7 +149,16 @@ class EngineMap:
     def drop(self, hashes: tuple[int, ...], tier: int) -> list[bytes]:
         """The ids of the hashes held on `tier` (that tier forgotten for them)."""
         self.journal.append(("drop", self.slot, hashes, tier))
-        out, bit, blocks = [], 1 << tier, self.blocks
+        bit, blocks = 1 << tier, self.blocks
+        popped = list(map(blocks.pop, hashes, repeat(None, len(hashes))))
+        if all(e is None or e[1] == bit for e in popped):  # each on this tier alone
+            out = [e[0] for e in popped if e is not None]
+            self.lower -= len(out) if bit > 1 else 0
+            return out
+        for h, e in zip(hashes, popped, strict=True):  # put back; block by block below
+            if e is not None:
+                blocks[h] = e
+        out = []
         for h in hashes:
             e = blocks.get(h)
             if e is None or not e[1] & bit:

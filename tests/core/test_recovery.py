@@ -100,6 +100,35 @@ def test_change_log_is_trimmed_to_the_oldest_kept_snapshot(tmp_path: Path) -> No
     ix.close()
 
 
+def test_a_snapshot_written_while_writes_go_on(tmp_path: Path) -> None:
+    """`prepare_snapshot` copies the index's state; the writes applied while the file is
+    written are not in it: they count as changed for the next snapshot, their change
+    log is kept, and a restart from that snapshot re-routes them (exact answers)."""
+    oracle = Oracle()
+    ix = open_index(tmp_path)
+    ix.recover()
+    first, during = workload(3), workload(4)
+    insert_all(ix, oracle, first)
+    pending = ix.prepare_snapshot()
+    assert ix.changed_segments == 0 and not ix.snapshot_current
+    insert_all(ix, oracle, during)  # while the file is being written
+    changed = ix.changed_segments
+    assert changed > 0
+    res = ix.finish_snapshot(pending, pending.write())
+    assert res.segment_id == pending.meta.newest_seg < ix.counters.next_seg - 1
+    assert ix.changed_segments == changed and not ix.snapshot_current  # the next one's
+    logs = [int.from_bytes(k[1:], "big") for k, _ in ix.backend.scan(LOG_PREFIX, b"M")]
+    assert logs and max(logs) > pending.meta.watermark  # the writes during it, kept
+    ix.close()
+    ix = open_index(tmp_path)
+    rep = ix.recover()
+    assert not rep.full_scan and rep.snapshot_segment_id == pending.meta.newest_seg
+    assert rep.segments_rerouted >= changed
+    assert_exact(ix, oracle, first + during)
+    assert ix.check().clean
+    ix.close()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip_body", "flip_header", "empty"])
 def test_corrupt_snapshot_falls_back_to_full_scan(tmp_path: Path, damage: str) -> None:
     oracle = Oracle()

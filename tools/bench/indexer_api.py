@@ -47,7 +47,10 @@ Phases, each index measured alike:
 4b. fleet lag (`--fleet-speedup`, 0 skips it; tools/bench/indexer_fleet.py): the
    fleet bench's engines (the Mooncake trace, vLLM's prefix cache, 16 engines) publish
    their batches at the trace's pace divided by the speedup, markers as in 3:
-   `fleet_event_lag_ms_*`, `fleet_backlog_grows`; then they are unregistered;
+   `fleet_event_lag_ms_*`, `fleet_backlog_grows`, and the load each tenth of it
+   carried (`fleet_stored_blocks_tenths`, `fleet_removed_blocks_tenths`: removals
+   begin once the engines' caches are full, so the last tenths carry about twice
+   the first's); then they are unregistered;
 5. restart, the publishers paused: each index answers a fixed probe set (32 queries,
    half of them the conversations the engines changed last: the "before" answers),
    is killed (SIGKILL; at once, or after `--idle-before-kill` seconds) and spawned

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tools.bench import fleet_model as fm
@@ -71,6 +71,10 @@ class FleetRun:
     blocks: int = 0  # hashes in the batches' stores and removals
     span_s: float = 0.0  # the paced timeline's length
     behind_s: float = 0.0  # how late the publishing loop was at worst
+    # blocks stored / removed in each tenth of the timeline: the load the lag's tenths
+    # saw (removals start once the engines' caches are full)
+    stored_tenths: list[int] = field(default_factory=lambda: [0] * 10)
+    removed_tenths: list[int] = field(default_factory=lambda: [0] * 10)
 
 
 def plan(opts: FleetOptions, wl: Workload) -> tuple[list[Planned], FleetRun]:
@@ -94,6 +98,12 @@ def plan(opts: FleetOptions, wl: Workload) -> tuple[list[Planned], FleetRun]:
         event, tokens = wl.marker()
         out.append(Planned(w, out[-1].due_s if out else 0.0, vs.encode_events([event]), tokens))
     run = FleetRun(len(batches), timeline.totals.event_blocks, out[-1].due_s if out else 0.0)
+    last = batches[-1].t_ms if batches else 0.0
+    for b in batches:
+        tenth = min(9, int(10 * (b.t_ms - first) / (last - first))) if last > first else 0
+        for ev in b.events:
+            counts = run.stored_tenths if isinstance(ev, fm.Stored) else run.removed_tenths
+            counts[tenth] += len(ev.hashes)
     return out, run
 
 
@@ -158,4 +168,6 @@ def describe(run: FleetRun, opts: FleetOptions) -> dict[str, Any]:
             "fleet_engines": opts.engines, "fleet_batches": run.batches,
             "fleet_event_blocks": run.blocks, "fleet_span_s": run.span_s,
             "fleet_blocks_per_s": run.blocks / run.span_s if run.span_s else None,
-            "fleet_publish_behind_s": run.behind_s}
+            "fleet_publish_behind_s": run.behind_s,
+            "fleet_stored_blocks_tenths": run.stored_tenths,
+            "fleet_removed_blocks_tenths": run.removed_tenths}
