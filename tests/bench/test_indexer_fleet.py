@@ -1,7 +1,8 @@
 """tools/bench/indexer_fleet.py: the fleet phase's plan (every batch of the fleet's
 timeline, encoded as vLLM publishes it, due at its trace time over the speedup, every
 5th of an engine and each engine's last ending with a marker) and a run of the phase
-on a real sarpd: every marker seen, the engines unregistered after it."""
+on a real sarpd, with either way of asking for the markers: every marker seen, the
+engines unregistered after it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from sarpd.events.schema import BlockStored, decode_batch
 from tools.bench import fleet_model as fm
 from tools.bench.indexer_fleet import GPU_BLOCKS, MARKER_EVERY, FleetOptions, fleet_lag, plan
-from tools.bench.indexer_parts import Http, Workload, sarp_indexer
+from tools.bench.indexer_parts import WATCHES, Http, Workload, sarp_indexer
 
 TRACE = Path(FleetOptions().trace)
 pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="the fleet's trace is not here")
@@ -25,6 +26,7 @@ def test_the_plan_paces_every_batch_and_marks_every_fifth_of_each_engine() -> No
     batches = [e for e in tl.entries if isinstance(e, fm.Batch)]
     assert run.batches == len(batches) and len(planned) == len(batches) + 3
     assert run.blocks == tl.totals.event_blocks
+    assert sum(run.stored_tenths) + sum(run.removed_tenths) == run.blocks
     for p, b in zip(planned, batches, strict=False):
         assert p.engine == b.worker
         assert p.due_s == pytest.approx((b.t_ms - batches[0].t_ms) / 1000 / 8.0)
@@ -39,14 +41,16 @@ def test_the_plan_paces_every_batch_and_marks_every_fifth_of_each_engine() -> No
     assert isinstance(last[0], BlockStored) and last[0].parent is None
 
 
+@pytest.mark.parametrize("method", sorted(WATCHES))
 def test_the_phase_on_sarpd_sees_every_marker_and_unregisters_its_engines(
-        tmp_path: Path) -> None:
+        tmp_path: Path, method: str) -> None:
     ix = sarp_indexer(tmp_path)
     ix.spawn()
     try:
         ix.wait_up()
         markers, run, _ = fleet_lag([ix], Workload(1, 0), 1,
-                                    FleetOptions(speedup=2000.0, requests=30, engines=2))
+                                    FleetOptions(speedup=2000.0, requests=30, engines=2),
+                                    WATCHES[method])
         assert markers and all("sarp" in m.seen for m in markers)
         assert run.batches > 0
         http_ = Http(ix.port)

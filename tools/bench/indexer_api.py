@@ -35,10 +35,11 @@ Phases, each index measured alike:
    queries. The client writes pre-encoded requests and reads Content-Length answers
    (a raw asyncio protocol, `HttpConn`): it takes little CPU from the servers;
 3. event lag: every engine publishes `--rate` batches a second for `--seconds`, each
-   5th batch ending with a store of a marker block (tokens of its own); a poller per
-   index asks /query every 2 ms for each engine's oldest marker not seen yet (then
-   its next ones while they show: an engine's batches apply in order, so the probing
-   does not grow with the lag) until its engine shows:
+   5th batch ending with a store of a marker block (tokens of its own); per index and
+   engine a prober (its own connection; `--watch serial`: one connection asking every
+   engine's in turn) asks /query every 2 ms for the engine's oldest marker not seen
+   yet (then its next ones while they show: an engine's batches apply in order, so
+   the probing does not grow with the lag) until its engine shows:
    `event_lag_ms_p99` from publish() to that answer. `event_lag_ms_start` / `_end`
    (medians of the first and last quarter of the markers) tell a growing backlog
    (`backlog_grows`), `event_lag_ms_tenths` the median of each tenth of the phase
@@ -95,12 +96,14 @@ from sarpd.ctl.common import write_json
 from tools.bench import vllm_schema as vs
 from tools.bench.indexer_fleet import FleetOptions, describe, fleet_lag
 from tools.bench.indexer_parts import (
+    WATCHES,
     Answer,
     Conversation,
     Http,
     Indexer,
     Load,
     Marker,
+    Watch,
     Workload,
     connect,
     drive,
@@ -110,7 +113,6 @@ from tools.bench.indexer_parts import (
     register,
     request_bytes,
     sarp_indexer,
-    watch,
 )
 from tools.bench.vllm_publisher import Publisher
 
@@ -134,8 +136,9 @@ class Steady:
 class Bench:
     """The engines, the indexers and the workload of one run."""
 
-    def __init__(self, ixs: list[Indexer], pubs: list[Publisher], wl: Workload) -> None:
-        self.ixs, self.pubs, self.wl = ixs, pubs, wl
+    def __init__(self, ixs: list[Indexer], pubs: list[Publisher], wl: Workload,
+                 watch: Watch = WATCHES["per-engine"]) -> None:
+        self.ixs, self.pubs, self.wl, self.watch = ixs, pubs, wl, watch
         self.sent = [0] * len(pubs)  # batches published per engine
 
     def publish(self, engine: int, events: list[vs.KVCacheEvent], markers: list[Marker],
@@ -155,7 +158,7 @@ class Bench:
         `ixs`, until the watchers are done: the markers."""
         markers: list[Marker] = []
         done = asyncio.Event()
-        watchers = [asyncio.ensure_future(watch(ix, markers, done)) for ix in ixs]
+        watchers = [asyncio.ensure_future(self.watch(ix, markers, done)) for ix in ixs]
         try:
             await feed(markers)
         finally:
@@ -330,6 +333,7 @@ class Options:
     idle_before_kill: float = 0.0
     dynamo_threads: int = 4
     fleet: FleetOptions | None = None  # None: no fleet phase
+    watch: str = "per-engine"  # how markers are asked for (indexer_parts.WATCHES)
 
 
 def say(msg: str) -> None:
@@ -400,7 +404,7 @@ def phase_fleet(bench: Bench, fleet: FleetOptions) -> tuple[dict[str, dict[str, 
                                                          dict[str, Any]]:
     """The fleet bench's engines at its pace (tools/bench/indexer_fleet.py): each
     index's lag, as `fleet_event_lag_*`."""
-    markers, run, end = fleet_lag(bench.ixs, bench.wl, len(bench.pubs), fleet)
+    markers, run, end = fleet_lag(bench.ixs, bench.wl, len(bench.pubs), fleet, bench.watch)
     out = {}
     for ix in bench.ixs:
         lag = lag_figures(ix.name, markers, end)
@@ -476,6 +480,7 @@ def measure(bench: Bench, opts: Options) -> dict[str, Any]:
         "blocks_indexed_after_fill": blocks_filled, "blocks_indexed": blocks,
         "conversations": len(bench.wl.convs), "batches": sum(bench.sent),
         "publish_behind_s": plan.behind_s, "idle_before_kill_s": opts.idle_before_kill,
+        "watch": opts.watch,
         "sarp": {"backend": "rocksdb", "sync": "always"},
         "dynamo": {"threads": opts.dynamo_threads, "version": _dynamo_version()},
         **fleet_run}
@@ -520,7 +525,8 @@ def run(opts: Options) -> dict[str, Any]:
             ix.wait_up()
         pubs = [Publisher() for _ in range(opts.engines)]
         register(ixs, pubs)
-        return measure(Bench(ixs, pubs, Workload(opts.engines, opts.seed)), opts)
+        return measure(Bench(ixs, pubs, Workload(opts.engines, opts.seed),
+                             WATCHES[opts.watch]), opts)
     finally:
         for ix in ixs:
             ix.kill9()
@@ -609,13 +615,19 @@ def _terminate(_sig: int, _frame: FrameType | None) -> None:
               "default).")
 @click.option("--fleet-engines", type=click.IntRange(1), default=16, show_default=True,
               help="The fleet phase's engines (the fleet bench's default).")
+@click.option("--watch", "watch_method", type=click.Choice(sorted(WATCHES)),
+              default="per-engine", show_default=True,
+              help="How the lag phases ask for their markers: a prober per engine (its "
+              "own connection), or one connection asking every engine's in turn (the "
+              "second session's method: markers pending at once wait for each other's "
+              "answers too).")
 @click.option("--json", "json_out", metavar="FILE|-", default=None,
               help="Write the results as one JSON object to FILE, or stdout with '-' (the "
               "table then goes to stderr).")
 def main(engines: int, clients: int, seconds: float, rate: float, sequences: int, seed: int,
          indexes: tuple[str, ...], restart_timeout: float, idle_before_kill: float,
          dynamo_threads: int, fleet_speedup: float, fleet_requests: int, fleet_engines: int,
-         json_out: str | None) -> None:
+         watch_method: str, json_out: str | None) -> None:
     """sarpd's indexer API (--http-port) against Dynamo's standalone KV indexer
     (python -m dynamo.indexer), on the same engines' events in one run.
 
@@ -629,7 +641,7 @@ def main(engines: int, clients: int, seconds: float, rate: float, sequences: int
     opts = Options(engines, clients, seconds, rate, sequences, seed, indexes,
                    restart_timeout, idle_before_kill, dynamo_threads,
                    FleetOptions(fleet_speedup, fleet_requests, fleet_engines)
-                   if fleet_speedup else None)
+                   if fleet_speedup else None, watch_method)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         doc = run(opts)

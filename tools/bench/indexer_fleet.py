@@ -9,10 +9,11 @@ function of each block's content (tools/bench/fleet_bridge.py, as the fleet benc
 schema with its replay endpoint, registered on every indexer (instances numbered after
 the bench's own engines, the bench's model), and publishes its batches at their trace
 times divided by `--fleet-speedup` (16: the fleet bench's default). Every
-`MARKER_EVERY`-th batch of an engine ends with a store of a marker block; a poller
-per index asks /query for each marker until its engine shows (tools/bench/
-indexer_parts.watch): `event_lag_ms_*` from publish() to that answer, and whether the
-lag grows over the run (`backlog_grows`). The payloads are encoded before the clock
+`MARKER_EVERY`-th batch of an engine ends with a store of a marker block; a prober
+per index and engine asks /query for each marker until its engine shows
+(tools/bench/indexer_parts.watch; `--watch serial`: one per index):
+`event_lag_ms_*` from publish() to that answer, and whether the lag grows over the
+run (`backlog_grows`). The payloads are encoded before the clock
 starts, so the pace is the trace's. Afterwards the engines are unregistered from both
 indexers (their blocks cleared), so the phases after this one see the bench's own
 engines only.
@@ -35,10 +36,10 @@ from tools.bench.indexer_parts import (
     Http,
     Indexer,
     Marker,
+    Watch,
     Workload,
     instance_id,
     register,
-    watch,
 )
 from tools.bench.vllm_publisher import Publisher
 
@@ -122,7 +123,8 @@ async def publish(planned: Sequence[Planned], pubs: Sequence[Publisher], first: 
 
 
 async def observe(ixs: Sequence[Indexer], planned: Sequence[Planned],
-                  pubs: Sequence[Publisher], first: int, run: FleetRun) -> list[Marker]:
+                  pubs: Sequence[Publisher], first: int, run: FleetRun,
+                  watch: Watch) -> list[Marker]:
     markers: list[Marker] = []
     done = asyncio.Event()
     watchers = [asyncio.ensure_future(watch(ix, markers, done)) for ix in ixs]
@@ -147,14 +149,14 @@ def unregister(ixs: Sequence[Indexer], first: int, engines: int) -> None:
             http_.close()
 
 
-def fleet_lag(ixs: Sequence[Indexer], wl: Workload, first: int, opts: FleetOptions
-              ) -> tuple[list[Marker], FleetRun, float]:
+def fleet_lag(ixs: Sequence[Indexer], wl: Workload, first: int, opts: FleetOptions,
+              watch: Watch) -> tuple[list[Marker], FleetRun, float]:
     """Run the phase (module doc): the markers, the run, and its end (perf_counter)."""
     planned, run = plan(opts, wl)
     pubs = [Publisher() for _ in range(opts.engines)]
     try:
         register(ixs, pubs, first)
-        markers = asyncio.run(observe(ixs, planned, pubs, first, run))
+        markers = asyncio.run(observe(ixs, planned, pubs, first, run, watch))
         end = time.perf_counter()
         unregister(ixs, first, opts.engines)
     finally:

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -424,8 +424,67 @@ async def watch(ix: Indexer, markers: list[Marker], done: asyncio.Event) -> None
     """Ask `ix` for the markers (appended to `markers` as they are published) until
     each one's engine shows in the answer; stop once `done` is set and every marker was
     seen, or `DRAIN_S` after `done`. An engine's batches are applied in order, so only
+    its oldest unseen marker is asked for (then its next ones, as long as they show):
+    the probing does not grow with the lag it measures. Each engine has a prober of
+    its own (a connection, one query in flight), as each engine's router would: a
+    marker's lag is its own, not also the answers to other engines' markers pending
+    at the same time (the fleet's last batches are one marker per engine, published
+    together; asked in turn over one connection, `watch_serial`, the sixteenth
+    waited for fifteen answers first)."""
+    pending: dict[int, list[Marker]] = {}  # by engine, oldest first
+    probers: list[asyncio.Task[None]] = []
+    stop = asyncio.Event()
+    taken = 0
+    drain_end = None
+    try:
+        while True:
+            for m in markers[taken:]:
+                if m.engine not in pending:
+                    pending[m.engine] = []
+                    probers.append(asyncio.ensure_future(_probe(ix, pending[m.engine], stop)))
+                pending[m.engine].append(m)
+            taken = len(markers)
+            failed = next((t for t in probers if t.done() and t.exception()), None)
+            if failed is not None:
+                failed.result()  # raises: the watch fails as a prober did
+            if done.is_set():
+                drain_end = drain_end or time.perf_counter() + DRAIN_S
+                left = any(pending.values())
+                if (not left and taken == len(markers)) or time.perf_counter() > drain_end:
+                    return
+            await asyncio.sleep(POLL_S)
+    finally:
+        stop.set()
+        await asyncio.gather(*probers)
+
+
+async def _probe(ix: Indexer, queue: list[Marker], stop: asyncio.Event) -> None:
+    """One engine's prober (`watch`): its oldest unseen marker, every POLL_S."""
+    conn = await connect(ix.port)
+    try:
+        while not stop.is_set():
+            while queue:
+                m = queue[0]
+                status, body = await conn.send(request_bytes(ix.port, "/query",
+                                                             query_doc(m.tokens)))
+                if status != 200 or str(instance_id(m.engine)) not in json.loads(
+                        body)["instances"]:
+                    break
+                m.seen[ix.name] = time.perf_counter()
+                queue.pop(0)
+            await asyncio.sleep(POLL_S)
+    finally:
+        conn.close()
+
+
+async def watch_serial(ix: Indexer, markers: list[Marker], done: asyncio.Event) -> None:
+    """Ask `ix` for the markers (appended to `markers` as they are published) until
+    each one's engine shows in the answer; stop once `done` is set and every marker was
+    seen, or `DRAIN_S` after `done`. An engine's batches are applied in order, so only
     its oldest unseen marker is asked for in a round (then its next ones, as long as
-    they show): the probing does not grow with the lag it measures."""
+    they show): the probing does not grow with the lag it measures. One connection
+    asks for every engine's in turn (the second session's method, `--watch serial`):
+    markers pending at once wait for each other's answers too."""
     conn = await connect(ix.port)
     pending: dict[int, list[Marker]] = {}  # by engine, oldest first
     taken = 0
@@ -453,6 +512,10 @@ async def watch(ix: Indexer, markers: list[Marker], done: asyncio.Event) -> None
             await asyncio.sleep(POLL_S)
     finally:
         conn.close()
+
+
+Watch = Callable[[Indexer, list[Marker], asyncio.Event], Awaitable[None]]
+WATCHES: dict[str, Watch] = {"per-engine": watch, "serial": watch_serial}  # --watch
 
 
 # ---------------------------------------------------------------------- measurements
