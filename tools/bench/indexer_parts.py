@@ -463,18 +463,22 @@ async def _probe(ix: Indexer, queue: list[Marker], stop: asyncio.Event) -> None:
     conn = await connect(ix.port)
     try:
         while not stop.is_set():
-            while queue:
-                m = queue[0]
-                status, body = await conn.send(request_bytes(ix.port, "/query",
-                                                             query_doc(m.tokens)))
-                if status != 200 or str(instance_id(m.engine)) not in json.loads(
-                        body)["instances"]:
-                    break
-                m.seen[ix.name] = time.perf_counter()
-                queue.pop(0)
+            await _ask(ix, conn, queue)
             await asyncio.sleep(POLL_S)
     finally:
         conn.close()
+
+
+async def _ask(ix: Indexer, conn: HttpConn, queue: list[Marker]) -> None:
+    """Ask for one engine's oldest unseen marker, then its next ones while they show
+    (an engine's batches apply in order); each seen one leaves `queue`."""
+    while queue:
+        m = queue[0]
+        status, body = await conn.send(request_bytes(ix.port, "/query", query_doc(m.tokens)))
+        if status != 200 or str(instance_id(m.engine)) not in json.loads(body)["instances"]:
+            return
+        m.seen[ix.name] = time.perf_counter()
+        queue.pop(0)
 
 
 async def watch_serial(ix: Indexer, markers: list[Marker], done: asyncio.Event) -> None:
@@ -495,15 +499,7 @@ async def watch_serial(ix: Indexer, markers: list[Marker], done: asyncio.Event) 
                 pending.setdefault(m.engine, []).append(m)
             taken = len(markers)
             for queue in pending.values():
-                while queue:
-                    m = queue[0]
-                    status, body = await conn.send(request_bytes(ix.port, "/query",
-                                                                 query_doc(m.tokens)))
-                    if status != 200 or str(instance_id(m.engine)) not in json.loads(
-                            body)["instances"]:
-                        break
-                    m.seen[ix.name] = time.perf_counter()
-                    queue.pop(0)
+                await _ask(ix, conn, queue)
             left = any(pending.values())
             if done.is_set():
                 drain_end = drain_end or time.perf_counter() + DRAIN_S
