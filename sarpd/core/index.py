@@ -454,10 +454,11 @@ class SarpIndex:
 
     def prepare_snapshot(self) -> PendingSnapshot:
         """A snapshot's first step, with the index to itself: what it will hold is made
-        durable and copied. `PendingSnapshot.write` then writes it from any thread while the
-        index serves (a daemon's worker is not held for the file: at 2M blocks it
-        stalled every request ~100 ms); `finish_snapshot` ends it, again with the
-        index to itself. The changes made meanwhile count for the next one."""
+        durable and copied. `PendingSnapshot.write` then writes it from any thread
+        while the index serves (a daemon's worker is not held for the file: under the
+        fleet bench's events that held every request up to 135 ms); `finish_snapshot`
+        ends it, again with the index to itself. Changes made meanwhile count for the
+        next one."""
         if self.snapshot_dir is None:
             raise SarpError("snapshot: this index has no snapshot directory")
         if self._stale:
@@ -467,7 +468,7 @@ class SarpIndex:
         d = self.dir.to_arrays()
         arrays = DirectoryArrays(d.keys.copy(), d.segs.copy(), d.filts.copy())
         pending = PendingSnapshot(self.snapshot_dir, arrays, self._map_arrays(),
-                          self._snapshot_meta(), t0)
+                                  self._snapshot_meta(), t0)
         self.changed_segments = 0
         return pending
 

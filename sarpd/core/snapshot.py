@@ -92,8 +92,8 @@ def write_snapshot(directory: Path, arrays: DirectoryArrays, meta: SnapshotMeta,
                      len(arrays.keys), meta.block_tokens, meta.segment_blocks, crc, 0)
     head = head[:52] + zlib.crc32(head[:52]).to_bytes(4, "little")
     final = directory / _name(meta.watermark)
-    # a name of its own: a snapshot written off the worker (`PendingSnapshot`) may overlap one
-    # the `snapshot` op writes for the same watermark
+    # a name of its own: a snapshot written off the worker (`PendingSnapshot`) may
+    # overlap one the `snapshot` op writes for the same watermark
     tmp = directory / f"{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         with open(tmp, "wb") as fh:
@@ -115,6 +115,9 @@ def write_snapshot(directory: Path, arrays: DirectoryArrays, meta: SnapshotMeta,
         os.close(dfd)
     for old in list_snapshots(directory)[keep:]:
         old.unlink(missing_ok=True)
+    for stale in directory.glob("dir-*.snap*.tmp"):  # left by a process that died writing
+        if stale.name.split(".")[-3] != str(os.getpid()):
+            stale.unlink(missing_ok=True)
     return final
 
 

@@ -4,6 +4,7 @@ newest `keep` files kept, no partial file on a failed write, and every check on 
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -24,6 +25,7 @@ from sarpd.core.snapshot import (
     SnapshotMeta,
     list_snapshots,
     load_newest,
+    read_meta,
     read_snapshot,
     write_snapshot,
 )
@@ -85,6 +87,22 @@ def test_the_newest_keep_files_are_kept(tmp_path: Path) -> None:
     assert [p.name for p in list_snapshots(tmp_path)] == [
         "dir-0000000000000009.snap", "dir-0000000000000005.snap"]  # by watermark, not age
     assert list_snapshots(tmp_path / "missing") == []
+
+
+def test_a_write_removes_what_dead_writers_left_and_reads_its_header_alone(
+        tmp_path: Path) -> None:
+    """Temp files of other processes (and the old single name) go; a temp file of this
+    process may be another thread's snapshot in the writing: it stays."""
+    dead = [tmp_path / "dir-0000000000000001.snap.999999999.7.tmp",
+            tmp_path / "dir-0000000000000001.snap.tmp"]
+    mine = tmp_path / f"dir-0000000000000002.snap.{os.getpid()}.8.tmp"
+    for p in (*dead, mine):
+        p.write_bytes(b"partial")
+    path = write_snapshot(tmp_path, arrays(5), meta(3))
+    assert sorted(tmp_path.iterdir()) == sorted([path, mine])
+    assert read_meta(path) == meta(3)
+    with pytest.raises(CorruptData, match="shorter than the header"):
+        read_meta(mine)
 
 
 def test_a_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
