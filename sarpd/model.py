@@ -45,6 +45,12 @@ class SeqSpec:
     tokens: U32Array | None = None  # 1-D uint32; a trailing partial block is ignored
     hashes: IdArray | None = None  # (n, 2) caller-computed ids from position 0 (or after parent)
 
+    def blocks(self, block_tokens: int) -> int:
+        """The whole blocks it names (a trailing partial block of tokens is not one)."""
+        if self.hashes is not None:
+            return len(self.hashes)
+        return 0 if self.tokens is None else len(self.tokens) // block_tokens
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Request:

@@ -30,40 +30,36 @@ from collections import Counter, deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from sarpd.model import Clear, Insert, Remove, Request, SeqSpec
+from sarpd.model import Clear, Insert, Remove, Request
 
 __all__ = ["BatchQueue", "write_blocks"]
 
 C = TypeVar("C", bound=Hashable)  # a connection
 
 
-def _seq_blocks(seq: SeqSpec | None, block_tokens: int) -> int:
-    if seq is None:
-        return 0
-    if seq.hashes is not None:
-        return len(seq.hashes)
-    return 0 if seq.tokens is None else len(seq.tokens) // block_tokens
+Item = tuple[C, Request, int, float]  # (connection, request, its bytes, received at)
 
 
 def write_blocks(req: Request, block_tokens: int, limit: int) -> int:
     """The blocks a write names (0 for anything else); a `clear`: `limit`."""
     if isinstance(req, Insert):
-        return _seq_blocks(req.seq, block_tokens)
+        return req.seq.blocks(block_tokens)
     if isinstance(req, Remove):
-        return _seq_blocks(req.seq, block_tokens) + (0 if req.ids is None else len(req.ids))
+        named = req.seq.blocks(block_tokens) if req.seq is not None else 0
+        return named + (0 if req.ids is None else len(req.ids))
     if isinstance(req, Clear):
         return limit
     return 0
 
 
 class BatchQueue(Generic[C]):
-    """The queued requests of every connection, as (conn, request, bytes, received)."""
+    """The queued requests of every connection (`Item`s)."""
 
     def __init__(self, max_blocks: int, block_tokens: int) -> None:
         self.max_blocks = max_blocks
         self.block_tokens = block_tokens
-        self.reads: deque[tuple[C, Request, int, float]] = deque()
-        self.main: deque[tuple[C, Request, int, float]] = deque()
+        self.reads: deque[Item[C]] = deque()
+        self.main: deque[Item[C]] = deque()
         self.nbytes = 0  # decoded array bytes of the queued requests
         self._in_main: Counter[C] = Counter()
         self._in_reads: Counter[C] = Counter()
@@ -72,10 +68,7 @@ class BatchQueue(Generic[C]):
     def __len__(self) -> int:
         return len(self.reads) + len(self.main)
 
-    def __bool__(self) -> bool:
-        return bool(self.reads or self.main)
-
-    def push(self, item: tuple[C, Request, int, float], read: bool) -> None:
+    def push(self, item: Item[C], read: bool) -> None:
         """Queue `item`; `read`: its request is a read (`kind_of(req) == "read"`)."""
         conn = item[0]
         if read and not self._in_main[conn]:
@@ -86,7 +79,7 @@ class BatchQueue(Generic[C]):
             self._in_main[conn] += 1
         self.nbytes += item[2]
 
-    def take(self, limit: int) -> list[tuple[C, Request, int, float]]:
+    def take(self, limit: int) -> list[Item[C]]:
         """The next batch (module docstring): at most `limit` requests, never empty
         while anything is queued."""
         batch = [] if self.reads and not self._reads_last else self._take_main(limit)
@@ -95,15 +88,15 @@ class BatchQueue(Generic[C]):
         self.nbytes -= sum(size for _, _, size, _ in batch)
         return batch
 
-    def _take_reads(self, limit: int) -> list[tuple[C, Request, int, float]]:
+    def _take_reads(self, limit: int) -> list[Item[C]]:
         out = [self.reads.popleft() for _ in range(min(limit, len(self.reads)))]
         for conn, *_ in out:
             _drop(self._in_reads, conn)
         self._reads_last = True
         return out
 
-    def _take_main(self, limit: int) -> list[tuple[C, Request, int, float]]:
-        out: list[tuple[C, Request, int, float]] = []
+    def _take_main(self, limit: int) -> list[Item[C]]:
+        out: list[Item[C]] = []
         blocks = 0
         while self.main and len(out) < limit:
             conn, req, *_ = self.main[0]

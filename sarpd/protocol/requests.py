@@ -272,8 +272,8 @@ def _op_insert(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
     seq = _seq(f, limits, "insert")
     if f.meta is None:
         raise BadRequest("meta: missing (one uint for all blocks, or one per block)")
-    blocks = len(seq.hashes) if seq.tokens is None else len(seq.tokens) // limits.block_tokens
-    return model.Insert(rid, seq=seq, meta=_meta(f.meta, blocks, limits), add_holder=protocol >= 2,
+    meta = _meta(f.meta, seq.blocks(limits.block_tokens), limits)
+    return model.Insert(rid, seq=seq, meta=meta, add_holder=protocol >= 2,
                         parent=None if f.parent is None else _one_id(f.parent, "parent"))
 
 
