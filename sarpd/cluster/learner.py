@@ -41,6 +41,7 @@ class Proposal:
 
     ns: str
     head: IdArray
+    branches: int  # the head's branches as counted (at least `children`)
 
 
 @dataclass(slots=True)
@@ -93,7 +94,7 @@ class SplitLearner:
         self._proposed.add(key)
         del self._cands[key]
         self._dirty = True
-        return Proposal(ns, ids[:matched].copy())
+        return Proposal(ns, ids[:matched].copy(), cand.divergences + 1)
 
     def declined(self, key: int) -> None:
         """A proposal of `key` was not applied (its head had a hole): it may be
