@@ -43,3 +43,12 @@ def test_skew_follows_block_0() -> None:
         shares = got[n]["shares"]
         assert len(shares) == int(n) and abs(sum(shares) - 1) < 1e-9
         assert got[n]["max_share"] == 1.0
+
+
+def test_skew_at_a_scale() -> None:
+    """`--scale` grows the workload's sessions: more requests, the same one block 0."""
+    from tools.bench.cluster import skew
+
+    one, four = skew("agent"), skew("agent", scale=4)
+    assert four["scale"] == 4 and four["requests"] > 3 * one["requests"]
+    assert four["8"]["max_share"] == 1.0

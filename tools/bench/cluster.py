@@ -312,7 +312,7 @@ def _join(lc: LocalCluster, name: str) -> float:
     return time.perf_counter() - t0
 
 
-def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
+def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8), scale: int = 1) -> dict[str, Any]:
     """Each shard's share of `workload`'s requests for each shard count (its block 0's
     internal id under `sarpd.core.shards.shard_of`, as a cluster client routes it:
     `sarpd.cluster.route.first_block`)."""
@@ -321,8 +321,8 @@ def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
     from tools.bench.workloads import get_workload
 
     heads = [first_block({"ns": t.ns, "hashes": [int(t.prompt[0])]}, BT)
-             for t in get_workload(workload).turns() if len(t.prompt)]
-    out: dict[str, Any] = {"workload": workload, "requests": len(heads)}
+             for t in get_workload(workload, scale).turns() if len(t.prompt)]
+    out: dict[str, Any] = {"workload": workload, "scale": scale, "requests": len(heads)}
     for n in counts:
         per = [0] * n
         for head in heads:
@@ -346,12 +346,15 @@ def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
 @click.option("--skew", "skew_workloads", default="",
               help="Comma-separated workloads (or trace:FILE@B) whose spread over 2, 4 and "
               "8 shards is reported.")
+@click.option("--scale", default=1, show_default=True,
+              help="Workload scale for --skew (sessions grow with it: agent has 6 at 1).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Where the clusters live (default: a temp directory).")
 @click.option("--json", "json_out", metavar="FILE|-", default=None,
               help="Write the results as one JSON object to FILE, or stdout with '-'.")
 def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: str,
-         skew_workloads: str, directory: Path | None, json_out: str | None) -> None:
+         skew_workloads: str, scale: int, directory: Path | None, json_out: str | None,
+         ) -> None:
     """Match throughput and p99 against replicas and shards, write latency and
     replication lag, and a new replica's catch-up time, against a single sarpd in the
     same run. See the module docstring for what each figure means here."""
@@ -365,7 +368,7 @@ def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: st
         results.append(run_cluster(base, shards, replicas, n, clients, seconds))
         click.echo(_line(results[-1]), err=True)
     catch = [catch_up(base, int(b)) for b in catch_up_blocks.split(",") if b]
-    spread = [skew(w) for w in skew_workloads.split(",") if w]
+    spread = [skew(w, scale=scale) for w in skew_workloads.split(",") if w]
     for sk in spread:
         click.echo(f"{sk['workload']}: max shard share " + ", ".join(
             f"{k} shards {v['max_share']:.2f}" for k, v in sk.items() if k.isdigit()),
