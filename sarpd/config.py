@@ -175,6 +175,10 @@ class IndexConfig:
     # need. Off: inserts write one record per segment instead of one per block, and
     # those two forms answer bad_request. Recorded in the data directory.
     block_locators: bool = True
+    # a record per window-start block naming the block before it (b"P" keys: one per
+    # segment_blocks new blocks at most): what a cluster's region owner reads a shared
+    # head's branches from when it splits the head (issue 27; a replica turns it on)
+    branch_links: bool = False
     # the block map's memory (bytes): where recently stored blocks live, by id, for
     # `parent` and bare-id `remove` (issue 24); blocks it cannot hold are written as
     # locator records in bulk, when it lets them go (docs/DECISIONS.md "Block map")
@@ -224,6 +228,7 @@ INDEX_RULES: dict[str, Rule] = {
     "block_tokens": integer(1), "segment_blocks": integer(1, 64), "routing_points": integer(1, 64),
     "refine_threshold": integer(0), "refine_min_gap": integer(1), "prune_max_pred": integer(0),
     "window_cap": integer(1), "exact_match": boolean, "block_locators": boolean,
+    "branch_links": boolean,
     "block_map_bytes": integer(0), "delta_bytes": integer(0),
     "namespace_quota_blocks": integer(0), "max_holders": integer(1, 1 << 20),
     "delta_max_entries": integer(0), "snapshot_interval_s": number(0.0),

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from sarpd.core.directory import Directory, DirectoryArrays
     from sarpd.core.ids import HASH_NAME, chain_ids, check_sequence_tokens, ns_root, salt_ids
     from sarpd.core.index import RecoveryReport, SarpIndex, WriteOp
-    from sarpd.core.inspection import dump_or_error
+    from sarpd.core.inspection import branches, dump_or_error
     from sarpd.core.segment import MANIFEST_KEY, Counters, Segment, block_keys, seg_key
     from sarpd.core.shards import check_shards, shard_of
     from sarpd.core.snapshot import PendingSnapshot
@@ -49,6 +49,7 @@ __all__ = [
     "Store",
     "WriteOp",
     "block_keys",
+    "branches",
     "chain_ids",
     "check_sequence_tokens",
     "check_shards",
@@ -70,7 +71,7 @@ _HOME = {
     "BulkBuilder": "bulk", "BulkReport": "bulk",
     "Directory": "directory", "DirectoryArrays": "directory",
     "RecoveryReport": "index", "SarpIndex": "index", "WriteOp": "index",
-    "dump_or_error": "inspection",
+    "branches": "inspection", "dump_or_error": "inspection",
     "MANIFEST_KEY": "segment", "Counters": "segment", "Segment": "segment",
     "block_keys": "segment", "seg_key": "segment",
     "check_shards": "shards", "shard_of": "shards",

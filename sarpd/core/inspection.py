@@ -1,4 +1,6 @@
-"""Read-only inspection of one sequence for the `dump` op (`sarpctl dump`).
+"""Read-only inspection: one sequence for the `dump` op (`sarpctl dump`), and the
+branches after a chain (`branches`: what a cluster's region owner keeps when it splits
+a shared head, issue 27).
 
 For each 64-block window of the sequence, from window 0: every lattice offset's
 routing key and its posting list in the routing directory (live entries only), the
@@ -21,11 +23,11 @@ import numpy as np
 
 from sarpd.core import verify
 from sarpd.core.directory import DEAD
-from sarpd.core.ids import salt_ids
+from sarpd.core.ids import id_bytes, salt_ids
 from sarpd.core.index import SarpIndex
-from sarpd.core.segment import Segment
+from sarpd.core.segment import LINK_PREFIX, Segment
 from sarpd.errors import SarpError
-from sarpd.model import IdArray, SeqSpec, ids_to_bytes
+from sarpd.model import IdArray, SeqSpec, ids_from_bytes, ids_to_bytes
 
 MAX_WINDOWS = 64  # windows reported at most
 MAX_POSTINGS = 32  # posting entries listed per routing key (the count is always given)
@@ -111,3 +113,34 @@ def dump_or_error(index: object, seq: SeqSpec) -> dict[str, Any] | SarpError:
     if not isinstance(index, SarpIndex):
         return SarpError(f"dump: the index ({type(index).__name__}) cannot be inspected")
     return dump_sequence(index, seq)
+
+
+def branches(index: SarpIndex, head: IdArray) -> IdArray:
+    """Every block stored right after the chain `head` ((d, 2) internal ids from block
+    0): the ids at position d of the stored chains that go on from it, present or not
+    (a block removed since keeps its id in its segment), each once, sorted.
+
+    Inside a window they are in the segments under the window's head key (every
+    segment of a window starts at the window's first block). A block that starts a
+    window (d a multiple of segment_blocks) is in a segment of its own window, which
+    does not name the block before it: those come from the branch links, written only
+    with `[index] branch_links` (ValueError without them)."""
+    d, sb = len(head), index.router.geo.sb
+    if d == 0:
+        raise ValueError("branches: a head of no block")
+    if d % sb:
+        w, at = (d - 1) // sb, (d - 1) % sb
+        sids = [s for s in index.dir.posting(int(head[w * sb, 0]))[0].tolist() if s != DEAD]
+        last = head[-1]
+        found = [seg.ids[at + 1] for seg in index.store.fetch(sids).values()
+                 if seg is not None and seg.window == w and seg.nblocks > at + 1
+                 and bool((seg.ids[at] == last).all())]
+        out = np.array(found, dtype=np.uint64).reshape(-1, 2)
+    else:
+        if not index.store.cfg.branch_links:
+            raise ValueError(f"branches: a head of {d} blocks ends at a window start and "
+                             "this index keeps no branch links ([index] branch_links)")
+        start = LINK_PREFIX + id_bytes(head[-1])  # every link key after it: + 16 bytes
+        keys = [k for k, _ in index.store.scan(start, start + b"\xff" * 17)]
+        out = ids_from_bytes(b"".join(k[len(start):] for k in keys if k.startswith(start)))
+    return np.unique(out, axis=0) if len(out) else out

@@ -24,6 +24,15 @@ order is numeric order):
                               shard, issue 15: written in the batch of the write it
                               applied, so data and sequence are durable together;
                               absent: 0, nothing applied)
+    b"P" + 16-byte parent id + 16-byte child id -> empty: a branch link, written
+                              only with `[index] branch_links` (a cluster replica,
+                              issue 27) for a block at the start of a window (a
+                              multiple of segment_blocks) and the block before it:
+                              the one parent-child pair no segment holds. An insert
+                              writes one for each window start among its new blocks;
+                              nothing deletes them (a link to a block since removed
+                              names a branch that was there: harmless to its reader,
+                              `SarpIndex.children`)
 
 Segment value, format 1 (little-endian; format 2 adds the holder table):
 
@@ -91,6 +100,7 @@ MANIFEST_KEY = b"M"
 COUNTERS_KEY = b"N"
 APPLIED_KEY = b"A"  # -> u64 LE: the last log sequence applied (replicas)
 NS_COUNT_PREFIX = b"C"  # C + namespace tag (8 bytes LE) -> indexed blocks (u64 LE)
+LINK_PREFIX = b"P"  # P + parent id (16 B) + child id (16 B) -> b"" (branch_links)
 COUNTERS = struct.Struct("<QQQQQ")
 COUNTERS_V1 = struct.Struct("<QQQQ")  # before holders (no holdings field)
 LOCATOR = struct.Struct("<QI")
@@ -118,6 +128,11 @@ def seg_id_of_key(key: bytes) -> int:
 
 def log_key(version: int) -> bytes:
     return LOG_PREFIX + version.to_bytes(8, "big")
+
+
+def link_key(parent16: bytes, child16: bytes) -> bytes:
+    """The branch link of a window-start block `child16` after `parent16`."""
+    return LINK_PREFIX + parent16 + child16
 
 
 def block_key(id16: bytes) -> bytes:

@@ -40,6 +40,7 @@ from sarpd.core.segment import (
     Counters,
     Segment,
     decode_segment,
+    link_key,
     log_key,
     ns_count_key,
     seg_id_of_key,
@@ -138,6 +139,7 @@ class WriteTxn:
         self.stamps: dict[tuple[int, int], int] = {}
         self.cleared = 0
         self._read: dict[bytes, tuple[int, int]] = {}  # locator records read (pos -1: none)
+        self.links: list[bytes] = []  # branch link keys (`[index] branch_links`)
         # a parent's location (find_present), by id bytes: (len(_added) then, location);
         # valid while the txn added no location (the rest of `locate` holds in a txn)
         self._parent_at: dict[bytes, tuple[int, tuple[int, int] | None]] = {}
@@ -242,6 +244,8 @@ class WriteTxn:
             wb.put(log_key(version), b"".join(sid.to_bytes(8, "big")
                                               for sid in dict.fromkeys(self.logged)))
             version += 1
+        for key in self.links:
+            wb.put(key, b"")
         for tag, delta in self.ns_delta.items():
             if delta:
                 self.ns_after[tag] = max(0, store.ns_blocks(tag) + delta)
@@ -476,7 +480,22 @@ class WriteTxn:
             i += 1
         self.blocks += new
         self._count(tag, new)
+        if self.cfg.branch_links:
+            self._link(op, q, start + matched, start + n)
         return InsertResult(n, new, matched)
+
+    def _link(self, op: Insert, q: IdArray, lo: int, hi: int) -> None:
+        """Branch links of the window-start blocks at positions [lo, hi) of an insert
+        whose ids from its first position are `q` (segment.py: `link_key`)."""
+        sb, start = self.geo.sb, hi - len(q)
+        for p in range(max(lo, 1) + (-max(lo, 1)) % sb, hi, sb):
+            if p > start:
+                parent = id_bytes(q[p - start - 1])
+            elif op.parent is not None:
+                parent = id_bytes(self._pid(op)[0])
+            else:
+                continue
+            self.links.append(link_key(parent, id_bytes(q[p - start])))
 
     def _check_holders(self, best: Segment | None, covered: int, frm: int,
                        mw: U64Array) -> None:

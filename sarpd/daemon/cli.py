@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -276,7 +277,10 @@ class Daemon:
         backend_dir, snapshot_dir = data_paths(cfg.data_dir, cfg.backend)
         backend = open_backend(cfg.backend, backend_dir, cache_bytes=cfg.cache_bytes)
         snapshot_dir.mkdir(parents=True, exist_ok=True)
-        index = SarpIndex(backend, cfg.index, snapshot_dir, sync=cfg.sync == "always")
+        # a replica records branch links from its first write: its shard's splits read
+        # a head's branches from them (issue 27)
+        icfg = replace(cfg.index, branch_links=True) if cfg.cluster.enabled else cfg.index
+        index = SarpIndex(backend, icfg, snapshot_dir, sync=cfg.sync == "always")
         return index, backend.name
 
     async def _recover(self, index: SarpIndex) -> RecoveryReport | None:

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.base import WriteBatch
 from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
-from sarpd.core.ids import salt_ids, token_ids
+from sarpd.core.ids import chain_ids, id_bytes, salt_ids, token_ids
 from sarpd.core.index import SarpIndex
-from sarpd.core.inspection import dump_or_error, dump_sequence
+from sarpd.core.inspection import branches, dump_or_error, dump_sequence
 from sarpd.core.segment import seg_key
 from sarpd.errors import SarpError, TooLarge
-from sarpd.model import Insert, Match, MatchResult, SeqSpec, ids_to_bytes
+from sarpd.model import Insert, Match, MatchResult, Remove, SeqSpec, ids_to_bytes
 
 
 def toks(n: int, seed: int) -> np.ndarray:
@@ -110,3 +112,58 @@ def test_dump_uses_the_index_rules_and_refuses_other_indexes() -> None:
     assert dump_or_error(ix, SeqSpec("", hashes=hashes))["blocks"] == 1  # type: ignore[index]
     refused = dump_or_error(object(), SeqSpec("", hashes=hashes))
     assert isinstance(refused, SarpError) and "cannot be inspected" in refused.message
+
+
+# -- branches: what follows a chain (issue 27) -----------------------------------------
+
+def _block(v: int) -> np.ndarray:
+    return np.full(16, v, dtype=np.uint32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=20),
+                          st.integers(0, 9), st.sampled_from(["insert", "parent", "remove"])),
+                min_size=1, max_size=30),
+       st.sampled_from([4, 8]))
+def test_branches_are_every_stored_continuation(
+        ops: list[tuple[list[int], int, str]], sb: int) -> None:
+    """Against a brute force over every chain ever stored (a removed block keeps its
+    id, so it is still a branch), with small windows so that heads end at window
+    starts (the branch links) as often as inside windows; inserts after a parent too."""
+    ix = index(IndexConfig(segment_blocks=sb, routing_points=2, branch_links=True))
+    chains: list[np.ndarray] = []
+    for blocks, meta, kind in ops:
+        toks_ = np.concatenate([_block(b) for b in blocks])
+        if kind == "parent" and chains:
+            base = chains[meta % len(chains)]
+            parent = salt_ids("", base[-1:])
+            [got] = ix.write_many([Insert(0, SeqSpec("", tokens=toks_), meta=meta,
+                                          parent=parent)])
+            if isinstance(got, SarpError):  # its parent was removed
+                continue
+            ids = np.concatenate([base, chain_ids(id_bytes(base[-1]), toks_, 16)])
+        elif kind == "remove" and chains:
+            seq = chains[meta % len(chains)]
+            ix.write_many([Remove(0, ns="", ids=salt_ids("", seq[len(seq) // 2:]))])
+            continue
+        else:
+            ix.write_many([Insert(0, SeqSpec("", tokens=toks_), meta=meta)])
+            ids = token_ids("", toks_, 16)
+        chains.append(ids)
+    for c in chains:
+        for d in range(1, len(c) + 1):
+            head = c[:d]
+            want = {tuple(o[d].tolist()) for o in chains
+                    if len(o) > d and (o[:d] == head).all()}
+            got = {tuple(r) for r in branches(ix, head).tolist()}
+            assert got == want, (d, sb)
+
+
+def test_branches_at_a_window_start_need_the_links() -> None:
+    ix = index(IndexConfig(segment_blocks=8, routing_points=2))
+    t = np.concatenate([_block(i) for i in range(10)])
+    ix.write_many([Insert(0, SeqSpec("", tokens=t), meta=1)])
+    ids = token_ids("", t, 16)
+    assert branches(ix, ids[:3]).tolist() == ids[3:4].tolist()
+    with pytest.raises(ValueError, match="branch_links"):
+        branches(ix, ids[:8])
