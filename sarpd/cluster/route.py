@@ -23,14 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from sarpd.cluster.shardmap import MAX_HEAD_DEPTH, ShardMap
 from sarpd.core.ids import chain_ids, ns_root, salt_ids
 from sarpd.core.shards import check_shards, shard_of
 from sarpd.errors import BadRequest, SarpError, UnknownParent
 from sarpd.model import IdArray
 
 __all__ = ["BROADCAST_OPS", "REQUEST_PREFIX", "SEQ_OPS", "SHARD_BUCKET", "SHARD_KEY",
-           "WRITE_ID_HEADER", "WRITE_OPS", "check_map", "first_block", "merge",
-           "queue_group", "request_subject", "target"]
+           "WRITE_ID_HEADER", "WRITE_OPS", "check_map", "first_block", "head_fields",
+           "merge", "parts", "queue_group", "request_subject", "seq_ids", "target"]
 
 SHARD_BUCKET = "sarp"
 SHARD_KEY = "shards"
@@ -67,31 +68,86 @@ def first_block(fields: dict[str, Any], block_tokens: int) -> IdArray | None:
     """The internal id of the request's block 0 ((1, 2) uint64), from its wire fields
     (`tokens` as bin of uint32 LE, or `hashes` as bin of 16-byte ids or a list of
     uints / 16-byte ids); None when it carries less than one block."""
+    return seq_ids(fields, block_tokens, 1)
+
+
+def seq_ids(fields: dict[str, Any], block_tokens: int, limit: int) -> IdArray | None:
+    """The internal ids ((n, 2) uint64) of the request's first `limit` blocks at most,
+    from its wire fields; None when it carries less than one block."""
     ns = str(fields.get("ns", ""))
     tokens, hashes = fields.get("tokens"), fields.get("hashes")
     if tokens is not None:
-        raw = bytes(tokens)[: 4 * block_tokens]
-        if len(raw) < 4 * block_tokens:
+        raw = bytes(tokens)[: 4 * block_tokens * limit]
+        raw = raw[: len(raw) - len(raw) % (4 * block_tokens)]
+        if not raw:
             return None
         return chain_ids(ns_root(ns), np.frombuffer(raw, dtype="<u4").astype(np.uint32),
                          block_tokens)
     if hashes is None:
         return None
     if isinstance(hashes, bytes | bytearray):
-        if len(hashes) < 16:
+        raw = bytes(hashes[: 16 * limit])
+        if len(raw) < 16:
             return None
-        one = np.frombuffer(bytes(hashes[:16]), dtype="<u8").astype(np.uint64).reshape(1, 2)
-    else:
-        if not hashes:
-            return None
-        head = hashes[0]
-        if isinstance(head, bytes | bytearray) and len(head) == 16:
-            one = np.frombuffer(bytes(head), dtype="<u8").astype(np.uint64).reshape(1, 2)
-        elif isinstance(head, int) and 0 <= head < 2**64:
-            one = np.array([[head, 0]], dtype=np.uint64)
+        some = np.frombuffer(raw[: len(raw) - len(raw) % 16], dtype="<u8").astype(np.uint64)
+        return salt_ids(ns, some.reshape(-1, 2))
+    if not hashes:
+        return None
+    out = np.zeros((min(limit, len(hashes)), 2), dtype=np.uint64)
+    for i, h in enumerate(hashes[:limit]):
+        if isinstance(h, bytes | bytearray) and len(h) == 16:
+            out[i] = np.frombuffer(bytes(h), dtype="<u8")
+        elif isinstance(h, int) and 0 <= h < 2**64:
+            out[i, 0] = h
         else:
-            raise BadRequest(f"hashes[0]: {head!r} is not a uint below 2**64 or 16 bytes")
-    return salt_ids(ns, one)
+            raise BadRequest(f"hashes[{i}]: {h!r} is not a uint below 2**64 or 16 bytes")
+    return salt_ids(ns, out)
+
+
+def head_fields(fields: dict[str, Any], blocks: int, block_tokens: int) -> dict[str, Any]:
+    """The same request naming only its first `blocks` blocks (its sequence and, for
+    an insert, its per-block metas): what a write sends every other shard for the
+    blocks inside heads (`sarpd.cluster.shardmap`)."""
+    out = dict(fields)
+    if fields.get("tokens") is not None:
+        out["tokens"] = bytes(fields["tokens"])[: 4 * block_tokens * blocks]
+    hashes = fields.get("hashes")
+    if hashes is not None:
+        out["hashes"] = (bytes(hashes)[: 16 * blocks] if isinstance(hashes, bytes | bytearray)
+                         else list(hashes)[:blocks])
+    meta = fields.get("meta")
+    if isinstance(meta, bytes | bytearray):
+        out["meta"] = bytes(meta)[: 8 * blocks]
+    elif isinstance(meta, list | tuple):
+        out["meta"] = list(meta)[:blocks]
+    return out
+
+
+def parts(op: str, fields: dict[str, Any], smap: ShardMap, block_tokens: int
+          ) -> list[tuple[int, dict[str, Any]]] | int:
+    """A sequence request under a version-2 map: (shard index, fields) for each shard
+    it goes to, the whole request first (its answer is the request's); or the bucket
+    to place first (int: `ShardMap.plan`'s `unplaced`). A match goes to one shard; an
+    insert or a removal by sequence goes whole to its region's shard and, for the
+    blocks inside heads, to every other shard (whole to every shard when it lies
+    inside heads)."""
+    ids = seq_ids(fields, block_tokens, MAX_HEAD_DEPTH + 1)
+    if ids is None:
+        return [(0, fields)]
+    plan = smap.plan(ids)
+    if plan.unplaced is not None:
+        return plan.unplaced
+    if op not in ("insert", "remove"):
+        return [(smap.read_shard(ids, plan), fields)]
+    everyone = range(len(smap.names))
+    if plan.target is None:
+        return [(i, fields) for i in everyone]
+    out = [(plan.target, fields)]
+    start = int(fields.get("from") or 0) if op == "remove" else 0
+    if plan.shared > start:
+        head = head_fields(fields, plan.shared, block_tokens)
+        out += [(i, head) for i in everyone if i != plan.target]
+    return out
 
 
 def target(op: str, fields: dict[str, Any], names: list[str], block_tokens: int) -> str | None:

@@ -1,0 +1,106 @@
+"""A cluster in one process (issue 27): the heads rule over real indexes, no NATS.
+
+One `SarpIndex` per shard (the memory backend, branch links on), a version-2 shard
+map, and what the cluster's parts do, in order, synchronously:
+- the client: `sarpd.cluster.route.parts` (a bucket placed on the least-loaded shard
+  when a request needs it; a write's whole request to its region's shard, the blocks
+  inside heads to every other shard), each part parsed as a replica parses a log
+  entry (`sarpd.protocol.requests.parse_message`);
+- the owner: `sarpd.cluster.learner.SplitLearner` on the inserts it takes whole, and
+  a proposal made into a split by `sarpd.cluster.splits.prepare_split` (its kept
+  branches, the head's holders written to every other shard) before the map has it.
+
+What it is for: the skew and write amplification of `tools.bench.cluster --skew`
+(requests counted where they are sent, `new_blocks` summed over shards), and the
+exactness test of the rule against one index (tests/bench/test_shard_sim.py). The
+log, the replicas and their failures are tests/daemon's business.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.memory import MemoryBackend
+from sarpd.cluster.learner import SplitLearner
+from sarpd.cluster.route import parts, seq_ids
+from sarpd.cluster.shardmap import ShardMap, key_of
+from sarpd.cluster.splits import prepare_split
+from sarpd.config import IndexConfig
+from sarpd.core import SarpIndex
+from sarpd.errors import SarpError
+from sarpd.model import Insert, InsertResult, Match, MatchResult, Remove, RemoveResult
+from sarpd.protocol.requests import BadMessage, Limits, parse_message
+
+__all__ = ["Answer", "SimCluster", "apply"]
+
+Answer = MatchResult | InsertResult | RemoveResult | SarpError
+
+
+def apply(index: SarpIndex, op: str, fields: dict[str, Any], limits: Limits,
+          protocol: int) -> Answer:
+    """One request on one index, parsed as sarpd parses it."""
+    req = parse_message({**fields, "op": op, "id": 0}, limits, protocol)
+    if isinstance(req, BadMessage):
+        return req.error
+    if isinstance(req, Match):
+        return index.match_many([req])[0]
+    assert isinstance(req, Insert | Remove)
+    return index.write_many([req])[0]
+
+
+class SimCluster:
+    def __init__(self, shards: int, *, block_tokens: int = 16,
+                 learner: dict[str, Any] | None = None) -> None:
+        cfg = IndexConfig(block_tokens=block_tokens, branch_links=True)
+        self.indexes = [SarpIndex(MemoryBackend(), cfg) for _ in range(shards)]
+        for ix in self.indexes:
+            ix.recover()
+        self.smap = ShardMap(tuple(f"s{i}" for i in range(shards)), 2)
+        self.learners = [SplitLearner(shards, **(learner or {})) for _ in range(shards)]
+        self.block_tokens = block_tokens
+        self.limits = Limits(block_tokens=block_tokens)
+        self.requests = [0] * shards  # requests, each counted on the shard it is sent to
+        self.new_blocks = [0] * shards
+        self.declined = 0  # proposals whose head had a hole
+
+    def request(self, op: str, fields: dict[str, Any], protocol: int = 1) -> Answer:
+        """One client request (match, insert, remove by sequence): its answer."""
+        got = parts(op, fields, self.smap, self.block_tokens)
+        while isinstance(got, int):
+            self.smap = self.smap.with_placement(got, self.smap.least_loaded())
+            got = parts(op, fields, self.smap, self.block_tokens)
+        self.requests[got[0][0]] += 1
+        answers = [self._on(shard, op, f, protocol) for shard, f in got]
+        if op == "insert" and isinstance(answers[0], InsertResult):
+            self._learn(fields, got[0][0], answers[0])
+        errors = [a for a in answers if isinstance(a, SarpError)]
+        return errors[0] if errors else answers[0]
+
+    def _on(self, shard: int, op: str, fields: dict[str, Any], protocol: int) -> Answer:
+        got = apply(self.indexes[shard], op, fields, self.limits, protocol)
+        if isinstance(got, InsertResult):
+            self.new_blocks[shard] += got.new_blocks
+        return got
+
+    def _learn(self, fields: dict[str, Any], shard: int, result: InsertResult) -> None:
+        """The region's shard took an insert whole: its learner sees it; a proposal
+        becomes a split (its head copied to every other shard) before the map has it."""
+        ids = seq_ids(fields, self.block_tokens, 1 << 30)
+        if ids is None or self.smap.plan(ids).target != shard:
+            return
+        ns = str(fields.get("ns", ""))
+        prop = self.learners[shard].observe(ns, ids, result.matched_blocks,
+                                            frozenset(self.smap.splits))
+        if prop is None:
+            return
+        prepared = prepare_split(self.indexes[shard], ns, prop.head, shard)
+        if prepared is None:
+            self.declined += 1
+            self.learners[shard].declined(key_of(prop.head[-1]))
+            return
+        for other, ix in enumerate(self.indexes):
+            if other != shard:
+                for w in ix.write_many(prepared.seed):
+                    if isinstance(w, InsertResult):
+                        self.new_blocks[other] += w.new_blocks
+        self.smap = self.smap.with_split(prepared.split)
