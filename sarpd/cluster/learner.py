@@ -69,13 +69,17 @@ class SplitLearner:
         return len(self._cands)
 
     def observe(self, ns: str, ids: IdArray, matched: int,
-                split: frozenset[int] | set[int] = frozenset()) -> Proposal | None:
+                split: frozenset[int] | set[int] = frozenset(), region_from: int = 0,
+                ) -> Proposal | None:
         """One insert applied as its region's shard: `ids` its internal ids, `matched`
         the blocks it found indexed from block 0. `split`: keys of heads already split
-        (never proposed again). Returns a split worth proposing, if any."""
+        (never proposed again). `region_from`: where its region starts (the depth of
+        the deepest split it passes, `Plan.depth`): the blocks before are inside heads,
+        whose branches other shards hold, so a fan-out there (blocks of a head missing:
+        removed) is not this shard's to split. Returns a split worth proposing."""
         self.inserts += 1
         self._count_through(ids)
-        if not 0 < matched < len(ids) or matched > MAX_HEAD_DEPTH:
+        if not region_from < matched < len(ids) or matched > MAX_HEAD_DEPTH:
             return None
         key = key_of(ids[matched - 1])
         if key in split or key in self._proposed:

@@ -57,7 +57,7 @@ def workloads(draw: st.DrawFn) -> list[tuple[str, list[int], int, int]]:
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(workloads(), st.sampled_from([2, 4]), st.sampled_from([1, 2]))
 def test_the_cluster_answers_what_one_index_answers(
         ops: list[tuple[str, list[int], int, int]], shards: int, protocol: int) -> None:
@@ -87,3 +87,23 @@ def test_a_hot_prompt_is_split_and_spread() -> None:
     assert len(sim.smap.splits) == 1 and sim.declined == 0
     assert max(sim.requests) < 0.5 * sum(sim.requests)
     assert all(n >= 10 for n in sim.new_blocks)  # the head, and branches, everywhere
+
+
+def test_a_fan_out_above_a_region_is_not_its_shards_to_split() -> None:
+    """Found by the property above: a head removed (holes in it on every shard), then
+    a sequence past the head's split lands on a branch's shard, where block 0 is the
+    only head block present: that shard must not split there (the branches of block 0
+    live on block 0's shard), or `[100, 41]` is sent where it is not."""
+    sim = SimCluster(2, learner={"children": 2, "hot_share": 0.0, "min_inserts": 1})
+    head = list(range(100, 109))
+    for seq in ([*head, 0], [*head, 1, 0]):
+        sim.request("insert", {"ns": "w", "tokens": _tokens(seq), "meta": 1})
+    assert len(sim.smap.splits) == 1
+    sim.request("remove", {"ns": "w", "tokens": _tokens([*head, 0]), "from": 0})
+    sim.request("insert", {"ns": "w", "tokens": _tokens([100, 41]), "meta": 1})
+    for branch in range(34, 40):  # until one lands on the other shard
+        sim.request("insert", {"ns": "w", "tokens": _tokens([*head, branch]), "meta": 1})
+    assert sim.requests[1] > 0  # a branch is on the other shard
+    assert [s.depth for s in sim.smap.splits.values()] == [9]  # nothing split above
+    got = sim.request("match", {"ns": "w", "tokens": _tokens([100, 41])})
+    assert getattr(got, "blocks", None) == 2

@@ -82,3 +82,13 @@ def test_candidates_are_bounded() -> None:
 def test_bad_settings(kwargs: dict[str, float], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         SplitLearner(2, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_fan_out_inside_the_heads_a_sequence_passes_is_not_proposed() -> None:
+    """Blocks before `region_from` are inside heads (their branches live on other
+    shards): a divergence there is holes in a head, not this shard's fan-out."""
+    learner = SplitLearner(2, children=2, hot_share=0.0, min_inserts=1)
+    ids = chain([1, 2, 3, 4, 5])
+    assert learner.observe("ns", ids, 1, region_from=3) is None
+    assert learner.observe("ns", ids, 3, region_from=3) is None
+    assert learner.observe("ns", ids, 4, region_from=3) is not None  # its region

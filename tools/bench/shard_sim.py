@@ -86,11 +86,12 @@ class SimCluster:
         """The region's shard took an insert whole: its learner sees it; a proposal
         becomes a split (its head copied to every other shard) before the map has it."""
         ids = seq_ids(fields, self.block_tokens, 1 << 30)
-        if ids is None or self.smap.plan(ids).target != shard:
+        plan = None if ids is None else self.smap.plan(ids)
+        if ids is None or plan is None or plan.target != shard:
             return
         ns = str(fields.get("ns", ""))
         prop = self.learners[shard].observe(ns, ids, result.matched_blocks,
-                                            frozenset(self.smap.splits))
+                                            frozenset(self.smap.splits), plan.depth)
         if prop is None:
             return
         prepared = prepare_split(self.indexes[shard], ns, prop.head, shard)
