@@ -7,7 +7,10 @@ block m-1: the prefix `ids[:m]` has one more child. `SplitLearner` counts, per s
 prefix (a *candidate*, keyed by the id of its last block):
 
 - its branches: the new branches seen start at the second (the first child is the
-  chain that was there), so a candidate with `b` divergences has `b + 1` children;
+  chain that was there), so a candidate with `b` divergences has `b + 1` children.
+  Most single divergences are a chain extended (a session's next turn after its
+  last), so a prefix becomes a candidate at its second (the first are remembered in
+  a bounded list);
 - its traffic: the inserts since the candidate appeared that pass through it.
 
 It proposes splitting a candidate once it has at least `children` branches AND
@@ -61,11 +64,15 @@ class SplitLearner:
         self.min_inserts, self.max_candidates = min_inserts, max_candidates
         self.inserts = 0  # inserts observed (this shard's regions)
         self._cands: dict[int, _Candidate] = {}
+        # prefixes seen diverged from once (most are a chain extended: a turn after
+        # the last), oldest first: a second divergence makes one a candidate
+        self._once: dict[int, None] = {}
         self._proposed: set[int] = set()
         self._lows = np.zeros(0, dtype=np.uint64)  # candidates' low words, sorted
         self._dirty = False
 
     def __len__(self) -> int:
+        """Candidates counted (prefixes diverged from twice or more)."""
         return len(self._cands)
 
     def observe(self, ns: str, ids: IdArray, matched: int,
@@ -86,7 +93,14 @@ class SplitLearner:
             return None
         cand = self._cands.get(key)
         if cand is None:
-            cand = self._cands[key] = _Candidate(0, 1)
+            if self.children > 2 and key not in self._once:
+                self._once[key] = None
+                if len(self._once) > 4 * self.max_candidates:
+                    del self._once[next(iter(self._once))]
+                return None
+            seen = int(key in self._once)  # the divergence remembered
+            self._once.pop(key, None)
+            cand = self._cands[key] = _Candidate(seen, 1)
             self._dirty = True
             if len(self._cands) > self.max_candidates:
                 self._forget()

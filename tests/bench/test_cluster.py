@@ -32,23 +32,18 @@ def test_a_tiny_run_reports_every_figure(tmp_path: Path) -> None:
     assert catch["catch_up_s"] > 0 and catch["catch_up_from_checkpoint_s"] > 0
 
 
-def test_skew_follows_block_0() -> None:
-    """Every codeact session starts on the same 1,024 common tokens (64 blocks): one
-    block 0 for every request, so one shard takes them all, at any shard count."""
+def test_skew_block_0_against_the_heads_rule() -> None:
+    """Every codeact session starts on the same 1,024 common tokens (64 blocks): block 0
+    alone puts every request on one shard at any shard count; the heads rule splits
+    the prompts and spreads them, writing the heads once more per extra shard."""
     from tools.bench.cluster import skew
 
-    got = skew("codeact")
-    assert got["requests"] > 100
+    got = skew("codeact", scale=2)
+    assert got["requests"] > 400 and got["rule"] == "heads"
     for n in ("2", "4", "8"):
         shares = got[n]["shares"]
         assert len(shares) == int(n) and abs(sum(shares) - 1) < 1e-9
-        assert got[n]["max_share"] == 1.0
-
-
-def test_skew_at_a_scale() -> None:
-    """`--scale` grows the workload's sessions: more requests, the same one block 0."""
-    from tools.bench.cluster import skew
-
-    one, four = skew("agent"), skew("agent", scale=4)
-    assert four["scale"] == 4 and four["requests"] > 3 * one["requests"]
-    assert four["8"]["max_share"] == 1.0
+        assert got[n]["block0_max_share"] == 1.0
+        assert got[n]["splits"] >= 1 and got[n]["max_share"] < 0.75
+        assert 1.0 < got[n]["write_amplification"] < 1.3
+        assert sum(got[n]["new_blocks"]) > got["single_new_blocks"]

@@ -71,10 +71,16 @@ def test_heads_already_split_and_declined_ones() -> None:
 
 
 def test_candidates_are_bounded() -> None:
+    """A prefix diverged from once is remembered (most are a chain extended), a second
+    time counted; both are bounded."""
     learner = SplitLearner(2, children=50, max_candidates=64)
     for i in range(500):
         learner.observe("ns", chain([i, 1, 2]), 2)
-    assert len(learner) <= 64
+    assert len(learner) == 0
+    for i in range(500):
+        for _ in range(2):
+            learner.observe("ns", chain([10_000 + i, 1, 2]), 2)
+    assert 0 < len(learner) <= 64
 
 
 @pytest.mark.parametrize("kwargs, needle", [({"children": 1}, "children"),

@@ -29,10 +29,12 @@ directory that replays the whole log, and once from a published checkpoint
 The 10M case (about 15 minutes here, most of it the fill) is a documented long run,
 not CI.
 
-`--skew W[,W]`: how a workload's requests spread over 2, 4 and 8 shards under the
-shard rule (block 0 decides; `skew` in the JSON: each shard's share of the requests,
-and `max_share`). Hot system prompts put every request of a trace on one shard; more
-replicas, not more shards, scale such a shard.
+`--skew W[,W]` (`--scale K`): how a workload's requests spread over 2, 4 and 8
+shards under the heads rule (sarpd/cluster/shardmap.py), run over real indexes in one
+process (tools/bench/shard_sim.py): per shard count, each shard's share of the
+requests (`shares`, `max_share`), the shards' summed `new_blocks` over a single
+index's (`write_amplification`), the splits made, and what block 0 alone (the
+version 1 rule) gave (`block0_max_share`).
 
 On this machine every process shares 2 cores, so more replicas do not add CPU: the
 figures say what the cluster's path costs (NATS, the log, the forwarding), and
@@ -313,23 +315,33 @@ def _join(lc: LocalCluster, name: str) -> float:
 
 
 def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8), scale: int = 1) -> dict[str, Any]:
-    """Each shard's share of `workload`'s requests for each shard count (its block 0's
-    internal id under `sarpd.core.shards.shard_of`, as a cluster client routes it:
-    `sarpd.cluster.route.first_block`)."""
+    """How `workload`'s requests spread over 2, 4 and 8 shards, and what the shards
+    write: the heads rule over real indexes in one process (`tools.bench.shard_sim`;
+    each request counted on the shard it is sent to), its summed `new_blocks` over a
+    single index's (`write_amplification`), and block 0's share under the version 1
+    rule (`block0_max_share`)."""
     from sarpd.cluster.route import first_block
     from sarpd.core import shard_of
+    from tools.bench.shard_sim import SimCluster, replay, single_index
     from tools.bench.workloads import get_workload
 
     heads = [first_block({"ns": t.ns, "hashes": [int(t.prompt[0])]}, BT)
              for t in get_workload(workload, scale).turns() if len(t.prompt)]
-    out: dict[str, Any] = {"workload": workload, "scale": scale, "requests": len(heads)}
+    requests, single_new = replay(None, single_index(), get_workload(workload, scale))
+    out: dict[str, Any] = {"workload": workload, "scale": scale, "rule": "heads",
+                           "requests": requests, "single_new_blocks": single_new}
     for n in counts:
-        per = [0] * n
+        before = [0] * n
         for head in heads:
             assert head is not None  # one block given
-            per[shard_of(head, n) or 0] += 1
-        shares = [c / len(heads) if heads else 0.0 for c in per]
-        out[str(n)] = {"shares": shares, "max_share": max(shares)}
+            before[shard_of(head, n) or 0] += 1
+        sim = SimCluster(n)
+        replay(sim, None, get_workload(workload, scale))
+        shares = [c / requests for c in sim.requests]
+        out[str(n)] = {"shares": shares, "max_share": max(shares),
+                       "write_amplification": sum(sim.new_blocks) / max(1, single_new),
+                       "new_blocks": sim.new_blocks, "splits": len(sim.smap.splits),
+                       "block0_max_share": max(before) / max(1, len(heads))}
     return out
 
 
@@ -371,8 +383,9 @@ def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: st
     spread = [skew(w, scale=scale) for w in skew_workloads.split(",") if w]
     for sk in spread:
         click.echo(f"{sk['workload']}: max shard share " + ", ".join(
-            f"{k} shards {v['max_share']:.2f}" for k, v in sk.items() if k.isdigit()),
-            err=True)
+            f"{k} shards {v['max_share']:.3f} (block 0: {v['block0_max_share']:.2f}, "
+            f"written {v['write_amplification']:.3f}x)" for k, v in sk.items()
+            if k.isdigit()), err=True)
     for c in catch:
         click.echo(json.dumps(c), err=True)
     single = results[0]

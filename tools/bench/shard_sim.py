@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from backends.memory import MemoryBackend
 from sarpd.cluster.learner import SplitLearner
 from sarpd.cluster.route import parts, seq_ids
@@ -31,7 +33,7 @@ from sarpd.errors import SarpError
 from sarpd.model import Insert, InsertResult, Match, MatchResult, Remove, RemoveResult
 from sarpd.protocol.requests import BadMessage, Limits, parse_message
 
-__all__ = ["Answer", "SimCluster", "apply"]
+__all__ = ["Answer", "SimCluster", "apply", "replay", "single_index"]
 
 Answer = MatchResult | InsertResult | RemoveResult | SarpError
 
@@ -50,12 +52,13 @@ def apply(index: SarpIndex, op: str, fields: dict[str, Any], limits: Limits,
 
 class SimCluster:
     def __init__(self, shards: int, *, block_tokens: int = 16,
-                 learner: dict[str, Any] | None = None) -> None:
+                 learner: dict[str, Any] | None = None, smap: ShardMap | None = None,
+                 ) -> None:
         cfg = IndexConfig(block_tokens=block_tokens, branch_links=True)
         self.indexes = [SarpIndex(MemoryBackend(), cfg) for _ in range(shards)]
         for ix in self.indexes:
             ix.recover()
-        self.smap = ShardMap(tuple(f"s{i}" for i in range(shards)), 2)
+        self.smap = smap or ShardMap(tuple(f"s{i}" for i in range(shards)), 2)
         self.learners = [SplitLearner(shards, **(learner or {})) for _ in range(shards)]
         self.block_tokens = block_tokens
         self.limits = Limits(block_tokens=block_tokens)
@@ -105,3 +108,33 @@ class SimCluster:
                     if isinstance(w, InsertResult):
                         self.new_blocks[other] += w.new_blocks
         self.smap = self.smap.with_split(prepared.split)
+
+
+def replay(sim: SimCluster | None, one: SarpIndex | None, workload: Any) -> tuple[int, int]:
+    """A workload's turns (`tools.bench.api.Turn`: match the prompt, insert the
+    sequence; ids as `hashes`, the session as meta) through `sim` and/or `one` (a
+    single index). Returns the requests and `one`'s summed `new_blocks`."""
+    limits, n, new = Limits(), 0, 0
+    for turn in workload.turns():
+        for op, raw in (("match", turn.prompt), ("insert", turn.sequence)):
+            if not len(raw):
+                continue
+            ids = np.zeros((len(raw), 2), dtype="<u8")
+            ids[:, 0] = raw
+            fields: dict[str, Any] = {"ns": turn.ns, "hashes": ids.tobytes()}
+            if op == "insert":
+                fields["meta"] = turn.session + 1
+            if sim is not None:
+                sim.request(op, fields)
+            if one is not None:
+                got = apply(one, op, fields, limits, 1)
+                new += got.new_blocks if isinstance(got, InsertResult) else 0
+            n += 1
+    return n, new
+
+
+def single_index(block_tokens: int = 16) -> SarpIndex:
+    """One index as the cluster's shards are built (memory backend)."""
+    ix = SarpIndex(MemoryBackend(), IndexConfig(block_tokens=block_tokens))
+    ix.recover()
+    return ix
