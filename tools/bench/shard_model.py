@@ -1,41 +1,35 @@
-"""A model of the shard rules over a workload (issue 27): requests per shard and the
-blocks written, with no sarpd and no NATS.
+"""The shard rule's alternatives over a workload (issue 27): requests per shard and
+blocks written, each variant run over real indexes in one process.
 
     python -m tools.bench.shard_model codeact,agent --scale 16 --shards 2,4,8
     python -m tools.bench.shard_model codeact --variants heads,heads-hash,block0
 
-It runs the rule the cluster client runs (`sarpd.cluster.shardmap.ShardMap.plan`) and
-the owner's learner (`sarpd.cluster.learner.SplitLearner`) over a workload's turns
-(match the prompt, insert the sequence: two requests). What a shard's index would
-answer as `matched` is read from one set of the stored blocks (what two sequences
-share is on the shard of either: the property tests/cluster/test_shardmap.py checks);
-a split keeps, on its owner, the branches stored before it. Writes are counted as
-the blocks they add: every head block once on every shard, every other block once.
-No removals (the workloads have none).
-
-Variants (the alternatives of docs/DECISIONS.md "Shards that spread shared heads"):
+Each variant is `tools.bench.shard_sim.SimCluster` (the cluster's parts in one
+process: the rule, the learner, the splits) with one thing changed; the figures are
+those of `tools.bench.cluster --skew` (each request counted on the shard it is sent
+to; the shards' summed `new_blocks` over a single index's). The variants are the
+alternatives of docs/DECISIONS.md "Shards that spread shared heads (issue 27)":
 - `block0`: version 1, block 0 decides;
 - `heads`: the rule as built (a bucket placed on the least-loaded shard, a split's
-  kept branches counted as its owner's load; split at 4 branches and 1/4 of an even
-  share of the owner's inserts, at least 32);
+  kept branches counted as its owner's load; a head split at 4 branches carrying 1/4
+  of an even share of its shard's inserts, at least 32);
 - `heads-hash`: branches hashed over the shards (every bucket placed in advance);
 - `heads-nocredit`: least-loaded placement that does not count kept branches;
-- `heads-t2`, `heads-t3`: split at 2 or 3 branches;
-- `heads-cold`: split at 4 branches whatever the head's traffic.
+- `heads-t2`, `heads-t3`: a head split at 2 or 3 branches;
+- `heads-cold`: a head split at 4 branches whatever its traffic.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 import click
 
-from sarpd.cluster.learner import SplitLearner
-from sarpd.cluster.shardmap import ShardMap, Split, keys_of
+from sarpd.cluster.shardmap import ShardMap
+from tools.bench.shard_sim import SimCluster, replay, single_index
 from tools.bench.workloads import get_workload
 
 VARIANTS = ("block0", "heads", "heads-hash", "heads-nocredit", "heads-t2", "heads-t3",
@@ -51,86 +45,31 @@ class _NoCredit(ShardMap):
         return out
 
 
-def _map(variant: str, shards: int) -> ShardMap:
+def variant(name: str, shards: int) -> SimCluster:
+    """A cluster of `shards` shards running variant `name`."""
+    if name not in VARIANTS:
+        raise ValueError(f"variant {name!r} is not one of {', '.join(VARIANTS)}")
     names = tuple(f"s{i}" for i in range(shards))
-    if variant == "block0":
-        return ShardMap(names)
-    smap = (_NoCredit if variant == "heads-nocredit" else ShardMap)(names, 2)
-    if variant == "heads-hash":
+    smap = {"block0": ShardMap(names), "heads-nocredit": _NoCredit(names, 2)}.get(
+        name, ShardMap(names, 2))
+    if name == "heads-hash":
         smap = replace(smap, placements={b: b % shards for b in range(smap.buckets)})
-    return smap
+    learner: dict[str, Any] = {"children": {"heads-t2": 2, "heads-t3": 3}.get(name, 4)}
+    if name == "heads-cold":
+        learner.update(hot_share=0.0, min_inserts=0)
+    return SimCluster(shards, learner=learner, smap=smap)
 
 
-def _learner(variant: str, shards: int) -> SplitLearner:
-    children = {"heads-t2": 2, "heads-t3": 3}.get(variant, 4)
-    if variant == "heads-cold":
-        return SplitLearner(shards, children=children, hot_share=0.0, min_inserts=0)
-    return SplitLearner(shards, children=children)
-
-
-def model(workload: str, scale: int, shards: int, variant: str) -> dict[str, Any]:
-    smap, learner = _map(variant, shards), _learner(variant, shards)
-    learners = [learner] + [_learner(variant, shards) for _ in range(shards - 1)]
-    stored: dict[int, int] = {}  # block -> when it was first stored (insert count)
-    per, inserts, head_blocks = [0] * shards, 0, 0
-    for turn in get_workload(workload, scale).turns():
-        for kind, raw in (("match", turn.prompt), ("insert", turn.sequence)):
-            if not len(raw):
-                continue
-            ids = _ids(raw)
-            plan = smap.plan(ids)
-            if plan.unplaced is not None:
-                smap = smap.with_placement(plan.unplaced, smap.least_loaded())
-                plan = smap.plan(ids)
-            shard = smap.read_shard(ids, plan)
-            per[shard] += 1
-            if kind == "match":
-                continue
-            inserts += 1
-            keys = keys_of(ids)
-            matched = 0
-            while matched < len(keys) and keys[matched] in stored:
-                matched += 1
-            for k in keys[matched:]:
-                stored[k] = inserts
-            if plan.target is None or smap.version == 1:
-                continue
-            split_keys = frozenset(smap.splits)
-            got = learners[plan.target].observe(turn.ns, ids, matched, split_keys)
-            if got is not None:
-                kept = cast(frozenset[int], _StoredBefore(stored, inserts, got.branches))
-                smap = smap.with_split(Split(tuple(keys_of(got.head)), plan.target, kept))
-                head_blocks = len(smap.head_blocks)
-    total = sum(per)
-    unique = len(stored)
-    return {"workload": workload, "scale": scale, "shards": shards, "variant": variant,
-            "requests": total, "shares": [c / total for c in per],
-            "max_share": max(per) / total, "splits": len(smap.splits),
-            "head_blocks": head_blocks,
-            "write_amplification": (unique + (shards - 1) * head_blocks) / unique}
-
-
-class _StoredBefore:
-    """A split's kept branches in the model: a branch (a child of the head: the rule
-    asks only about those) is kept when it was stored before the split; the real
-    owner reads them from its index."""
-
-    def __init__(self, stored: dict[int, int], before: int, count: int) -> None:
-        self.stored, self.before, self.count = stored, before, count
-
-    def __contains__(self, key: object) -> bool:
-        return bool(self.stored.get(key, self.before) < self.before)  # type: ignore[call-overload]
-
-    def __len__(self) -> int:
-        return self.count
-
-
-def _ids(raw: Any) -> Any:
-    import numpy as np
-
-    out = np.zeros((len(raw), 2), dtype=np.uint64)
-    out[:, 0] = raw
-    return out
+def model(workload: str, scale: int, shards: int, name: str,
+          single_new: int | None = None) -> dict[str, Any]:
+    sim = variant(name, shards)
+    requests, _ = replay(sim, None, get_workload(workload, scale))
+    if single_new is None:
+        _, single_new = replay(None, single_index(), get_workload(workload, scale))
+    return {"workload": workload, "scale": scale, "shards": shards, "variant": name,
+            "requests": requests, "shares": [c / requests for c in sim.requests],
+            "max_share": max(sim.requests) / requests, "splits": len(sim.smap.splits),
+            "write_amplification": sum(sim.new_blocks) / max(1, single_new)}
 
 
 @click.command()
@@ -141,23 +80,23 @@ def _ids(raw: Any) -> Any:
               help=f"Comma-separated, of: {', '.join(VARIANTS)}.")
 @click.option("--json", "json_out", is_flag=True, help="One JSON line per run.")
 def main(workloads: str, scale: int, shards: str, variants: str, json_out: bool) -> None:
-    """Requests per shard and blocks written under the shard rules (a model: no
-    sarpd, no NATS). See the module docstring."""
+    """Requests per shard and blocks written under the shard rule's alternatives, over
+    real indexes in one process. See the module docstring."""
+    names = [v for v in variants.split(",") if v]
+    for v in names:
+        if v not in VARIANTS:
+            raise click.BadParameter(f"variant {v!r} is not one of {', '.join(VARIANTS)}")
     for w in (x for x in workloads.split(",") if x):
-        for v in (x for x in variants.split(",") if x):
-            if v not in VARIANTS:
-                raise click.BadParameter(f"variant {v!r} is not one of {', '.join(VARIANTS)}")
+        _, single_new = replay(None, single_index(), get_workload(w, scale))
+        for v in names:
             for n in (int(x) for x in shards.split(",") if x):
                 t0 = time.perf_counter()
-                r = model(w, scale, n, v)
+                r = model(w, scale, n, v, single_new)
                 r["seconds"] = round(time.perf_counter() - t0, 1)
-                if json_out:
-                    click.echo(json.dumps(r))
-                else:
-                    click.echo(f"{w} {v} {n} shards: max share {r['max_share']:.3f} "
-                               f"(target {1.5 / n:.3f}), write amplification "
-                               f"{r['write_amplification']:.3f}, splits {r['splits']}")
-                sys.stdout.flush()
+                click.echo(json.dumps(r) if json_out else (
+                    f"{w} {v} {n} shards: max share {r['max_share']:.3f} (target "
+                    f"{1.5 / n:.3f}), written {r['write_amplification']:.3f}x, "
+                    f"splits {r['splits']}"))
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ class SimCluster:
             got = parts(op, fields, self.smap, self.block_tokens)
         self.requests[got[0][0]] += 1
         answers = [self._on(shard, op, f, protocol) for shard, f in got]
-        if op == "insert" and isinstance(answers[0], InsertResult):
+        if op == "insert" and self.smap.version == 2 and isinstance(answers[0], InsertResult):
             self._learn(fields, got[0][0], answers[0])
         errors = [a for a in answers if isinstance(a, SarpError)]
         return errors[0] if errors else answers[0]
