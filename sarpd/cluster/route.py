@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from sarpd.cluster.shardmap import MAX_HEAD_DEPTH, ShardMap
+from sarpd.cluster.shardmap import MAX_HEAD_DEPTH, ShardMap, check_names
 from sarpd.core.ids import chain_ids, ns_root, salt_ids
-from sarpd.core.shards import check_shards, shard_of
+from sarpd.core.shards import shard_of
 from sarpd.errors import BadRequest, SarpError, UnknownParent
 from sarpd.model import IdArray
 
@@ -53,15 +53,9 @@ def queue_group(shard: str) -> str:
 
 
 def check_map(names: object) -> list[str]:
-    """A shard map as read from the bucket: a non-empty list of distinct names."""
-    if (not isinstance(names, list) or not names
-            or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names)):
-        raise BadRequest(f"shard map: {names!r} is not a list of distinct shard names")
-    try:
-        check_shards(len(names))
-    except ValueError as exc:
-        raise BadRequest(f"shard map: {exc}") from exc
-    return names
+    """A version 1 shard map as read from the bucket: a non-empty list of distinct
+    names (`sarpd.cluster.shardmap.check_names`)."""
+    return list(check_names(names))
 
 
 def first_block(fields: dict[str, Any], block_tokens: int) -> IdArray | None:

@@ -48,7 +48,7 @@ from sarpd.errors import BadRequest
 from sarpd.model import IdArray
 
 __all__ = ["DEFAULT_BUCKETS", "MAX_HEAD_DEPTH", "RULES", "Plan", "ShardMap", "Split",
-           "key_of", "keys_of"]
+           "check_names", "key_of", "keys_of"]
 
 RULES = {1: "block0", 2: "heads"}
 DEFAULT_BUCKETS = 4096
@@ -141,14 +141,14 @@ class ShardMap:
         except ValueError as exc:
             raise BadRequest(f"shard map: not JSON ({exc})") from exc
         if isinstance(doc, list):
-            return ShardMap(_check_names(doc))
+            return ShardMap(check_names(doc))
         if not isinstance(doc, dict) or doc.get("version") != 2 or doc.get("rule") != "heads":
             raise BadRequest(f"shard map: {str(doc)[:200]} is neither a list of shard "
                              "names (version 1) nor {\"version\": 2, \"rule\": \"heads\", ...}")
         buckets = doc.get("buckets", DEFAULT_BUCKETS)
         if type(buckets) is not int or not 1 <= buckets <= MAX_BUCKETS:
             raise BadRequest(f"shard map buckets: {buckets!r} is outside 1..{MAX_BUCKETS}")
-        return ShardMap(_check_names(doc.get("shards")), 2, buckets)
+        return ShardMap(check_names(doc.get("shards")), 2, buckets)
 
     def dumps(self) -> bytes:
         """The document stored under `shards` (the tables are stored apart)."""
@@ -243,7 +243,8 @@ class ShardMap:
         return (s for s in self.splits.values() if s.owner == shard)
 
 
-def _check_names(names: object) -> tuple[str, ...]:
+def check_names(names: object) -> tuple[str, ...]:
+    """A list of shard names as a map holds them: non-empty, distinct, 1..MAX_SHARDS."""
     if (not isinstance(names, list) or not names
             or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names)):
         raise BadRequest(f"shard map: {names!r} is not a list of distinct shard names")
