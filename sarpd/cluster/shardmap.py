@@ -40,7 +40,7 @@ Keys: an internal id as one int, `lo | hi << 64` (`key_of`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from sarpd.core.shards import check_shards
@@ -238,9 +238,6 @@ class ShardMap:
         if plan.target is not None:
             return plan.target
         return int(ids[-1, 0]) % len(self.names)
-
-    def splits_owned(self, shard: int) -> Iterable[Split]:
-        return (s for s in self.splits.values() if s.owner == shard)
 
 
 def check_names(names: object) -> tuple[str, ...]:
