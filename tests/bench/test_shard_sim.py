@@ -13,6 +13,7 @@ from backends.memory import MemoryBackend
 from sarpd.client.fields import tokens_bin
 from sarpd.config import IndexConfig
 from sarpd.core import SarpIndex
+from sarpd.model import InsertResult
 from sarpd.protocol.requests import Limits
 from tools.bench.shard_sim import SimCluster, apply
 
@@ -83,7 +84,8 @@ def test_a_hot_prompt_is_split_and_spread() -> None:
     sim = SimCluster(4, learner={"min_inserts": 4})
     for s in range(64):
         seq = [*range(1000, 1010), s, s + 1]
-        assert sim.request("insert", {"ns": "w", "tokens": _tokens(seq), "meta": s})
+        got = sim.request("insert", {"ns": "w", "tokens": _tokens(seq), "meta": s})
+        assert isinstance(got, InsertResult) and got.blocks == 12
     assert len(sim.smap.splits) == 1 and sim.declined == 0
     assert max(sim.requests) < 0.5 * sum(sim.requests)
     assert all(n >= 10 for n in sim.new_blocks)  # the head, and branches, everywhere
