@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sarpd.cluster.shardmap import MAX_HEAD_DEPTH, ShardMap, check_names
+from sarpd.cluster.shardmap import MAX_HEAD_DEPTH, Plan, ShardMap, check_names
 from sarpd.core.ids import chain_ids, ns_root, salt_ids
 from sarpd.core.shards import shard_of
 from sarpd.errors import BadRequest, SarpError, UnknownParent
@@ -31,7 +31,7 @@ from sarpd.model import IdArray
 
 __all__ = ["BROADCAST_OPS", "REQUEST_PREFIX", "SEQ_OPS", "SHARD_BUCKET", "SHARD_KEY",
            "WRITE_ID_HEADER", "WRITE_OPS", "check_map", "first_block", "head_fields",
-           "merge", "parts", "queue_group", "request_subject", "seq_ids", "target"]
+           "merge", "parts", "parts_of", "queue_group", "request_subject", "seq_ids", "target"]
 
 SHARD_BUCKET = "sarp"
 SHARD_KEY = "shards"
@@ -128,7 +128,13 @@ def parts(op: str, fields: dict[str, Any], smap: ShardMap, block_tokens: int
     ids = seq_ids(fields, block_tokens, MAX_HEAD_DEPTH + 1)
     if ids is None:
         return [(0, fields)]
-    plan = smap.plan(ids)
+    return parts_of(op, fields, smap, block_tokens, ids, smap.plan(ids))
+
+
+def parts_of(op: str, fields: dict[str, Any], smap: ShardMap, block_tokens: int,
+             ids: IdArray, plan: Plan) -> list[tuple[int, dict[str, Any]]] | int:
+    """`parts` for a request whose ids (its first MAX_HEAD_DEPTH + 1 at least) and
+    plan are known."""
     if plan.unplaced is not None:
         return plan.unplaced
     if op not in ("insert", "remove"):

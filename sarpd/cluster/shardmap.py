@@ -210,10 +210,10 @@ class ShardMap:
             return Plan(int(ids[0, 0]) % len(self.names), 0, 0)
         region, depth, shared = key_of(ids[0]), 0, 0
         if self.head_blocks:
-            look = keys_of(ids[: min(n, MAX_HEAD_DEPTH + 1)])
             blocks, splits = self.head_blocks, self.splits
             kept_by: Split | None = None
-            for pos, key in enumerate(look):
+            for pos in range(min(n, MAX_HEAD_DEPTH + 1)):  # only while inside heads
+                key = int(ids[pos, 0]) | int(ids[pos, 1]) << 64
                 if blocks.get(key) != pos:
                     break
                 shared = pos + 1

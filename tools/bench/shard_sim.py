@@ -24,13 +24,13 @@ import numpy as np
 
 from backends.memory import MemoryBackend
 from sarpd.cluster.learner import SplitLearner
-from sarpd.cluster.route import parts, seq_ids
-from sarpd.cluster.shardmap import ShardMap, key_of
+from sarpd.cluster.route import parts_of, seq_ids
+from sarpd.cluster.shardmap import MAX_HEAD_DEPTH, Plan, ShardMap, key_of
 from sarpd.cluster.splits import prepare_split
 from sarpd.config import IndexConfig
 from sarpd.core import SarpIndex
 from sarpd.errors import SarpError
-from sarpd.model import Insert, InsertResult, Match, MatchResult, Remove, RemoveResult
+from sarpd.model import IdArray, Insert, InsertResult, Match, MatchResult, Remove, RemoveResult
 from sarpd.protocol.requests import BadMessage, Limits, parse_message
 
 __all__ = ["Answer", "SimCluster", "apply", "replay", "single_index"]
@@ -68,14 +68,20 @@ class SimCluster:
 
     def request(self, op: str, fields: dict[str, Any], protocol: int = 1) -> Answer:
         """One client request (match, insert, remove by sequence): its answer."""
-        got = parts(op, fields, self.smap, self.block_tokens)
-        while isinstance(got, int):
-            self.smap = self.smap.with_placement(got, self.smap.least_loaded())
-            got = parts(op, fields, self.smap, self.block_tokens)
+        ids = seq_ids(fields, self.block_tokens, MAX_HEAD_DEPTH + 1)
+        if ids is None:
+            self.requests[0] += 1
+            return self._on(0, op, fields, protocol)
+        plan = self.smap.plan(ids)
+        while plan.unplaced is not None:
+            self.smap = self.smap.with_placement(plan.unplaced, self.smap.least_loaded())
+            plan = self.smap.plan(ids)
+        got = parts_of(op, fields, self.smap, self.block_tokens, ids, plan)
+        assert not isinstance(got, int)  # placed above
         self.requests[got[0][0]] += 1
         answers = [self._on(shard, op, f, protocol) for shard, f in got]
         if op == "insert" and self.smap.version == 2 and isinstance(answers[0], InsertResult):
-            self._learn(fields, got[0][0], answers[0])
+            self._learn(str(fields.get("ns", "")), ids, plan, answers[0])
         errors = [a for a in answers if isinstance(a, SarpError)]
         return errors[0] if errors else answers[0]
 
@@ -85,14 +91,13 @@ class SimCluster:
             self.new_blocks[shard] += got.new_blocks
         return got
 
-    def _learn(self, fields: dict[str, Any], shard: int, result: InsertResult) -> None:
+    def _learn(self, ns: str, ids: IdArray, plan: Plan, result: InsertResult) -> None:
         """The region's shard took an insert whole: its learner sees it; a proposal
-        becomes a split (its head copied to every other shard) before the map has it."""
-        ids = seq_ids(fields, self.block_tokens, 1 << 30)
-        plan = None if ids is None else self.smap.plan(ids)
-        if ids is None or plan is None or plan.target != shard:
+        becomes a split (its head copied to every other shard) before the map has it.
+        `ids`: the insert's first MAX_HEAD_DEPTH + 1 ids at most (all a split needs)."""
+        shard = plan.target
+        if shard is None:
             return
-        ns = str(fields.get("ns", ""))
         prop = self.learners[shard].observe(ns, ids, result.matched_blocks,
                                             frozenset(self.smap.splits), plan.depth)
         if prop is None:
