@@ -110,6 +110,14 @@ class Internal(SarpError):
     code = "internal"
 
 
+class Moved(SarpError):
+    """Cluster mode, rule heads (issue 27): the request's `route` is older than the
+    shard's own splits (the sequence's region moved): re-read the shard map, send it
+    again. Nothing was written."""
+
+    code = "moved"
+
+
 class StorageError(SarpError):
     """The backend failed to read or persist: nothing from that batch was acknowledged."""
 

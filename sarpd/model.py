@@ -90,6 +90,7 @@ class Match(Request):
     # its seq, waiting at most after_seq_wait_ms (else `unavailable`); ignored elsewhere
     after_seq: tuple[tuple[str, int], ...] = ()
     after_seq_wait_ms: int = AFTER_SEQ_WAIT_MS
+    route: int | None = None  # cluster mode, rule heads: see `Insert.route`
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -101,6 +102,10 @@ class Insert(Request):
     # protocol 2: blocks already indexed get the insert's meta as one more holder
     # (protocol 1: the first insert wins)
     add_holder: bool = False
+    # cluster mode, rule heads (issue 27): the depth of the deepest split the sender's
+    # shard map has this sequence pass (`sarpd.cluster.shardmap.Plan.depth`); a replica
+    # whose own splits say deeper answers `moved`. None: not routed by a map
+    route: int | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -112,6 +117,7 @@ class Remove(Request):
     ns: str = ""
     ids: IdArray | None = None
     meta: int | None = None  # take only this holder off (None: every holder)
+    route: int | None = None  # cluster mode, rule heads: see `Insert.route`
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -25,6 +25,7 @@ CODES = {
     "Forbidden": "forbidden",
     "QuotaExceeded": "quota_exceeded",
     "Unavailable": "unavailable",
+    "Moved": "moved",
     "Internal": "internal",
     "StorageError": "unavailable",
     "CorruptData": "internal",

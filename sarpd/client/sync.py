@@ -113,20 +113,24 @@ class SyncClient:
     def clear(self, ns: str, mask: int = 0, value: int = 0) -> Result:
         return self._runner.run(self._client.clear(ns, mask, value))
 
-    def cluster_status(self) -> Result:
-        """`ClusterClient.cluster_status` (a SyncClient made by `SyncClient.cluster`)."""
+    def _cluster(self, what: str) -> ClusterClient:
         client = self._client
         if not isinstance(client, ClusterClient):
-            raise BadRequest("cluster_status: this client talks to one sarpd, not a cluster")
-        return self._runner.run(client.cluster_status())
+            raise BadRequest(f"{what}: this client talks to one sarpd, not a cluster")
+        return client
+
+    def cluster_status(self) -> Result:
+        """`ClusterClient.cluster_status` (a SyncClient made by `SyncClient.cluster`)."""
+        return self._runner.run(self._cluster("cluster_status").cluster_status())
+
+    def reshard(self, progress: Callable[[str, int], None] | None = None) -> Result:
+        """`ClusterClient.reshard` (a SyncClient made by `SyncClient.cluster`)."""
+        return self._runner.run(self._cluster("reshard").reshard(progress))
 
     def shard_for(self, tokens: Tokens | None = None, hashes: Ids | None = None,
                   ns: str = "") -> str:
         """`ClusterClient.shard_for` (a SyncClient made by `SyncClient.cluster`)."""
-        client = self._client
-        if not isinstance(client, ClusterClient):
-            raise BadRequest("shard_for: this client talks to one sarpd, not a cluster")
-        return client.shard_for(tokens, hashes, ns)
+        return self._cluster("shard_for").shard_for(tokens, hashes, ns)
 
     def close(self) -> None:
         if self._closed:

@@ -1,6 +1,6 @@
 """A replica's link to its cluster: the NATS connection, its shard's stream, the
-applier (`Replica`), the catch-up a start does before it serves, and the shard map
-(`write_shard_map`, `read_shard_map`)."""
+applier (`Replica`), the catch-up a start does before it serves, its progress
+reports and the cluster's status (the shard map in the KV bucket: sarpd.cluster.mapkv)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,18 @@ from typing import Any
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig
-from nats.js.kv import KeyValue
 
 from sarpd.cluster import checkpoints, log, route
 from sarpd.cluster.log import LogConfigError
-from sarpd.cluster.replica import WRITE_KINDS, Replica, ReplicaIndex, Runner
+from sarpd.cluster.mapkv import bucket, read_shard_map
+from sarpd.cluster.replica import WRITE_KINDS, Replica, Runner
 from sarpd.config import ClusterConfig
+from sarpd.core import SarpIndex
 from sarpd.model import CheckpointResult
 from sarpd.protocol.requests import Limits
 
 __all__ = ["CHECKPOINT_POLL_S", "JS_TIMEOUT_S", "REPORT_S", "SILENT_S", "ClusterNode",
-           "live_floor", "progress_key", "progress_report", "read_reports",
-           "read_shard_map", "read_status", "write_shard_map"]
+           "live_floor", "progress_key", "progress_report", "read_reports", "read_status"]
 
 logger = logging.getLogger("sarpd.cluster.node")
 
@@ -57,42 +56,6 @@ def progress_report(replica: Replica, now: float) -> dict[str, float]:
             "entries_applied": replica.entries_applied, **replica.applied_writes}
 
 
-async def write_shard_map(js: JetStreamContext, names: list[str], replicas: int) -> None:
-    """Store the cluster's shard map (`route.SHARD_BUCKET` / `SHARD_KEY`: the ordered
-    shard names clients route by). Written once, by whoever creates the cluster: a
-    different map over an existing one is refused (it would move every sequence)."""
-    route.check_map(names)
-    kv = await _bucket(js, replicas)
-    try:
-        have = await kv.get(route.SHARD_KEY)
-    except nats.js.errors.KeyNotFoundError:
-        await kv.create(route.SHARD_KEY, json.dumps(names).encode())
-        return
-    old = json.loads(have.value or b"null")
-    if old != names:
-        raise LogConfigError(f"shard map: the cluster has {old}, not {names} (a shard map "
-                             "is fixed: changing it would move sequences between shards)")
-
-
-async def _bucket(js: JetStreamContext, replicas: int) -> KeyValue:
-    """The cluster's KV bucket (the shard map, progress reports), created if missing."""
-    try:
-        return await js.key_value(route.SHARD_BUCKET)
-    except nats.js.errors.BucketNotFoundError:
-        return await js.create_key_value(KeyValueConfig(bucket=route.SHARD_BUCKET, history=1,
-                                                        replicas=replicas))
-
-
-async def read_shard_map(js: JetStreamContext) -> list[str] | None:
-    """The cluster's shard map, or None when none was written."""
-    try:
-        kv = await js.key_value(route.SHARD_BUCKET)
-        entry = await kv.get(route.SHARD_KEY)
-    except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
-        return None
-    return route.check_map(json.loads(entry.value or b"null"))
-
-
 @dataclass(slots=True)
 class ClusterNode:
     nc: NATS
@@ -107,7 +70,7 @@ class ClusterNode:
         return None if ckpt is None else ckpt.age_s(now)
 
     @classmethod
-    async def start(cls, cfg: ClusterConfig, index: ReplicaIndex, limits: Limits,
+    async def start(cls, cfg: ClusterConfig, index: SarpIndex, limits: Limits,
                     run: Runner[object],
                     observe: Callable[[Sequence[float]], None] | None = None) -> ClusterNode:
         """Connect, make sure the shard's stream exists, start applying from the
@@ -118,13 +81,14 @@ class ClusterNode:
         nc = await log.connect(list(cfg.urls), name=f"sarpd-{cfg.shard}-{cfg.replica_id}")
         try:
             js = nc.jetstream(timeout=JS_TIMEOUT_S)
-            names = await read_shard_map(js)
-            if names is not None and cfg.shard not in names:
+            smap = await read_shard_map(js)
+            if smap is not None and cfg.shard not in smap.names:
                 raise LogConfigError(f"shard {cfg.shard}: not in the cluster's shard map "
-                                     f"{names}")
+                                     f"{list(smap.names)}")
             info = await log.ensure_stream(js, cfg.shard, cfg.stream_replicas)
             replica = Replica(index, js, cfg.shard, cfg.replica_id, limits, run,
-                              cfg.publish_retry_s, observe)
+                              cfg.publish_retry_s, observe, smap)
+            await replica.load_splits()
             await replica.start()
             t0, last = time.monotonic(), info.state.last_seq
             logger.info("shard %s: replica %s at seq %d, the log at %d: catching up",
@@ -143,7 +107,7 @@ class ClusterNode:
         return node
 
     async def _checkpoints(self, js: JetStreamContext, cfg: ClusterConfig,
-                           index: ReplicaIndex, run: Runner[object]) -> None:
+                           index: SarpIndex, run: Runner[object]) -> None:
         """Every checkpoint_interval_s, when the applied sequence moved: publish a
         checkpoint (sarpd.cluster.checkpoints). Failures are logged, never fatal."""
         done = 0
@@ -185,7 +149,7 @@ class ClusterNode:
         key = progress_key(cfg.shard, cfg.replica_id)
         while True:
             try:
-                kv = await _bucket(js, cfg.stream_replicas)
+                kv = await bucket(js, cfg.stream_replicas)
                 report = progress_report(self.replica, time.time())
                 await kv.put(key, json.dumps(report).encode())
             except Exception as exc:  # NATS down: the next round tries again
@@ -236,7 +200,8 @@ async def read_status(js: JetStreamContext, now: float | None = None) -> dict[st
     and each replica's report (`_replica`). At the top, the shard map and the blocks
     and segments of every shard (None while a shard's are unknown), and `silent_after_s`
     (SILENT_S: a replica whose report is older is not `live`)."""
-    names = await read_shard_map(js) or []
+    smap = await read_shard_map(js)
+    names = [] if smap is None else list(smap.names)
     reports = await read_reports(js)
     t = time.time() if now is None else now
     shown = names or sorted(reports)
@@ -254,7 +219,10 @@ async def read_status(js: JetStreamContext, now: float | None = None) -> dict[st
                        **_size(replicas), "replicas": replicas,
                        "checkpoint": None if ckpt is None else {
                            "seq": ckpt.seq, "age_s": None if age is None else round(age, 3)}})
-    return {"shard_map": names, "silent_after_s": SILENT_S, "blocks": _total(shards, "blocks"),
+    return {"shard_map": names, "rule": None if smap is None else smap.rule,
+            "splits": None if smap is None else len(smap.splits),
+            "placements": None if smap is None else len(smap.placements),
+            "silent_after_s": SILENT_S, "blocks": _total(shards, "blocks"),
             "segments": _total(shards, "segments"), "shards": shards}
 
 

@@ -54,17 +54,27 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from nats.js import JetStreamContext
 
-from sarpd.cluster import entry, log
-from sarpd.core.segment import Counters
-from sarpd.errors import SarpError, StorageError, Unavailable
-from sarpd.model import CheckpointResult, Clear, Insert, InsertResult, Remove, RemoveResult
+from sarpd.cluster import entry, log, mapkv
+from sarpd.cluster.entry import SplitHead
+from sarpd.cluster.learner import Proposal
+from sarpd.cluster.owner import Owner
+from sarpd.cluster.shardmap import ShardMap, Split, key_of
+from sarpd.cluster.splits import Prepared, prepare_split
+from sarpd.core import SarpIndex, salt_ids
+from sarpd.errors import Moved, SarpError, StorageError, Unavailable
+from sarpd.model import (
+    Clear,
+    Insert,
+    InsertResult,
+    Remove,
+    RemoveResult,
+)
 from sarpd.protocol.requests import Limits
 
 logger = logging.getLogger("sarpd.cluster.replica")
@@ -79,21 +89,6 @@ RETRY_PAUSE_S = 0.5
 FETCH_TIMEOUT_S = 0.05  # how long one pull waits for entries (latency of an idle log)
 # what the applier waits out (reopening its reader) rather than stopping for
 _PASSING: tuple[type[Exception], ...] = (SarpError, OSError, *log.TRANSIENT)
-
-
-class ReplicaIndex(Protocol):
-    """What a replica needs of `sarpd.core.index.SarpIndex`."""
-
-    @property
-    def applied_seq(self) -> int: ...
-
-    @property
-    def counters(self) -> Counters: ...
-
-    def write_many(self, ops: Sequence[Write], applied_seq: int | None = None,
-                   ) -> Sequence[Result]: ...
-
-    def checkpoint(self, dest: Path) -> CheckpointResult: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +119,11 @@ def write_kind(op: Write) -> str:
 
 
 class Replica:
-    def __init__(self, index: ReplicaIndex, js: JetStreamContext, shard: str,
+    def __init__(self, index: SarpIndex, js: JetStreamContext, shard: str,
                  replica_id: str, limits: Limits, run: Runner[object],
                  publish_retry_s: float = log.RETRY_S,
-                 observe: Callable[[Sequence[float]], None] | None = None) -> None:
+                 observe: Callable[[Sequence[float]], None] | None = None,
+                 smap: ShardMap | None = None) -> None:
         self.index, self.js, self.shard, self.replica_id = index, js, shard, replica_id
         self.limits = limits  # an entry's checks, and block_tokens
         self.publish_retry_s = publish_retry_s
@@ -144,6 +140,10 @@ class Replica:
         self.size = Size(counters.blocks, counters.segments)  # as of applied_seq
         self._behind_since: float | None = None  # store time bounding the oldest unapplied
         self.failed = ""  # why the applier stopped for good (a gap in the log)
+        # rule heads: this shard's splits, the fence and the learner (None: rule block0)
+        self.owner = None if smap is None or smap.version == 1 else Owner(
+            smap, shard, lambda seq, n: index.seq_ids(seq, n))
+        self._tasks: set[asyncio.Task[None]] = set()  # split proposals being published
         self.halted = asyncio.Event()  # set with `failed` (what a re-bootstrap waits on)
 
     @property
@@ -172,6 +172,8 @@ class Replica:
         self._task = asyncio.create_task(self._apply_loop(self._reader))
 
     async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -244,22 +246,51 @@ class Replica:
                 logger.warning("shard %s: reopening the reader failed: %s", self.shard, exc)
 
     async def _apply(self, reader: log.ShardReader, run: list[tuple[int, bytes]]) -> None:
+        """Apply a run of entries: its writes as one write batch, cut at each split
+        entry (applied alone, in order: the writes after it are fenced by it)."""
+        decoded: list[tuple[int, Write | SplitHead | SarpError]] = []
+        for seq, raw in run:
+            try:
+                decoded.append((seq, entry.decode(raw, self.limits)))
+            except SarpError as exc:
+                logger.error("shard %s: entry %d does not decode: %s", self.shard, seq, exc)
+                decoded.append((seq, exc))
+        piece: list[tuple[int, Write | SarpError]] = []
+        for seq, op in decoded:
+            if isinstance(op, SplitHead):
+                if piece:
+                    await self._apply_writes(reader, piece)
+                    piece = []
+                await self._apply_split(reader, seq, op)
+            else:
+                piece.append((seq, op))
+        if piece:
+            await self._apply_writes(reader, piece)
+
+    async def _apply_writes(self, reader: log.ShardReader,
+                            run: list[tuple[int, Write | SarpError]]) -> None:
         seqs = [seq for seq, _ in run]
         stored = [reader.stored_at(seq) for seq in seqs]
         self._behind_since = stored[0]
-        decoded: list[Write | SarpError] = []
-        for seq, raw in run:
-            try:
-                decoded.append(entry.decode(raw, self.limits))
-            except SarpError as exc:
-                logger.error("shard %s: entry %d does not decode: %s", self.shard, seq, exc)
-                decoded.append(exc)
-        ops = [op for op in decoded if not isinstance(op, SarpError)]
+        owner = self.owner
 
-        def write() -> tuple[list[Result], Size]:  # the worker thread, between batches
-            results = list(self.index.write_many(ops, applied_seq=seqs[-1]))
+        def write() -> tuple[list[Result], Size, list[Proposal]]:  # the worker thread
+            slots: list[Result | None] = []  # None: the write batch answers it
+            ops: list[Write] = []
+            for _, op in run:
+                moved = None if owner is None or isinstance(op, SarpError | Clear) \
+                    else owner.fence(op)
+                slots.append(op if isinstance(op, SarpError) else moved)
+                if not isinstance(op, SarpError) and moved is None:
+                    ops.append(op)
+            results = iter(self.index.write_many(ops, applied_seq=seqs[-1]))
+            answers = [next(results) if a is None else a for a in slots]
+            proposals = [] if owner is None else [
+                p for (_, op), res in zip(run, answers, strict=True)
+                if isinstance(op, Insert) and isinstance(res, InsertResult)
+                and (p := owner.observe(op, res)) is not None]
             counters = self.index.counters
-            return results, Size(counters.blocks, counters.segments)
+            return answers, Size(counters.blocks, counters.segments), proposals
 
         while True:
             try:
@@ -270,21 +301,116 @@ class Replica:
                              self.shard, seqs[0], seqs[-1], exc)
                 await asyncio.sleep(RETRY_PAUSE_S)
         assert isinstance(done, tuple)
-        results, size = done
-        answers = iter(results)
-        for seq, op in zip(seqs, decoded, strict=True):
-            self._remember(seq, op if isinstance(op, SarpError) else next(answers))
+        answers, size, proposals = done
+        for seq, result in zip(seqs, answers, strict=True):
+            self._remember(seq, result)
         now = time.time()
-        await reader.ack(seqs[-1])
-        async with self._changed:
-            self._applied, self.size = seqs[-1], size
-            self._changed.notify_all()
+        await self._advance(reader, seqs[-1], size)
         self.entries_applied += len(seqs)
-        for op in ops:
-            self.applied_writes[write_kind(op)] += 1
+        for (_, op), result in zip(run, answers, strict=True):
+            if not isinstance(op, SarpError) and not isinstance(result, Moved):
+                self.applied_writes[write_kind(op)] += 1
         self._behind_since = stored[-1]  # entry seqs[-1] + 1 was stored no earlier
         if self._observe is not None:
             self._observe([now - t for t in stored if t is not None])
+        for prop in proposals:
+            self._spawn(self._propose(prop))
+
+    async def _advance(self, reader: log.ShardReader, seq: int, size: Size) -> None:
+        await reader.ack(seq)
+        async with self._changed:
+            self._applied, self.size = seq, size
+            self._changed.notify_all()
+
+    # -- splits (rule heads: sarpd.cluster.owner) --------------------------------------
+    async def load_splits(self) -> None:
+        """This shard's splits recorded in the map at or below the applied sequence
+        (those above it are applied again from the log)."""
+        owner = self.owner
+        smap = await mapkv.read_shard_map(self.js)
+        if owner is None or smap is None:
+            return
+        for split in smap.splits.values():
+            if split.owner == owner.me and split.at <= self._applied:
+                owner.adopt(split)
+
+    async def _propose(self, prop: Proposal) -> None:
+        """A split the learner proposes, as an entry in this shard's log (its msg id
+        names the head: replicas proposing it alike add one entry)."""
+        ext = salt_ids(prop.ns, prop.head)
+        last = key_of(prop.head[-1])
+        try:
+            await log.publish(self.js, self.shard, entry.encode_split(prop.ns, ext),
+                              f"split.{last:032x}", retry_s=self.publish_retry_s)
+        except Exception as exc:  # a later proposal tries again
+            logger.warning("shard %s: proposing a split failed: %s", self.shard, exc)
+            assert self.owner is not None
+            self.owner.learner.declined(last)
+
+    async def _apply_split(self, reader: log.ShardReader, seq: int, op: SplitHead) -> None:
+        """A split entry: the head's kept branches and holders read from the index as
+        of this point of the log, its blocks written to every other shard's log, the
+        split recorded in the map; only then is the entry applied (a replica stopped
+        half-way does it again from the log). Retried until it is done."""
+        while True:  # every step is idempotent (msg ids, KV create): try it again
+            try:
+                split = await self._make_split(op, seq)
+                break
+            except Exception as exc:  # the entry cannot be skipped: never the applier's end
+                logger.warning("shard %s: applying split entry %d failed (%r); retrying",
+                               self.shard, seq, exc)
+                await asyncio.sleep(RETRY_PAUSE_S)
+        owner = self.owner
+        if split is not None and owner is not None:
+            owner.adopt(split)
+            logger.info("shard %s: split a head of %d blocks at seq %d, %d branches kept",
+                        self.shard, split.depth, seq, len(split.kept))
+
+        def mark() -> Size:
+            self.index.write_many([], applied_seq=seq)
+            counters = self.index.counters
+            return Size(counters.blocks, counters.segments)
+
+        size = await self._run(mark)
+        assert isinstance(size, Size)
+        self._remember(seq, RemoveResult(0))
+        await self._advance(reader, seq, size)
+        self.entries_applied += 1
+
+    async def _make_split(self, op: SplitHead, seq: int) -> Split | None:
+        owner = self.owner
+        if owner is None:
+            logger.error("shard %s: split entry %d in a cluster of rule block0: ignored",
+                         self.shard, seq)
+            return None
+        head = salt_ids(op.ns, op.ids)
+        last = key_of(head[-1])
+        if owner.has(last):
+            return None
+        names = owner.own.names
+        recorded = await mapkv.recorded_split(self.js, last, len(names))
+        if recorded is not None:
+            return recorded
+        prepared = await self._run(lambda: prepare_split(self.index, op.ns, head, owner.me))
+        if prepared is None:  # a hole in the head: not split now
+            owner.learner.declined(last)
+            return None
+        assert isinstance(prepared, Prepared)
+        seeds: dict[str, int] = {}
+        for name in names:
+            if name == self.shard:
+                continue
+            for i, write in enumerate(prepared.seed):
+                seeds[name], _ = await log.publish(
+                    self.js, name, entry.encode(write, self.limits),
+                    f"seed.{last:032x}.{i}", retry_s=self.publish_retry_s)
+        split = replace(prepared.split, seeds=seeds, at=seq)
+        return await mapkv.record_split(self.js, split, len(names))
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _remember(self, seq: int, result: Result) -> None:
         self._recent[seq] = result

@@ -29,12 +29,18 @@ from sarpd.core.shards import shard_of
 from sarpd.errors import BadRequest, SarpError, UnknownParent
 from sarpd.model import IdArray
 
-__all__ = ["BROADCAST_OPS", "REQUEST_PREFIX", "SEQ_OPS", "SHARD_BUCKET", "SHARD_KEY",
-           "WRITE_ID_HEADER", "WRITE_OPS", "check_map", "first_block", "head_fields",
-           "merge", "parts", "parts_of", "queue_group", "request_subject", "seq_ids", "target"]
+__all__ = ["BROADCAST_OPS", "PLACE_PREFIX", "REQUEST_PREFIX", "SEQ_OPS", "SHARD_BUCKET",
+           "SHARD_KEY", "SPLIT_PREFIX", "WRITE_ID_HEADER", "WRITE_OPS", "check_map",
+           "first_block", "head_fields", "merge", "parts", "parts_of", "queue_group",
+           "request_subject", "seq_ids", "target"]
 
 SHARD_BUCKET = "sarp"
 SHARD_KEY = "shards"
+# a version 2 map's tables in the bucket (sarpd.cluster.shardmap): one key per entry,
+# created once (a second writer reads the first's): `split.<last id, 32 hex digits>`
+# -> the split's JSON (`Split.to_json`), `place.<bucket>` -> the shard's index
+SPLIT_PREFIX = "split."
+PLACE_PREFIX = "place."
 REQUEST_PREFIX = "sarp.req."
 # a NATS request's header naming its write: a client that resends a write (its reply
 # was lost) sends the same id, and the log applies it once (its duplicate window)

@@ -43,7 +43,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from sarpd.core.shards import check_shards
+from sarpd.core.shards import MAX_HEAD_DEPTH, check_shards
 from sarpd.errors import BadRequest
 from sarpd.model import IdArray
 
@@ -53,7 +53,6 @@ __all__ = ["DEFAULT_BUCKETS", "MAX_HEAD_DEPTH", "RULES", "Plan", "ShardMap", "Sp
 RULES = {1: "block0", 2: "heads"}
 DEFAULT_BUCKETS = 4096
 MAX_BUCKETS = 1 << 20
-MAX_HEAD_DEPTH = 4096  # blocks: a deeper shared prefix is not split (and maps stay small)
 
 
 def key_of(row: IdArray) -> int:
@@ -73,6 +72,7 @@ class Split:
     owner: int  # the shard that held the head's region when it was split
     kept: frozenset[int]  # the branches (ids at position depth) the owner keeps
     seeds: Mapping[str, int] = field(default_factory=dict)  # shard -> log seq of its head copy
+    at: int = 0  # the owner's log seq of the split's entry (0: made outside a log)
 
     @property
     def depth(self) -> int:
@@ -84,7 +84,8 @@ class Split:
 
     def to_json(self) -> dict[str, object]:
         return {"head": [f"{k:032x}" for k in self.head], "owner": self.owner,
-                "kept": sorted(f"{k:032x}" for k in self.kept), "seeds": dict(self.seeds)}
+                "kept": sorted(f"{k:032x}" for k in self.kept), "seeds": dict(self.seeds),
+                "at": self.at}
 
     @staticmethod
     def from_json(doc: object, shards: int) -> Split:
@@ -93,7 +94,7 @@ class Split:
         try:
             head = tuple(int(h, 16) for h in doc["head"])
             kept = frozenset(int(h, 16) for h in doc["kept"])
-            owner, seeds = doc["owner"], doc.get("seeds", {})
+            owner, seeds, at = doc["owner"], doc.get("seeds", {}), doc.get("at", 0)
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequest(f"split: {exc!r} in {str(doc)[:200]}") from exc
         if not 1 <= len(head) <= MAX_HEAD_DEPTH:
@@ -103,7 +104,9 @@ class Split:
         if not isinstance(seeds, dict) or not all(
                 isinstance(k, str) and type(v) is int and v >= 0 for k, v in seeds.items()):
             raise BadRequest(f"split seeds: {seeds!r} is not a map of shard -> seq")
-        return Split(head, owner, kept, dict(seeds))
+        if type(at) is not int or at < 0:
+            raise BadRequest(f"split at: {at!r} is not a log sequence")
+        return Split(head, owner, kept, dict(seeds), at)
 
 
 @dataclass(frozen=True, slots=True)

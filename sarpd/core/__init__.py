@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from sarpd.core.directory import Directory, DirectoryArrays
     from sarpd.core.ids import HASH_NAME, chain_ids, check_sequence_tokens, ns_root, salt_ids
     from sarpd.core.index import RecoveryReport, SarpIndex, WriteOp
-    from sarpd.core.inspection import branches, dump_or_error
+    from sarpd.core.inspection import ChainStarts, branches, chain_starts, dump_or_error
     from sarpd.core.segment import MANIFEST_KEY, Counters, Segment, block_keys, seg_key
     from sarpd.core.shards import check_shards, shard_of
     from sarpd.core.snapshot import PendingSnapshot
@@ -39,6 +39,7 @@ __all__ = [
     "Activity",
     "BulkBuilder",
     "BulkReport",
+    "ChainStarts",
     "Counters",
     "Directory",
     "DirectoryArrays",
@@ -51,6 +52,7 @@ __all__ = [
     "block_keys",
     "branches",
     "chain_ids",
+    "chain_starts",
     "check_sequence_tokens",
     "check_shards",
     "data_paths",
@@ -72,6 +74,7 @@ _HOME = {
     "Directory": "directory", "DirectoryArrays": "directory",
     "RecoveryReport": "index", "SarpIndex": "index", "WriteOp": "index",
     "branches": "inspection", "dump_or_error": "inspection",
+    "ChainStarts": "inspection", "chain_starts": "inspection",
     "MANIFEST_KEY": "segment", "Counters": "segment", "Segment": "segment",
     "block_keys": "segment", "seg_key": "segment",
     "check_shards": "shards", "shard_of": "shards",

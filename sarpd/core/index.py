@@ -72,6 +72,7 @@ from sarpd.model import (
     MatchResult,
     Remove,
     RemoveResult,
+    SeqSpec,
     SnapshotResult,
 )
 
@@ -227,6 +228,16 @@ class SarpIndex:
                 progress and progress(n, total)
                 cache.clear()
         return n
+
+    def seq_ids(self, seq: SeqSpec, limit: int | None = None) -> IdArray:
+        """A sequence's internal ids (THE rule: `Store.seq_ids`), its first `limit`
+        blocks only when given."""
+        if limit is not None:
+            if seq.tokens is not None:
+                seq = SeqSpec(seq.ns, tokens=seq.tokens[: limit * self.cfg.block_tokens])
+            elif seq.hashes is not None:
+                seq = SeqSpec(seq.ns, hashes=seq.hashes[:limit])
+        return self.store.seq_ids(seq)
 
     # -- match ---------------------------------------------------------------------
     def match_many(self, reqs: Sequence[Match]) -> list[MatchResult | SarpError]:

@@ -1,6 +1,7 @@
-"""Read-only inspection: one sequence for the `dump` op (`sarpctl dump`), and the
+"""Read-only inspection: one sequence for the `dump` op (`sarpctl dump`), the
 branches after a chain (`branches`: what a cluster's region owner keeps when it splits
-a shared head, issue 27).
+a shared head, issue 27), and every chain's first block (`chain_starts`: what
+`sarpctl cluster reshard` places).
 
 For each 64-block window of the sequence, from window 0: every lattice offset's
 routing key and its posting list in the routing directory (live entries only), the
@@ -17,6 +18,8 @@ sequences (docs/DECISIONS.md, "Ids and namespaces").
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,11 +28,18 @@ from sarpd.core import verify
 from sarpd.core.directory import DEAD
 from sarpd.core.ids import id_bytes, salt_ids
 from sarpd.core.index import SarpIndex
-from sarpd.core.segment import LINK_PREFIX, Segment
+from sarpd.core.segment import (
+    LINK_PREFIX,
+    SEG_PREFIX,
+    Segment,
+    decode_segment,
+    seg_id_of_key,
+)
 from sarpd.errors import SarpError
 from sarpd.model import IdArray, SeqSpec, ids_from_bytes, ids_to_bytes
 
 MAX_WINDOWS = 64  # windows reported at most
+SCAN_BATCH = 4096  # segments between two progress calls (chain_starts)
 MAX_POSTINGS = 32  # posting entries listed per routing key (the count is always given)
 
 
@@ -144,3 +154,38 @@ def branches(index: SarpIndex, head: IdArray) -> IdArray:
         keys = [k for k, _ in index.store.scan(start, start + b"\xff" * 17)]
         out = ids_from_bytes(b"".join(k[len(start):] for k in keys if k.startswith(start)))
     return np.unique(out, axis=0) if len(out) else out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ChainStarts:
+    """What `chain_starts` found: every chain's block 0 and the branch links' cover."""
+
+    firsts: IdArray  # internal ids at position 0, present or not, each once, sorted
+    window_starts: int  # distinct blocks at a window start past window 0
+    unlinked: int  # those no branch link names as a child (data written without links)
+
+
+def chain_starts(index: SarpIndex, progress: Callable[[int], None] | None = None,
+                 ) -> ChainStarts:
+    """One pass over every segment (offline work: a reshard). `progress`: called with
+    the segments read so far, every SCAN_BATCH."""
+    firsts: list[IdArray] = []
+    starts: list[IdArray] = []
+    # a segment's window and first block never change (its later records, issue 24,
+    # extend or refill it): its base record says both
+    for n, (key, value) in enumerate(index.store.scan(SEG_PREFIX, b"T"), 1):
+        seg = decode_segment(value, seg_id_of_key(key), index.store.k)
+        (firsts if seg.window == 0 else starts).append(seg.ids[:1])
+        if progress is not None and n % SCAN_BATCH == 0:
+            progress(n)
+    linked = {k[1 + 16:] for k, _ in index.store.scan(LINK_PREFIX, LINK_PREFIX + b"\xff")}
+    heads = _unique(firsts)
+    window = _unique(starts)
+    unlinked = sum(1 for row in window if id_bytes(row) not in linked)
+    return ChainStarts(heads, len(window), unlinked)
+
+
+def _unique(rows: list[IdArray]) -> IdArray:
+    if not rows:
+        return np.zeros((0, 2), dtype=np.uint64)
+    return np.unique(np.concatenate(rows), axis=0)

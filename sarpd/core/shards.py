@@ -19,6 +19,9 @@ from __future__ import annotations
 from sarpd.model import IdArray
 
 MAX_SHARDS = 1024  # a shard is a stream and a set of replicas: far fewer in practice
+# the deepest shared head a cluster splits (issue 27: sarpd.cluster.shardmap), in
+# blocks: deeper prefixes are not split, and a request's `route` is at most this
+MAX_HEAD_DEPTH = 4096
 
 
 def check_shards(shards: int) -> None:

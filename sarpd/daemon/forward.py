@@ -70,6 +70,12 @@ class Forwarder:
             if want > self.replica.applied_seq:
                 self._spawn(self._after_seq(conn, req, want))
                 return True
+        owner = self.replica.owner
+        if isinstance(req, Match) and owner is not None:
+            moved = owner.fence(req)  # rule heads: a route older than this shard's splits
+            if moved is not None:
+                self._server.reject(conn, req, moved)
+                return True
         return False
 
     async def _after_seq(self, conn: Connection, req: Match, want: int) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from sarpd import model
 from sarpd.core.ids import check_sequence_tokens
-from sarpd.core.shards import MAX_SHARDS  # the shards `after_seq` may name
+from sarpd.core.shards import MAX_HEAD_DEPTH, MAX_SHARDS  # `route`; the shards `after_seq` may name
 from sarpd.errors import BadRequest, ConfigError, Internal, SarpError, TooLarge, UnknownOp
 from sarpd.model import IdArray, Request, U32Array, U64Array
 
@@ -127,6 +127,7 @@ class Fields(msgspec.Struct, forbid_unknown_fields=True, gc=False, rename={"from
     protocol: int | None = None
     after_seq: dict[str, int] | None = None
     after_seq_wait_ms: int | None = None
+    route: int | None = None
     source: str | None = None
     counters: dict[str, int | float] | None = None
 
@@ -248,7 +249,7 @@ def _op_match(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
         raise BadRequest(f"after_seq_wait_ms: {wait:,} exceeds {MAX_AFTER_SEQ_WAIT_MS:,}")
     return model.Match(rid, seq=_seq(f, limits, "match"), with_ids=_bool("with_ids", f.with_ids),
                        holders=k, spans=_bool("spans", f.spans), after_seq=_after_seq(f.after_seq),
-                       after_seq_wait_ms=wait)
+                       after_seq_wait_ms=wait, route=_route(f))
 
 
 def _after_seq(v: object) -> tuple[tuple[str, int], ...]:
@@ -273,8 +274,11 @@ def _op_insert(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
     if f.meta is None:
         raise BadRequest("meta: missing (one uint for all blocks, or one per block)")
     meta = _meta(f.meta, seq.blocks(limits.block_tokens), limits)
+    if f.parent is not None:
+        _refuse(f.route, "insert after a parent", "route")
     return model.Insert(rid, seq=seq, meta=meta, add_holder=protocol >= 2,
-                        parent=None if f.parent is None else _one_id(f.parent, "parent"))
+                        parent=None if f.parent is None else _one_id(f.parent, "parent"),
+                        route=_route(f))
 
 
 def _op_remove(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
@@ -286,12 +290,21 @@ def _op_remove(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:
     if f.ids is not None:
         if f.from_ is not None:
             raise BadRequest("from: only with tokens or hashes, not with ids")
+        _refuse(f.route, "remove by ids", "route")
         return model.Remove(rid, ns=_ns(f.ns, limits), ids=_ids(f.ids, "ids", limits),
                             meta=holder)
     if seq is None:
         raise BadRequest("remove: needs tokens or hashes (with optional from), or ns and ids")
     start = 0 if f.from_ is None else check_uint("from", f.from_)
-    return model.Remove(rid, seq=seq, start=start, ns=seq.ns, meta=holder)
+    return model.Remove(rid, seq=seq, start=start, ns=seq.ns, meta=holder, route=_route(f))
+
+
+def _route(f: Fields) -> int | None:
+    """`route` (cluster mode, rule heads): the depth of the deepest split the sender's
+    shard map has the sequence pass, 0..MAX_HEAD_DEPTH blocks."""
+    if f.route is None:
+        return None
+    return check_uint("route", f.route, MAX_HEAD_DEPTH + 1, f"depth in 0..{MAX_HEAD_DEPTH}")
 
 
 def _op_clear(rid: int, f: Fields, limits: Limits, protocol: int) -> Request:

@@ -273,7 +273,7 @@ def _unsendable(msg: Mapping[str, Any]) -> BadRequest:
 
 _ERROR_CLASSES: dict[str, type[SarpError]] = {cls.code: cls for cls in (
     BadRequest, errors.UnknownOp, errors.UnknownParent, errors.TooLarge, errors.Busy,
-    errors.Forbidden, errors.Unavailable, errors.Internal, errors.QuotaExceeded)}
+    errors.Forbidden, errors.Unavailable, errors.Internal, errors.QuotaExceeded, errors.Moved)}
 
 
 def error_from_code(code: str, message: str) -> SarpError:

@@ -14,7 +14,7 @@ from backends.memory import MemoryBackend
 from sarpd.config import IndexConfig
 from sarpd.core.ids import chain_ids, id_bytes, salt_ids, token_ids
 from sarpd.core.index import SarpIndex
-from sarpd.core.inspection import branches, dump_or_error, dump_sequence
+from sarpd.core.inspection import branches, chain_starts, dump_or_error, dump_sequence
 from sarpd.core.segment import seg_key
 from sarpd.errors import SarpError, TooLarge
 from sarpd.model import Insert, Match, MatchResult, Remove, SeqSpec, ids_to_bytes
@@ -167,3 +167,32 @@ def test_branches_at_a_window_start_need_the_links() -> None:
     assert branches(ix, ids[:3]).tolist() == ids[3:4].tolist()
     with pytest.raises(ValueError, match="branch_links"):
         branches(ix, ids[:8])
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_chain_starts_are_every_chain_s_first_block_and_say_what_links_miss(
+        links: bool) -> None:
+    """`chain_starts` against what was written: every sequence's block 0 (removed ones
+    too: their segments stay), and the window-start blocks no branch link names (all of
+    them without links, none with)."""
+    ix = index(IndexConfig(segment_blocks=8, branch_links=links))
+    rng = np.random.default_rng(5)
+    firsts, starts = set(), set()
+    seqs = []
+    for i in range(40):
+        t = rng.integers(0, 1 << 30, 16 * int(rng.integers(1, 30))).astype(np.uint32)
+        if seqs and i % 3 == 0:  # a branch of an earlier sequence
+            base = seqs[int(rng.integers(len(seqs)))]
+            t = np.concatenate([base[: 16 * int(rng.integers(1, len(base) // 16 + 1))], t])
+        seqs.append(t)
+        ns = f"n{i % 2}"
+        ix.write_many([Insert(0, SeqSpec(ns, tokens=t), meta=i)])
+        ids = token_ids(ns, t, 16)
+        firsts.add(id_bytes(ids[0]))
+        starts.update(id_bytes(ids[p]) for p in range(8, len(ids), 8))
+    ix.write_many([Remove(0, seq=SeqSpec("n0", tokens=seqs[0]), ns="n0")])
+    seen: list[int] = []
+    got = chain_starts(ix, seen.append)
+    assert {id_bytes(r) for r in got.firsts} == firsts and len(got.firsts) == len(firsts)
+    assert got.window_starts == len(starts)
+    assert got.unlinked == (0 if links else len(starts))

@@ -119,7 +119,7 @@ def test_cluster_status_shows_each_replica_s_progress(tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, doc
             time.sleep(0.2)
-        assert doc["shard_map"] == ["s0"] and shard["last_seq"] == 5
+        assert doc["shard_map"] == ["s0"] and shard["last_seq"] == 5 and doc["rule"] == "block0"
         assert shard["first_seq"] in (1, 6)  # trimmed below the checkpoint at 5, or not yet
         assert [r["replica"] for r in shard["replicas"]] == ["r0", "r1"]
         assert all(r["lag"] == 0 and r["report_age_s"] < 15 for r in shard["replicas"])
@@ -218,6 +218,12 @@ def test_the_status_text_says_what_is_unknown_and_who_is_silent() -> None:
          "replicas": []}]}
     got = status_lines("nats://h:4222", doc)
     assert got[0] == "cluster nats://h:4222: shards s0, s1; blocks -, segments -"
-    assert got[1].endswith("no checkpoint; blocks unknown (no replica reported them)")
-    assert got[2] == "  r0: applied 9, lag 0, report 42.0 s ago (silent: not live)"
-    assert got[4] == "  (no replica reported)"
+    assert got[1] == "rule: unknown (no shard map in the cluster's bucket)"
+    assert got[2].endswith("no checkpoint; blocks unknown (no replica reported them)")
+    assert got[3] == "  r0: applied 9, lag 0, report 42.0 s ago (silent: not live)"
+    assert got[5] == "  (no replica reported)"
+    doc["rule"], doc["splits"], doc["placements"] = "heads", 3, 41
+    assert status_lines("nats://h:4222", doc)[1].startswith("rule: heads (shard map version 2")
+    assert status_lines("nats://h:4222", doc)[1].endswith(": 3 splits, 41 buckets placed")
+    doc["rule"] = "block0"
+    assert status_lines("nats://h:4222", doc)[1].startswith("rule: block0 (shard map version 1")

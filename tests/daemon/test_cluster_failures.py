@@ -9,7 +9,11 @@ one shard of 2 sarpd replicas, writers and a matcher through `SyncClient.cluster
    acknowledged and lost), matches keep answering from the replicas; writes resume
    once the quorum is back.
 After it all, every acknowledged insert matches in full, with its meta, on every
-replica.
+replica (of its shard).
+
+Under both rules: block0 (one shard, sequences apart), and heads (issue 27: two shards,
+every sequence after one hot prompt, so its shard splits it mid-run and writes go to
+both shards' logs, acknowledged when both took them).
 
 `make test` runs one round of kills 1 and 2 with 1.5 s of load before each. The long
 run repeats them (a different NATS node and replica each round):
@@ -37,16 +41,19 @@ ROUNDS = int(os.environ.get("SARP_CLUSTER_ROUNDS", "1"))  # rounds of kills 1 an
 LOAD_S = float(os.environ.get("SARP_CLUSTER_LOAD_S", "1.5"))  # load before each kill
 
 
-def toks(k: int, i: int) -> list[int]:
+PROMPT = [int(t) for t in np.random.default_rng(7).integers(0, 2**32, 3 * BT)]
+
+
+def toks(k: int, i: int, prompt: bool = False) -> list[int]:
     rng = np.random.default_rng(k * 100_003 + i)
-    return [int(t) for t in rng.integers(0, 2**32, (1 + i % 3) * BT)]
+    return (PROMPT if prompt else []) + [int(t) for t in rng.integers(0, 2**32, (1 + i % 3) * BT)]
 
 
 class Load:
     """Writer threads (each its own cluster client) recording what was acknowledged."""
 
-    def __init__(self, urls: list[str], writers: int = 2) -> None:
-        self.urls, self.stop = urls, threading.Event()
+    def __init__(self, urls: list[str], writers: int = 2, prompt: bool = False) -> None:
+        self.urls, self.stop, self.prompt = urls, threading.Event(), prompt
         self.acked: list[tuple[list[int], int, float]] = []  # tokens, meta, when
         self.unavailable = 0
         self.errors: list[str] = []  # anything else a write answered (a bug)
@@ -58,7 +65,7 @@ class Load:
         with SyncClient.cluster(self.urls, timeout=30) as c:
             i = 0
             while not self.stop.is_set():
-                tokens, meta = toks(k, i), k * 1_000_000 + i
+                tokens, meta = toks(k, i, self.prompt), k * 1_000_000 + i
                 try:
                     c.insert(tokens=tokens, meta=meta)
                     with self.lock:
@@ -95,25 +102,44 @@ def wait_for_acks(load: Load, since: float, timeout_s: float = 30.0) -> None:
 
 
 def all_acked_everywhere(lc: LocalCluster, acked: list[tuple[list[int], int, float]]) -> None:
+    """Every acknowledged insert, in full on every replica of its shard (through the
+    cluster, and on each replica's socket); its own blocks with its meta (a shared
+    prompt's keep their first writer's)."""
+    assert lc.nats is not None
+    deadline = time.monotonic() + 60
+    with SyncClient.cluster(lc.nats.urls, timeout=30) as cc:  # a new client: it wrote
+        where = [cc.shard_for(tokens=tokens) for tokens, _, _ in acked]  # nothing, so a
+        for tokens, meta, _ in acked:  # replica that has not applied the newest may answer
+            while (got := cc.match(tokens=tokens))["blocks"] != len(tokens) // BT:
+                assert time.monotonic() < deadline, got["blocks"]
+                time.sleep(0.05)
+            assert got["meta"][-1] == meta
     deadline = time.monotonic() + 60
     for p in lc.procs:
         with SyncClient(p.socket) as c:
-            for tokens, meta, _ in acked:
+            for (tokens, meta, _), shard in zip(acked, where, strict=True):
+                if shard != p.shard:
+                    continue
                 while (got := c.match(tokens=tokens))["blocks"] != len(tokens) // BT:
-                    assert time.monotonic() < deadline, (p.name, got["blocks"])
+                    assert time.monotonic() < deadline, (p.shard, p.name, got["blocks"],
+                                                         c.stats().get("cluster"))
                     time.sleep(0.05)
-                assert got["meta"] == [meta] * (len(tokens) // BT)
+                own = (len(tokens) - (len(PROMPT) if len(tokens) > len(PROMPT) and
+                                      tokens[: len(PROMPT)] == PROMPT else 0)) // BT
+                assert got["meta"][-own:] == [meta] * own
 
 
 @pytest.mark.timeout(300 + ROUNDS * (60 + 4 * LOAD_S))
-def test_kills_of_every_kind_lose_nothing_acknowledged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rule", ["block0", "heads"])
+def test_kills_of_every_kind_lose_nothing_acknowledged(tmp_path: Path, rule: str) -> None:
     cfg = tmp_path / "replica.toml"
     cfg.write_text("[cluster]\npublish_retry_s = 12.0\nwrite_timeout_s = 30.0\n")
-    with local_sarp_cluster(tmp_path / "cl", nats_nodes=3, replicas=2, shards=1,
-                            config=cfg) as lc:
+    heads = rule == "heads"
+    with local_sarp_cluster(tmp_path / "cl", nats_nodes=3, replicas=2, shards=2 if heads else 1,
+                            config=cfg, rule=rule) as lc:
         assert lc.nats is not None
         urls = lc.nats.urls
-        with Load(urls) as load:
+        with Load(urls, prompt=heads) as load:
             for r in range(ROUNDS):
                 time.sleep(LOAD_S)
                 t_kill = time.monotonic()
@@ -129,6 +155,9 @@ def test_kills_of_every_kind_lose_nothing_acknowledged(tmp_path: Path) -> None:
         acked = list(load.acked)
         assert len(acked) > 20 and not load.errors, load.errors
         all_acked_everywhere(lc, acked)
+        if heads:  # the hot prompt was split while the kills went on
+            with SyncClient.cluster(urls, timeout=30) as c:
+                assert c.cluster_status()["splits"] >= 1
         # 3. a majority of NATS nodes: no quorum
         with SyncClient.cluster(urls, timeout=30) as c:
             lc.nats.kill(1)

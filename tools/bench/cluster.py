@@ -50,6 +50,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,9 @@ import numpy as np
 from sarpd.client import Client, ClusterClient, Ops
 from sarpd.cluster import checkpoints, log
 from sarpd.ctl.common import write_json
-from sarpd.errors import Unavailable
+from sarpd.errors import SarpError, Unavailable
 from tools.bench.spawn import start_daemon, stop_daemon
-from tools.cluster.local import LocalCluster, ReplicaProc
+from tools.cluster.local import LocalCluster, ReplicaProc, local_sarp_cluster
 
 BT = 16
 CORES = 2
@@ -345,6 +346,66 @@ def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8), scale: int = 1) -> 
     return out
 
 
+EXACT_FIELDS = ("blocks", "meta", "matched_blocks", "removed")  # what a router reads
+
+
+def exact(base: Path, workload: str, counts: tuple[int, ...] = (2, 4), scale: int = 1,
+          ) -> list[dict[str, Any]]:
+    """`workload`'s requests (`tools.bench.shard_sim.requests`: match each prompt,
+    insert each sequence) through a single sarpd and through a cluster of the heads
+    rule per shard count (real processes: 1 NATS node, one replica per shard), every
+    answer compared (`EXACT_FIELDS`: a match's blocks and metas, an insert's blocks
+    and matched blocks; an error's code). One row per shard count."""
+    from tools.bench.shard_sim import requests
+    from tools.bench.workloads import get_workload
+    reqs = list(requests(get_workload(workload, scale)))
+    proc, sock = start_daemon(base / f"exact-single-{_slug(workload)}", sync="always")
+    try:
+        want = asyncio.run(_answers(lambda: Client.connect(sock), reqs))
+    finally:
+        stop_daemon(proc, sock)
+    rows = []
+    for n in counts:
+        with local_sarp_cluster(base / f"exact-{_slug(workload)}-{n}", nats_nodes=1,
+                                replicas=1, shards=n, rule="heads") as lc:
+            assert lc.nats is not None
+            urls = lc.nats.urls
+            got = asyncio.run(_answers(partial(ClusterClient.open, urls), reqs))
+            status = asyncio.run(_status(urls))
+        differ = [i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b]
+        rows.append({"workload": workload, "shards": n, "answers": len(got),
+                     "answers_differ": len(differ), "first_differ": differ[0] if differ else None,
+                     "splits": status["splits"], "placements": status["placements"]})
+    return rows
+
+
+async def _answers(opener: Any, reqs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    c = await opener()
+    out = []
+    try:
+        for op, fields in reqs:
+            try:
+                got = await c.request(op, **fields)
+                out.append({k: got[k] for k in EXACT_FIELDS if k in got})
+            except SarpError as exc:
+                out.append({"error": exc.code})
+    finally:
+        await c.close()
+    return out
+
+
+async def _status(urls: list[str]) -> dict[str, Any]:
+    c = await ClusterClient.open(urls)
+    try:
+        return await c.cluster_status()
+    finally:
+        await c.close()
+
+
+def _slug(workload: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in workload)[-40:]
+
+
 @click.command()
 @click.option("--configs", default="1x1,1x2,1x3,2x1,2x2,2x3", show_default=True,
               help="Comma-separated SHARDSxREPLICAS configurations.")
@@ -359,14 +420,20 @@ def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8), scale: int = 1) -> 
               help="Comma-separated workloads (or trace:FILE@B) whose spread over 2, 4 and "
               "8 shards is reported.")
 @click.option("--scale", default=1, show_default=True,
-              help="Workload scale for --skew (sessions grow with it: agent has 6 at 1).")
+              help="Workload scale for --skew and --exact (sessions grow with it: agent has "
+              "6 at 1).")
+@click.option("--exact", "exact_workloads", default="",
+              help="Comma-separated workloads (or trace:FILE@B) run through a single sarpd "
+              "and through clusters of the heads rule (--shards), every answer compared.")
+@click.option("--shards", "exact_shards", default="2,4", show_default=True,
+              help="Comma-separated shard counts for --exact.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Where the clusters live (default: a temp directory).")
 @click.option("--json", "json_out", metavar="FILE|-", default=None,
               help="Write the results as one JSON object to FILE, or stdout with '-'.")
 def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: str,
-         skew_workloads: str, scale: int, directory: Path | None, json_out: str | None,
-         ) -> None:
+         skew_workloads: str, scale: int, exact_workloads: str, exact_shards: str,
+         directory: Path | None, json_out: str | None) -> None:
     """Match throughput and p99 against replicas and shards, write latency and
     replication lag, and a new replica's catch-up time, against a single sarpd in the
     same run. See the module docstring for what each figure means here."""
@@ -381,6 +448,13 @@ def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: st
         click.echo(_line(results[-1]), err=True)
     catch = [catch_up(base, int(b)) for b in catch_up_blocks.split(",") if b]
     spread = [skew(w, scale=scale) for w in skew_workloads.split(",") if w]
+    counts = tuple(int(x) for x in exact_shards.split(",") if x)
+    same = [row for w in exact_workloads.split(",") if w
+            for row in exact(base, w, counts, scale)]
+    for row in same:
+        click.echo(f"{row['workload']}: {row['shards']} shards, {row['answers']} answers, "
+                   f"{row['answers_differ']} differ from a single sarpd "
+                   f"({row['splits']} splits)", err=True)
     for sk in spread:
         click.echo(f"{sk['workload']}: max shard share " + ", ".join(
             f"{k} shards {v['max_share']:.3f} (block 0: {v['block0_max_share']:.2f}, "
@@ -391,6 +465,7 @@ def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: st
     single = results[0]
     doc = {"benchmark": "cluster", "cores": CORES, "sequences": n, "clients": clients,
            "seconds": seconds, "results": results, "catch_up": catch, "skew": spread,
+           "exact": same,
            "vs_single": [{"shards": r["shards"], "replicas": r["replicas"],
                           "match_rps_x": r["match_rps"] / single["match_rps"],
                           "write_us_p50_x": r["write_us_p50"] / single["write_us_p50"]}

@@ -18,6 +18,7 @@ log, the replicas and their failures are tests/daemon's business.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from sarpd.errors import SarpError
 from sarpd.model import IdArray, Insert, InsertResult, Match, MatchResult, Remove, RemoveResult
 from sarpd.protocol.requests import BadMessage, Limits, parse_message
 
-__all__ = ["Answer", "SimCluster", "apply", "replay", "single_index"]
+__all__ = ["Answer", "SimCluster", "apply", "replay", "requests", "single_index"]
 
 Answer = MatchResult | InsertResult | RemoveResult | SarpError
 
@@ -115,11 +116,9 @@ class SimCluster:
         self.smap = self.smap.with_split(prepared.split)
 
 
-def replay(sim: SimCluster | None, one: SarpIndex | None, workload: Any) -> tuple[int, int]:
-    """A workload's turns (`tools.bench.api.Turn`: match the prompt, insert the
-    sequence; ids as `hashes`, the session as meta) through `sim` and/or `one` (a
-    single index). Returns the requests and `one`'s summed `new_blocks`."""
-    limits, n, new = Limits(), 0, 0
+def requests(workload: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A workload's turns (`tools.bench.api.Turn`) as requests (op, wire fields): match
+    the prompt, insert the sequence; ids as `hashes`, the session as meta."""
     for turn in workload.turns():
         for op, raw in (("match", turn.prompt), ("insert", turn.sequence)):
             if not len(raw):
@@ -129,12 +128,20 @@ def replay(sim: SimCluster | None, one: SarpIndex | None, workload: Any) -> tupl
             fields: dict[str, Any] = {"ns": turn.ns, "hashes": ids.tobytes()}
             if op == "insert":
                 fields["meta"] = turn.session + 1
-            if sim is not None:
-                sim.request(op, fields)
-            if one is not None:
-                got = apply(one, op, fields, limits, 1)
-                new += got.new_blocks if isinstance(got, InsertResult) else 0
-            n += 1
+            yield op, fields
+
+
+def replay(sim: SimCluster | None, one: SarpIndex | None, workload: Any) -> tuple[int, int]:
+    """A workload's `requests` through `sim` and/or `one` (a single index). Returns the
+    requests and `one`'s summed `new_blocks`."""
+    limits, n, new = Limits(), 0, 0
+    for op, fields in requests(workload):
+        if sim is not None:
+            sim.request(op, fields)
+        if one is not None:
+            got = apply(one, op, fields, limits, 1)
+            new += got.new_blocks if isinstance(got, InsertResult) else 0
+        n += 1
     return n, new
 
 

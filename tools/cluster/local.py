@@ -34,7 +34,8 @@ import click
 
 from sarpd.client import SarpConnectionError, SyncClient
 from sarpd.cluster import log
-from sarpd.cluster.node import write_shard_map
+from sarpd.cluster.mapkv import write_shard_map
+from sarpd.cluster.shardmap import RULES, ShardMap
 from sarpd.ctl.common import EXIT_ERROR
 from sarpd.errors import SarpError
 from tools.cluster.nats_local import NatsCluster, NatsClusterError, log_tail
@@ -70,6 +71,7 @@ class LocalCluster:
     shards: int = 2
     backend: str = "rocksdb"
     config: Path | None = None  # a TOML file every replica reads (--config)
+    rule: str = "block0"  # the shard map's rule (sarpd.cluster.shardmap.RULES)
     nats: NatsCluster | None = None
     procs: list[ReplicaProc] = field(default_factory=list)
     _sock_dir: Path | None = None
@@ -79,6 +81,9 @@ class LocalCluster:
                         ("shards", self.shards)):
             if n < 1:
                 raise LocalClusterError(f"{what}: {n} must be >= 1")
+        if self.rule not in RULES.values():
+            raise LocalClusterError(f"rule: {self.rule!r} is not one of "
+                                    f"{', '.join(RULES.values())}")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.nats = NatsCluster(self.directory / "nats", self.nats_nodes)
         self.nats.start()
@@ -99,7 +104,9 @@ class LocalCluster:
         assert self.nats is not None
         nc = await log.connect(self.nats.urls, name="sarpctl-cluster-local")
         try:
-            await write_shard_map(nc.jetstream(timeout=10), self.shard_names,
+            version = {v: k for k, v in RULES.items()}[self.rule]
+            await write_shard_map(nc.jetstream(timeout=10),
+                                  ShardMap(tuple(self.shard_names), version),
                                   min(3, self.nats_nodes))
         finally:
             await nc.close()
@@ -196,7 +203,12 @@ def local_sarp_cluster(directory: Path, **kw: int | str | Path) -> Iterator[Loca
               help="Shards (s0, s1, ...).")
 @click.option("--backend", default="rocksdb", show_default=True,
               help="Every replica's storage engine.")
-def local(directory: Path, nats_nodes: int, replicas: int, shards: int, backend: str) -> None:
+@click.option("--rule", type=click.Choice(sorted(RULES.values())), default="block0",
+              show_default=True, help="The shard map's rule: block0 (a sequence lives on "
+              "the shard of its first block) or heads (shared heads are split and their "
+              "branches spread: docs/CLUSTER.md).")
+def local(directory: Path, nats_nodes: int, replicas: int, shards: int, backend: str,
+          rule: str) -> None:
     """Start a whole cluster on loopback and stay in the foreground until SIGTERM or
     Ctrl-C, then stop everything cleanly. Once every replica serves, prints ONE JSON
     line: {"nats": [URL, ...], "nats_pids": [...], "replicas": [{"shard", "replica",
@@ -206,7 +218,7 @@ def local(directory: Path, nats_nodes: int, replicas: int, shards: int, backend:
     Example (in a source checkout; also `python -m tools.cluster.local ...`):
       sarpctl cluster local --dir /tmp/sarp-cluster --nats 3 --replicas 3 --shards 2
     """
-    lc = LocalCluster(directory, nats_nodes, replicas, shards, backend)
+    lc = LocalCluster(directory, nats_nodes, replicas, shards, backend, rule=rule)
     # SIGTERM as Ctrl-C: the finally below stops everything, also mid-start
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
