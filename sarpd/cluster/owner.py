@@ -44,7 +44,7 @@ class Owner:
         self.shard = shard
         self.own = ShardMap(smap.names, 2, smap.buckets)
         self._seq_ids = seq_ids
-        self.learner = learner or SplitLearner(len(smap.names))
+        self.learner = learner if learner is not None else SplitLearner(len(smap.names))
 
     def adopt(self, split: Split) -> None:
         """A split of this shard's, applied (or recorded before this replica started)."""

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sarpd.cluster.entry import ENTRY_VERSION, Write, decode, encode
+from sarpd.cluster.entry import ENTRY_VERSION, SplitHead, Write, decode, encode, encode_split
 from sarpd.errors import BadRequest, TooLarge
 from sarpd.model import Clear, IdArray, Insert, Match, Remove, SeqSpec
 from sarpd.protocol.requests import BadMessage, Limits, parse_message
@@ -49,12 +49,15 @@ def inserts(draw: st.DrawFn) -> Insert:
     meta = draw(st.one_of(U64, st.lists(U64, min_size=n, max_size=n).map(
         lambda m: np.array(m, dtype=np.uint64))))
     parent = draw(st.one_of(st.none(), _ids(1, 1)))
-    return Insert(0, seq=seq, meta=meta, parent=parent, add_holder=draw(st.booleans()))
+    route = None if parent is not None else draw(st.none() | st.integers(0, 4096))
+    return Insert(0, seq=seq, meta=meta, parent=parent, add_holder=draw(st.booleans()),
+                  route=route)
 
 
 removes = st.one_of(
-    st.builds(lambda seq, start, m: Remove(0, seq=seq, start=start, ns=seq.ns, meta=m),
-              _seq(), st.integers(0, 2**64 - 1), st.none() | U64),
+    st.builds(lambda seq, start, m, r: Remove(0, seq=seq, start=start, ns=seq.ns, meta=m,
+                                              route=r),
+              _seq(), st.integers(0, 2**64 - 1), st.none() | U64, st.none() | st.integers(0, 9)),
     st.builds(lambda ns, ids, m: Remove(0, ns=ns, ids=ids, meta=m), NS, _ids(), st.none() | U64),
 )
 clears = st.builds(lambda ns, mask, bits: Clear(0, ns=ns, mask=mask, value=mask & bits),
@@ -152,3 +155,27 @@ def test_encode_refuses_what_the_replicas_would_refuse() -> None:
         encode(Match(0, seq=SeqSpec(ns="")), LIMITS)  # type: ignore[arg-type]
     with pytest.raises(BadRequest, match="entry remove: needs seq or ids"):
         encode(Remove(0, ns="a"), LIMITS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ns=NS, ids=_ids(1, 40))
+def test_a_split_entry_round_trips(ns: str, ids: IdArray) -> None:
+    got = decode(encode_split(ns, ids), LIMITS)
+    assert isinstance(got, SplitHead) and got.ns == ns
+    assert got.ids.dtype == np.uint64 and (got.ids == ids).all()
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"ns": 7, "hashes": b"\0" * 16}, "entry split ns: '7' is not a str"),
+    ({"ns": "", "hashes": b"\0" * 15}, "entry split hashes: not a bin of 1..4096 16-byte ids"),
+    ({"ns": "", "hashes": b""}, "entry split hashes: not a bin of 1..4096 16-byte ids"),
+    ({"ns": "", "hashes": [1, 2]}, "entry split hashes: not a bin of 1..4096 16-byte ids"),
+])
+def test_bad_split_entries_are_refused_naming_the_field(fields: dict[str, Any],
+                                                         message: str) -> None:
+    raw = msgpack.packb({"v": ENTRY_VERSION, "p": 1, "op": "split", **fields})
+    with pytest.raises(BadRequest) as err:
+        decode(raw, LIMITS)
+    assert str(err.value) == message
+    with pytest.raises(BadRequest, match=r"outside 1\.\.4096"):
+        encode_split("", np.zeros((0, 2), dtype=np.uint64))

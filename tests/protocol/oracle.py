@@ -156,7 +156,18 @@ def _op_match(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Req
     wait = d.get("after_seq_wait_ms")
     return Match(rid, seq=_need_seq(d, limits, "match"), with_ids=_bool(d, "with_ids"),
                  holders=k, spans=_bool(d, "spans"), after_seq=_after_seq(d),
-                 after_seq_wait_ms=AFTER_SEQ_WAIT_MS if wait is None else _wait_ms(d))
+                 after_seq_wait_ms=AFTER_SEQ_WAIT_MS if wait is None else _wait_ms(d),
+                 route=_route(d))
+
+
+MAX_ROUTE = 4096  # sarpd.core.shards.MAX_HEAD_DEPTH
+
+
+def _route(d: dict[str, Any]) -> int | None:
+    """`route`: the sender's split depth for the sequence, 0..MAX_ROUTE (cluster mode)."""
+    if d.get("route") is None:
+        return None
+    return check_uint("route", d["route"], MAX_ROUTE + 1, f"depth in 0..{MAX_ROUTE}")
 
 
 MAX_AFTER_SEQ_SHARDS = 1024  # sarpd.core.shards.MAX_SHARDS
@@ -198,8 +209,11 @@ def _op_insert(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Re
         raise BadRequest("meta: missing (one uint for all blocks, or one per block)")
     meta = _meta(meta_v, _blocks(seq, limits), limits)
     parent_v = d.get("parent")
+    if parent_v is not None:
+        _refuse(d, "insert after a parent", "route")
     parent = None if parent_v is None else _one_id(parent_v, "parent")
-    return Insert(rid, seq=seq, meta=meta, parent=parent, add_holder=protocol >= 2)
+    return Insert(rid, seq=seq, meta=meta, parent=parent, add_holder=protocol >= 2,
+                  route=_route(d))
 
 
 def _op_remove(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:
@@ -212,10 +226,12 @@ def _op_remove(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Re
     if ids_v is not None:
         if d.get("from") is not None:
             raise BadRequest("from: only with tokens or hashes, not with ids")
+        _refuse(d, "remove by ids", "route")
         return Remove(rid, ns=_ns(d, limits), ids=_ids(ids_v, "ids", limits), meta=holder)
     if seq is None:
         raise BadRequest("remove: needs tokens or hashes (with optional from), or ns and ids")
-    return Remove(rid, seq=seq, start=_uint(d, "from"), ns=seq.ns, meta=holder)
+    return Remove(rid, seq=seq, start=_uint(d, "from"), ns=seq.ns, meta=holder,
+                  route=_route(d))
 
 
 def _op_clear(rid: int, d: dict[str, Any], limits: Limits, protocol: int) -> Request:

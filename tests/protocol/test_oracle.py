@@ -137,7 +137,7 @@ def meta_value() -> st.SearchStrategy[Any]:
 
 FIELDS = ["id", "op", "ns", "hashes", "tokens", "meta", "parent", "with_ids", "holders", "spans",
           "from", "ids", "bogus", 7, "mask", "value", "protocol", "fix", "after_seq", "source",
-          "counters"]
+          "counters", "route"]
 
 
 @st.composite
@@ -162,6 +162,7 @@ def request_pairs(draw: st.DrawFn, limits: Limits) -> list[tuple[Any, Any]]:
         "after_seq": st.dictionaries(st.sampled_from(["s0", "", "x" * 70]),
                                      small | bad_int | junk, max_size=3) | junk,
         "source": st.sampled_from(["b", "", "x" * 200]) | junk,
+        "route": st.integers(0, 4097) | bad_int | junk,
         "counters": st.dictionaries(st.sampled_from(["a", "B", "lag_s"]),
                                     small | st.floats() | junk, max_size=3) | junk,
     }
