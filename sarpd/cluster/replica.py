@@ -41,6 +41,16 @@ removes and clears applied from the log since start, each counted once, when app
 (a write this replica took is one of them, not one more); `size`, the index's blocks
 and segments as of `applied_seq`, read in the same worker call as the write batch.
 
+Rule heads (issue 27; `owner`, sarpd.cluster.owner): the applier fences each write
+that carries a `route` against this shard's own splits as of its place in the log
+(`moved`, nothing written), feeds the learner the inserts this shard took whole, and
+publishes its proposals as split entries in this shard's log (`_propose`). A split
+entry cuts its run: the writes before it are applied, then the split
+(`_apply_split`: the kept branches and holders read from the index, the head written
+to every other shard's log, the split recorded in the map's bucket, or the recorded
+one taken), then the writes after it. A restart takes this shard's recorded splits
+up to its applied sequence from the bucket (`load_splits`).
+
 All of it runs on the event loop; the index is touched only through `run`, the
 server's one worker thread (`Server.run_exclusive`), so the applier never overlaps a
 batch of the server.

@@ -1,11 +1,17 @@
 """Where a cluster client sends a request: sans-I/O (no asyncio, no NATS).
 
-The shard map is an ordered list of shard names (the NATS KV bucket SHARD_BUCKET, key
-SHARD_KEY: a JSON list, written once by whoever creates the cluster: `sarpctl cluster
-local`, or an operator). A request that carries a sequence from its block 0 goes to
-`names[shard_of(first block id, len(names))]` (sarpd.core.shards: THE rule); one
-whose block 0 the client cannot know goes to every shard (`None`):
+The shard map (the NATS KV bucket SHARD_BUCKET, key SHARD_KEY, written once by whoever
+creates the cluster: `sarpctl cluster local`, or an operator; sarpd.cluster.mapkv)
+names its rule (sarpd.cluster.shardmap):
 
+- **block0** (a JSON list of names): a request that carries a sequence from its block
+  0 goes to `names[shard_of(first block id, len(names))]` (`target`);
+- **heads** (version 2): a sequence request goes in `parts` (`ShardMap.plan`): a
+  match to one shard, a write whole to its region's shard and, for its blocks inside
+  heads, to every other shard.
+
+Under both, a request whose block 0 the client cannot know goes to every shard
+(`target` None):
 - `insert` after a `parent` (its tokens continue a chain the client did not keep):
   every shard but the chain's answers `unknown_parent`, and `merge` keeps the one
   that took it;
