@@ -39,6 +39,26 @@ def _nats_errors() -> tuple[type[Exception], ...]:
     return (nats.errors.Error,)
 
 
+async def _map_work(work: Callable[[], Awaitable[T]], deadline: float) -> T:
+    """A read or write of the shard map's bucket (each idempotent: a placement is
+    created once and read back), tried again every ATTEMPT_S until `deadline` (loop
+    time: a NATS node going down, or a quorum coming back, can swallow a request);
+    past it the bucket is unreachable (no NATS quorum): `unavailable`, as a write
+    would be."""
+    failed: tuple[type[Exception], ...] = (TimeoutError, OSError, *_nats_errors())
+    loop = asyncio.get_running_loop()
+    while True:
+        left = deadline - loop.time()
+        try:
+            async with asyncio.timeout(max(0.05, min(ATTEMPT_S, left))):
+                return await work()
+        except failed as exc:
+            if deadline - loop.time() <= 0.05:
+                raise Unavailable(f"cluster: the shard map's bucket did not answer in "
+                                  f"time ({type(exc).__name__}: {exc})") from exc
+            await asyncio.sleep(0.05)
+
+
 @dataclass(frozen=True, slots=True)
 class _Targets:
     parts: list[tuple[int, dict[str, Any]]]  # shard index, fields; the answering one first
@@ -89,7 +109,9 @@ class ClusterClient(Ops):
             raise ConnectFailed(f"no NATS server of {','.join(servers)} answered in "
                                 f"{timeout:g} s") from exc
         try:
-            smap = await mapkv.read_shard_map(nc.jetstream(timeout=timeout))
+            deadline = asyncio.get_running_loop().time() + timeout
+            smap = await _map_work(
+                lambda: mapkv.read_shard_map(nc.jetstream(timeout=ATTEMPT_S)), deadline)
             if smap is None:
                 raise ConnectFailed(f"cluster {','.join(servers)}: no shard map (key "
                                     f"{route.SHARD_KEY!r} of bucket {route.SHARD_BUCKET!r})")
@@ -142,7 +164,7 @@ class ClusterClient(Ops):
         while True:
             if op == "match" and self.newest:
                 sent["after_seq"] = dict(self.newest)
-            targets = await self._map_work(partial(self._targets, op, sent), deadline)
+            targets = await _map_work(partial(self._targets, op, sent), deadline)
             left = max(0.05, deadline - asyncio.get_running_loop().time())
             answers = await asyncio.gather(*(self._one(self.shards[i], op, f, left, w)
                                              for i, f, w in self._ids(targets, wid)))
@@ -150,7 +172,7 @@ class ClusterClient(Ops):
             if isinstance(first, Moved) and asyncio.get_running_loop().time() < deadline:
                 self.moved += 1
                 await asyncio.sleep(MOVED_PAUSE_S)  # the split is recorded after its seeds
-                await self._map_work(self.reload_map, deadline)
+                await _map_work(self.reload_map, deadline)
                 continue
             if not targets.whole:  # a broadcast: one answer made of every shard's
                 first = route.merge(op, answers) if len(answers) > 1 else first
@@ -159,24 +181,6 @@ class ClusterClient(Ops):
             if isinstance(first, SarpError):
                 raise first
             return first
-
-    async def _map_work(self, work: Callable[[], Awaitable[T]], deadline: float) -> T:
-        """A read or write of the shard map's bucket (each idempotent: a placement is
-        created once and read back), tried again every ATTEMPT_S until the request's
-        deadline (a NATS node going down can swallow a request); past it the bucket
-        is unreachable (no NATS quorum): `unavailable`, as a write would be."""
-        failed: tuple[type[Exception], ...] = (TimeoutError, OSError, *_nats_errors())
-        loop = asyncio.get_running_loop()
-        while True:
-            left = deadline - loop.time()
-            try:
-                async with asyncio.timeout(max(0.05, min(ATTEMPT_S, left))):
-                    return await work()
-            except failed as exc:
-                if deadline - loop.time() <= 0.05:
-                    raise Unavailable(f"cluster: the shard map's bucket did not answer in "
-                                      f"time ({type(exc).__name__}: {exc})") from exc
-                await asyncio.sleep(0.05)
 
     async def _targets(self, op: str, sent: dict[str, Any]) -> _Targets:
         """Where a request goes: each shard index and the fields it gets."""
