@@ -5,7 +5,10 @@ protocols 1 and 2, every match compared (blocks, metas, holders, spans)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +18,8 @@ from sarpd.config import IndexConfig
 from sarpd.core import SarpIndex
 from sarpd.model import InsertResult
 from sarpd.protocol.requests import Limits
-from tools.bench.shard_sim import SimCluster, apply
+from tools.bench.shard_sim import SimCluster, apply, distinct_blocks, replay, single_index
+from tools.bench.workloads import get_workload
 
 BT = 16
 
@@ -109,3 +113,19 @@ def test_a_fan_out_above_a_region_is_not_its_shards_to_split() -> None:
     assert [s.depth for s in sim.smap.splits.values()] == [9]  # nothing split above
     got = sim.request("match", {"ns": "w", "tokens": _tokens([100, 41])})
     assert getattr(got, "blocks", None) == 2
+
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+
+
+@pytest.mark.parametrize("workload", [
+    "codeact", "branchy", f"trace:{SHARED}/mooncake_fast25_conversation_trace.jsonl@512"])
+def test_distinct_blocks_is_what_one_index_adds(workload: str) -> None:
+    """`distinct_blocks` (the skew's single figure without an index) equals a single
+    index's summed new_blocks over the same insert-only replay."""
+    if workload.startswith("trace:") and not Path(workload[6:].split("@")[0]).exists():
+        pytest.skip(f"shared trace {workload} is absent (the shared folder sits beside "
+                    "the clone)")
+    got = distinct_blocks(get_workload(workload, 1))
+    assert got == replay(None, single_index(), get_workload(workload, 1))
+    assert got[1] > 0

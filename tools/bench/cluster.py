@@ -315,7 +315,8 @@ def _join(lc: LocalCluster, name: str) -> float:
     return time.perf_counter() - t0
 
 
-def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8), scale: int = 1) -> dict[str, Any]:
+def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8), scale: int = 1,
+         single: str = "index") -> dict[str, Any]:
     """How `workload`'s requests spread over 2, 4 and 8 shards, and what the shards
     write: the heads rule over real indexes in one process (`tools.bench.shard_sim`;
     each request counted on the shard it is sent to), its summed `new_blocks` over a
@@ -323,13 +324,17 @@ def skew(workload: str, counts: tuple[int, ...] = (2, 4, 8), scale: int = 1) -> 
     rule (`block0_max_share`)."""
     from sarpd.cluster.route import first_block
     from sarpd.core import shard_of
-    from tools.bench.shard_sim import SimCluster, replay, single_index
+    from tools.bench.shard_sim import SimCluster, distinct_blocks, replay, single_index
     from tools.bench.workloads import get_workload
 
     heads = [first_block({"ns": t.ns, "hashes": [int(t.prompt[0])]}, BT)
              for t in get_workload(workload, scale).turns() if len(t.prompt)]
-    requests, single_new = replay(None, single_index(), get_workload(workload, scale))
+    if single == "index":
+        requests, single_new = replay(None, single_index(), get_workload(workload, scale))
+    else:  # the same count without the index (tools.bench.shard_sim.distinct_blocks)
+        requests, single_new = distinct_blocks(get_workload(workload, scale))
     out: dict[str, Any] = {"workload": workload, "scale": scale, "rule": "heads",
+                           "single": single,
                            "requests": requests, "single_new_blocks": single_new}
     for n in counts:
         before = [0] * n
@@ -422,6 +427,11 @@ def _slug(workload: str) -> str:
 @click.option("--scale", default=1, show_default=True,
               help="Workload scale for --skew and --exact (sessions grow with it: agent has "
               "6 at 1).")
+@click.option("--single", "single_count", type=click.Choice(["index", "distinct"]),
+              default="index",
+              show_default=True, help="--skew's single-index figure: a real index's "
+              "new_blocks, or its count without one (the distinct blocks inserted: the "
+              "same for these insert-only replays, and linear in time).")
 @click.option("--exact", "exact_workloads", default="",
               help="Comma-separated workloads (or trace:FILE@B) run through a single sarpd "
               "and through clusters of the heads rule (--shards), every answer compared.")
@@ -432,7 +442,8 @@ def _slug(workload: str) -> str:
 @click.option("--json", "json_out", metavar="FILE|-", default=None,
               help="Write the results as one JSON object to FILE, or stdout with '-'.")
 def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: str,
-         skew_workloads: str, scale: int, exact_workloads: str, exact_shards: str,
+         skew_workloads: str, scale: int, single_count: str, exact_workloads: str,
+         exact_shards: str,
          directory: Path | None, json_out: str | None) -> None:
     """Match throughput and p99 against replicas and shards, write latency and
     replication lag, and a new replica's catch-up time, against a single sarpd in the
@@ -447,7 +458,8 @@ def main(configs: str, n: int, clients: int, seconds: float, catch_up_blocks: st
         results.append(run_cluster(base, shards, replicas, n, clients, seconds))
         click.echo(_line(results[-1]), err=True)
     catch = [catch_up(base, int(b)) for b in catch_up_blocks.split(",") if b]
-    spread = [skew(w, scale=scale) for w in skew_workloads.split(",") if w]
+    spread = [skew(w, scale=scale, single=single_count)
+              for w in skew_workloads.split(",") if w]
     counts = tuple(int(x) for x in exact_shards.split(",") if x)
     same = [row for w in exact_workloads.split(",") if w
             for row in exact(base, w, counts, scale)]

@@ -34,7 +34,8 @@ from sarpd.errors import SarpError
 from sarpd.model import IdArray, Insert, InsertResult, Match, MatchResult, Remove, RemoveResult
 from sarpd.protocol.requests import BadMessage, Limits, parse_message
 
-__all__ = ["Answer", "SimCluster", "apply", "replay", "requests", "single_index"]
+__all__ = ["Answer", "SimCluster", "apply", "distinct_blocks", "replay", "requests",
+           "single_index"]
 
 Answer = MatchResult | InsertResult | RemoveResult | SarpError
 
@@ -143,6 +144,23 @@ def replay(sim: SimCluster | None, one: SarpIndex | None, workload: Any) -> tupl
             new += got.new_blocks if isinstance(got, InsertResult) else 0
         n += 1
     return n, new
+
+
+def distinct_blocks(workload: Any, block_tokens: int = 16) -> tuple[int, int]:
+    """The requests of `workload` and the blocks a single index would add over them,
+    counted without one: its requests only insert from block 0 and never remove, so an
+    index adds each distinct (namespace, chain) block once: the distinct internal ids
+    (tests/bench/test_shard_sim.py checks it against `replay` on one index). For
+    traces whose hot window a single index walks on every write (docs/RESULTS.md)."""
+    seen: set[bytes] = set()
+    n = 0
+    for op, fields in requests(workload):
+        n += 1
+        if op == "insert":
+            ids = seq_ids(fields, block_tokens, 1 << 30)
+            if ids is not None:
+                seen.update(ids.tobytes()[i: i + 16] for i in range(0, 16 * len(ids), 16))
+    return n, len(seen)
 
 
 def single_index(block_tokens: int = 16) -> SarpIndex:
