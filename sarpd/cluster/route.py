@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from sarpd.cluster.shardmap import MAX_HEAD_DEPTH, Plan, ShardMap, check_names
+from sarpd.cluster.shardmap import MAX_HEAD_DEPTH, Plan, ShardMap
 from sarpd.core.ids import chain_ids, ns_root, salt_ids
 from sarpd.core.shards import shard_of
 from sarpd.errors import BadRequest, SarpError, UnknownParent
 from sarpd.model import IdArray
 
 __all__ = ["BROADCAST_OPS", "PLACE_PREFIX", "REQUEST_PREFIX", "SEQ_OPS", "SHARD_BUCKET",
-           "SHARD_KEY", "SPLIT_PREFIX", "WRITE_ID_HEADER", "WRITE_OPS", "check_map",
+           "SHARD_KEY", "SPLIT_PREFIX", "WRITE_ID_HEADER", "WRITE_OPS",
            "first_block", "head_fields", "merge", "parts", "parts_of", "queue_group",
            "request_subject", "seq_ids", "target"]
 
@@ -62,12 +62,6 @@ def request_subject(shard: str) -> str:
 
 def queue_group(shard: str) -> str:
     return "sarp-" + shard
-
-
-def check_map(names: object) -> list[str]:
-    """A version 1 shard map as read from the bucket: a non-empty list of distinct
-    names (`sarpd.cluster.shardmap.check_names`)."""
-    return list(check_names(names))
 
 
 def first_block(fields: dict[str, Any], block_tokens: int) -> IdArray | None:

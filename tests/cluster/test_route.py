@@ -3,11 +3,14 @@ id from every wire form of a sequence, the shard rule, broadcasts and their merg
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from sarpd.client.fields import ids_field, tokens_bin
 from sarpd.cluster import route
+from sarpd.cluster.shardmap import ShardMap
 from sarpd.core.ids import salt_ids, token_ids
 from sarpd.core.shards import shard_of
 from sarpd.errors import BadRequest, QuotaExceeded, UnknownParent
@@ -58,8 +61,8 @@ def test_merges() -> None:
 
 
 def test_shard_maps_are_checked() -> None:
-    assert route.check_map(["a", "b"]) == ["a", "b"]
+    assert ShardMap.parse(b'["a", "b"]').names == ("a", "b")
     for bad in ([], ["a", "a"], "a", [1], [""]):
         with pytest.raises(BadRequest, match="shard map"):
-            route.check_map(bad)
+            ShardMap.parse(json.dumps(bad))
     assert route.request_subject("s1") == "sarp.req.s1" and route.queue_group("s1") == "sarp-s1"
