@@ -44,6 +44,7 @@ class Owner:
         self.shard = shard
         self.own = ShardMap(smap.names, 2, smap.buckets)
         self._seq_ids = seq_ids
+        self._last: tuple[SeqSpec, IdArray] | None = None  # fence, then observe: one hash
         self.learner = learner if learner is not None else SplitLearner(len(smap.names))
 
     def adopt(self, split: Split) -> None:
@@ -54,7 +55,14 @@ class Owner:
         return last in self.own.splits
 
     def _ids(self, seq: SeqSpec) -> IdArray:
-        return self._seq_ids(seq, MAX_HEAD_DEPTH + 1)
+        """The ids the rule reads (the first MAX_HEAD_DEPTH + 1), of the sequence last
+        asked about kept: an insert is fenced, then observed, with one hash."""
+        last = self._last
+        if last is not None and last[0] is seq:
+            return last[1]
+        ids = self._seq_ids(seq, MAX_HEAD_DEPTH + 1)
+        self._last = (seq, ids)
+        return ids
 
     def fence(self, req: Insert | Remove | Match) -> Moved | None:
         """`moved` when `req` carries a route older than one of this shard's splits."""

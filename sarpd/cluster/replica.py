@@ -152,7 +152,7 @@ class Replica:
         self.failed = ""  # why the applier stopped for good (a gap in the log)
         # rule heads: this shard's splits, the fence and the learner (None: rule block0)
         self.owner = None if smap is None or smap.version == 1 else Owner(
-            smap, shard, lambda seq, n: index.seq_ids(seq, n))
+            smap, shard, index.seq_ids)
         self._tasks: set[asyncio.Task[None]] = set()  # split proposals being published
         self.halted = asyncio.Event()  # set with `failed` (what a re-bootstrap waits on)
 

@@ -62,3 +62,20 @@ def test_the_learner_sees_inserts_taken_whole_from_their_region() -> None:
     assert len(props) == 1 and keys_of(props[0].head) == keys_of(ids(1, 2, 3, 4))
     with pytest.raises(ValueError, match="rule block0 has no splits"):
         Owner(ShardMap(NAMES), "s0", lambda s, n: ids())
+
+
+def test_an_insert_is_hashed_once_for_its_fence_and_its_learner() -> None:
+    calls: list[int] = []
+
+    def seq_ids(s: SeqSpec, n: int) -> IdArray:
+        calls.append(n)
+        return salt_ids(s.ns, s.hashes[:n])
+
+    o = Owner(ShardMap(NAMES, 2), "s1", seq_ids)
+    o.adopt(Split(tuple(keys_of(ids(1, 2, 3))), 1, frozenset()))
+    req = Insert(1, seq(1, 2, 3, 4, 5), 7, route=3)
+    assert o.fence(req) is None
+    o.observe(req, InsertResult(5, 1, 4))
+    assert calls == [4097]
+    o.fence(Insert(1, seq(1, 2, 3, 4, 6), 7, route=3))  # another sequence: hashed
+    assert calls == [4097, 4097]

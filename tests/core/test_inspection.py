@@ -191,8 +191,7 @@ def test_chain_starts_are_every_chain_s_first_block_and_say_what_links_miss(
         firsts.add(id_bytes(ids[0]))
         starts.update(id_bytes(ids[p]) for p in range(8, len(ids), 8))
     ix.write_many([Remove(0, seq=SeqSpec("n0", tokens=seqs[0]), ns="n0")])
-    seen: list[int] = []
-    got = chain_starts(ix, seen.append)
+    got = chain_starts(ix)
     assert {id_bytes(r) for r in got.firsts} == firsts and len(got.firsts) == len(firsts)
     assert got.window_starts == len(starts)
     assert got.unlinked == (0 if links else len(starts))
