@@ -23,7 +23,7 @@ from sarpd.client.ops import ConnectFailed, Ops
 from sarpd.cluster import route
 from sarpd.cluster.shardmap import ShardMap
 from sarpd.core.shards import MAX_HEAD_DEPTH
-from sarpd.errors import Moved, SarpError, Unavailable
+from sarpd.errors import Moved, SarpError
 from sarpd.protocol.wire import encode_request, error_from_code
 
 __all__ = ["ATTEMPT_S", "ClusterClient"]
@@ -33,30 +33,16 @@ MOVED_PAUSE_S = 0.05  # after `moved`, before the map is read again
 T = TypeVar("T")
 
 
-def _nats_errors() -> tuple[type[Exception], ...]:
-    import nats.errors  # loaded only for a cluster
-
-    return (nats.errors.Error,)
-
-
 async def _map_work(work: Callable[[], Awaitable[T]], deadline: float) -> T:
     """A read or write of the shard map's bucket (each idempotent: a placement is
-    created once and read back), tried again every ATTEMPT_S until `deadline` (loop
-    time: a NATS node going down, or a quorum coming back, can swallow a request);
-    past it the bucket is unreachable (no NATS quorum): `unavailable`, as a write
-    would be."""
-    failed: tuple[type[Exception], ...] = (TimeoutError, OSError, *_nats_errors())
-    loop = asyncio.get_running_loop()
-    while True:
-        left = deadline - loop.time()
-        try:
-            async with asyncio.timeout(max(0.05, min(ATTEMPT_S, left))):
-                return await work()
-        except failed as exc:
-            if deadline - loop.time() <= 0.05:
-                raise Unavailable(f"cluster: the shard map's bucket did not answer in "
-                                  f"time ({type(exc).__name__}: {exc})") from exc
-            await asyncio.sleep(0.05)
+    created once and read back) within the request's `deadline` (loop time), tried
+    again after each transient failure (`sarpd.cluster.log.retrying`: a NATS node
+    going down, or a quorum coming back, can swallow a request; each attempt waits
+    ATTEMPT_S at most, the JetStream context's timeout); past it, `unavailable`."""
+    from sarpd.cluster import log
+
+    left = max(0.05, deadline - asyncio.get_running_loop().time())
+    return await log.retrying(work, "cluster: the shard map's bucket", left)
 
 
 @dataclass(frozen=True, slots=True)
